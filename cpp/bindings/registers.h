@@ -1,0 +1,17 @@
+// One register_<concept> function per public header; module.cc calls them.
+#ifndef MINERU_HEALTH_BINDINGS_REGISTERS_H_
+#define MINERU_HEALTH_BINDINGS_REGISTERS_H_
+
+#include <pybind11/pybind11.h>
+
+namespace mineru_health::bindings {
+
+void register_classifier(pybind11::module_& m);
+void register_worker_state(pybind11::module_& m);
+void register_config(pybind11::module_& m);
+void register_probe(pybind11::module_& m);
+void register_poller(pybind11::module_& m);
+
+}  // namespace mineru_health::bindings
+
+#endif  // MINERU_HEALTH_BINDINGS_REGISTERS_H_
