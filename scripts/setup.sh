@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for mineru-health: system libraries,
+# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test extras).
+# Idempotent; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MINERU_VERSION="${MINERU_VERSION:-3.4.4}"
+PYTHON="${PYTHON:-python3.11}"
+
+apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
+              nlohmann-json3-dev libgtest-dev clang-format ninja-build)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing system packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=2.12"
+.venv/bin/pip install -q --no-build-isolation ".[test]"
+echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

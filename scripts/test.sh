@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
+# Python (unit, then integration against the real MinerU 3.4.4 processes).
+# Expects scripts/setup.sh to have run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== reinstalling mineru-health from this checkout"
+pip install -q --no-build-isolation --no-deps --force-reinstall .
+
+echo "== lint"
+bash scripts/lint.sh
+
+for preset in default asan; do
+  echo "== C++ tests ($preset)"
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j2
+  ctest --preset "$preset" -j2
+done
+
+echo "== Python tests"
+# Run from tests/ so the installed package, not python/, is imported.
+cd tests
+python -m pytest -q -p no:cacheprovider "$@" .
