@@ -7,7 +7,8 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Native core of mineru-health (private; use the mineru_health package).";
+  m.doc() =
+      "Native core of mineru-health (private; use the mineru_health package).";
 
   // C++ ConfigError becomes mineru_health.errors.ConfigError, carrying the
   // variable it names, so Python callers catch one precise type.
@@ -16,8 +17,9 @@ PYBIND11_MODULE(_native, m) {
       if (p) std::rethrow_exception(p);
     } catch (const mineru_health::ConfigError& e) {
       py::object errors = py::module_::import("mineru_health.errors");
-      py::object error = errors.attr("ConfigError")(e.what(), py::arg("variable") = e.variable());
-      PyErr_SetObject(error.get_type().ptr(), error.ptr());
+      py::object error = errors.attr("ConfigError")(
+          e.what(), py::arg("variable") = e.variable());
+      PyErr_SetObject(py::type::handle_of(error).ptr(), error.ptr());
     }
   });
 

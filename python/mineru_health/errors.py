@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["MineruHealthError", "ConfigError", "RulesError", "PatchError", "UnsupportedMinerUError"]
+__all__ = [
+    "ConfigError",
+    "MineruHealthError",
+    "PatchError",
+    "RulesError",
+    "UnsupportedMinerUError",
+]
 
 
 class MineruHealthError(Exception):

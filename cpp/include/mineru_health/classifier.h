@@ -1,7 +1,8 @@
 // Fatal-error classifier: decides whether a task failure killed the worker's
 // inference engine (fatal) or only the task (task-local).
 //
-//   auto compiled = mineru_health::RuleSet::compile(mineru_health::builtin_rules());
+//   auto compiled =
+//   mineru_health::RuleSet::compile(mineru_health::builtin_rules());
 //   mineru_health::Classifier classifier(compiled.rule_set);
 //   std::vector<mineru_health::Frame> frames = {{"vllm.v1.engine.exceptions",
 //       "EngineDeadError", {"Exception"}, "EngineCore encountered an issue."}};
@@ -30,7 +31,8 @@ namespace mineru_health {
 struct Frame {
   std::string module;
   std::string type_name;
-  std::vector<std::string> bases;  // MRO names after type_name, e.g. "RuntimeError"
+  std::vector<std::string>
+      bases;  // MRO names after type_name, e.g. "RuntimeError"
   std::string message;
 };
 
@@ -39,7 +41,7 @@ enum class RuleKind { kFatal, kTaskLocal };
 const char* to_string(RuleKind kind);
 
 struct Rule {
-  std::string id;        // unique; a rules file reusing an id replaces that rule
+  std::string id;  // unique; a rules file reusing an id replaces that rule
   RuleKind kind = RuleKind::kFatal;
   std::string category;  // e.g. "engine_dead", "cuda", "bad_input"
   std::string pattern;   // RE2 syntax, matched case-insensitively
@@ -58,8 +60,8 @@ struct RuleError {
 // Limits that keep one classification bounded in time and memory whatever
 // the exception looks like.
 struct ClassifierLimits {
-  std::size_t max_frames = 64;                   // further frames are ignored
-  std::size_t max_message_bytes = 16u << 20;     // longer: head and tail kept
+  std::size_t max_frames = 64;                // further frames are ignored
+  std::size_t max_message_bytes = 16u << 20;  // longer: head and tail kept
   std::size_t excerpt_bytes = 200;
 };
 
@@ -76,8 +78,8 @@ class RuleSet {
  public:
   // Compiles every rule; all-or-nothing. Duplicate ids are errors here (merge
   // first with merge_rules when overriding is intended).
-  [[nodiscard]] static CompileResult compile(std::vector<Rule> rules,
-                                             const std::string& source = "<builtin>");
+  [[nodiscard]] static CompileResult compile(
+      std::vector<Rule> rules, const std::string& source = "<builtin>");
   ~RuleSet();
   RuleSet(const RuleSet&) = delete;
   RuleSet& operator=(const RuleSet&) = delete;
@@ -95,11 +97,11 @@ class RuleSet {
 
 struct Verdict {
   bool fatal = false;
-  bool matched = false;   // false: no rule matched; the default is task-local
-  std::string rule_id;    // "" when nothing matched
-  std::string category;   // "" when nothing matched
-  int frame_index = -1;   // index into the frames given, -1 when nothing matched
-  std::string excerpt;    // a short, valid-UTF-8 piece of the deciding frame
+  bool matched = false;  // false: no rule matched; the default is task-local
+  std::string rule_id;   // "" when nothing matched
+  std::string category;  // "" when nothing matched
+  int frame_index = -1;  // index into the frames given, -1 when nothing matched
+  std::string excerpt;   // a short, valid-UTF-8 piece of the deciding frame
 };
 
 class Classifier {
@@ -124,7 +126,8 @@ std::vector<Rule> builtin_rules();
 
 // Returns `base` with every rule of `overrides` appended, a rule whose id is
 // already in `base` replacing it in place.
-std::vector<Rule> merge_rules(std::vector<Rule> base, const std::vector<Rule>& overrides);
+std::vector<Rule> merge_rules(std::vector<Rule> base,
+                              const std::vector<Rule>& overrides);
 
 struct ParseRulesResult {
   std::vector<Rule> rules;
@@ -141,7 +144,8 @@ struct ParseRulesResult {
 
 // Normalized text forms used for matching, exposed for tests and tools.
 std::string sanitize_utf8(const std::string& text);  // invalid bytes -> U+FFFD
-std::string compact_form(const std::string& text);   // ASCII alnum + non-ASCII, lower-cased
+std::string compact_form(
+    const std::string& text);  // ASCII alnum + non-ASCII, lower-cased
 
 }  // namespace mineru_health
 

@@ -1,7 +1,8 @@
 // Router health configuration: defaults, presets and MINERU_ROUTER_HEALTH_*
 // environment variables, validated once at start-up.
 //
-//   auto config = mineru_health::health_config_from_env(env);  // throws ConfigError
+//   auto config = mineru_health::health_config_from_env(env);  // throws
+//   ConfigError
 //
 // Pure functions; thread-safe.
 #ifndef MINERU_HEALTH_CONFIG_H_
@@ -27,24 +28,24 @@ class ConfigError : public std::invalid_argument {
 };
 
 struct HealthConfig {
-  double interval_s = 2.0;          // between probes of one worker
-  double probe_timeout_s = 1.5;     // whole request; must be < interval_s
-  double connect_timeout_s = 0.5;   // <= probe_timeout_s
-  int failure_threshold = 3;        // consecutive failures before `failed`
-  int healthy_threshold = 1;        // consecutive successes to re-admit
-  double backoff_base_s = 1.0;      // first restart delay, doubling
+  double interval_s = 2.0;         // between probes of one worker
+  double probe_timeout_s = 1.5;    // whole request; must be < interval_s
+  double connect_timeout_s = 0.5;  // <= probe_timeout_s
+  int failure_threshold = 3;       // consecutive failures before `failed`
+  int healthy_threshold = 1;       // consecutive successes to re-admit
+  double backoff_base_s = 1.0;     // first restart delay, doubling
   double backoff_max_s = 60.0;
-  int max_attempts = 5;             // restarts before `gave_up`
-  double boot_timeout_s = 300.0;    // a restarted worker must be healthy by then
-  int concurrency = 10000;          // probes in flight at once
-  double jitter = 0.1;              // +-fraction of interval, per probe
+  int max_attempts = 5;           // restarts before `gave_up`
+  double boot_timeout_s = 300.0;  // a restarted worker must be healthy by then
+  int concurrency = 10000;        // probes in flight at once
+  double jitter = 0.1;            // +-fraction of interval, per probe
   std::string expected_status = "healthy";
   std::size_t max_body_bytes = 64 * 1024;
-  std::string audit_path;           // "" = stderr
+  std::string audit_path;  // "" = stderr
 };
 
 struct ConfigVariable {
-  std::string name;         // e.g. MINERU_ROUTER_HEALTH_INTERVAL_S
+  std::string name;  // e.g. MINERU_ROUTER_HEALTH_INTERVAL_S
   std::string default_value;
   std::string meaning;
 };
@@ -58,7 +59,8 @@ HealthConfig preset(const std::string& name);  // throws ConfigError
 
 // Reads MINERU_ROUTER_HEALTH_PRESET first, then each variable over it.
 // Unknown MINERU_ROUTER_HEALTH_* names are refused too (a typo must not pass).
-HealthConfig health_config_from_env(const std::map<std::string, std::string>& env);
+HealthConfig health_config_from_env(
+    const std::map<std::string, std::string>& env);
 
 // Throws ConfigError naming the variable of the first broken rule.
 void validate(const HealthConfig& config);

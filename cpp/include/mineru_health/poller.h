@@ -30,7 +30,7 @@ namespace mineru_health {
 
 struct Target {
   std::string id;
-  std::string url;           // base URL; "/health" is appended. "" = not probed yet
+  std::string url;  // base URL; "/health" is appended. "" = not probed yet
   bool restartable = false;  // true for router-managed local workers
 };
 
@@ -75,9 +75,11 @@ using NowFn = std::function<TimePoint()>;
 
 class Poller {
  public:
-  // Throws ConfigError if `config` is invalid.
-  Poller(HealthConfig config, ProbeExpectations expect, NowFn now = SteadyClock::now,
-         std::uint64_t seed = 0);
+  // Throws ConfigError if `config` is invalid. config.expected_status and
+  // config.max_body_bytes (what the operator set) override the same fields of
+  // `expect`. `now` may be called from any thread, always under one lock.
+  Poller(HealthConfig config, ProbeExpectations expect,
+         NowFn now = SteadyClock::now, std::uint64_t seed = 0);
   ~Poller();  // stops the thread
   Poller(const Poller&) = delete;
   Poller& operator=(const Poller&) = delete;

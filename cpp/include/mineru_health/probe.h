@@ -2,8 +2,9 @@
 //
 //   mineru_health::ProbeExpectations expect;
 //   expect.protocol_version = 1;
-//   auto result = mineru_health::classify_health_response(200, body, false, expect);
-//   if (result.status == mineru_health::ProbeStatus::kHealthy) use(result.load);
+//   auto result = mineru_health::classify_health_response(200, body, false,
+//   expect); if (result.status == mineru_health::ProbeStatus::kHealthy)
+//   use(result.load);
 //
 // Pure functions; thread-safe.
 #ifndef MINERU_HEALTH_PROBE_H_
@@ -56,10 +57,10 @@ struct ProbeExpectations {
 struct ProbeResult {
   std::string worker_id;
   ProbeStatus status = ProbeStatus::kTransportError;
-  long http_status = 0;        // 0 when no response arrived
+  long http_status = 0;  // 0 when no response arrived
   double latency_s = 0;
-  std::string detail;          // human-readable reason; "" when healthy
-  WorkerLoad load;             // meaningful only when healthy
+  std::string detail;  // human-readable reason; "" when healthy
+  WorkerLoad load;     // meaningful only when healthy
   bool healthy() const { return status == ProbeStatus::kHealthy; }
   // A definitive failure skips the failure threshold.
   bool definitive() const { return status == ProbeStatus::kEngineDead; }
@@ -67,7 +68,8 @@ struct ProbeResult {
 
 // Classifies a complete HTTP answer. `truncated` means the body was cut at
 // max_body_bytes. Never throws.
-ProbeResult classify_health_response(long http_status, std::string_view body, bool truncated,
+ProbeResult classify_health_response(long http_status, std::string_view body,
+                                     bool truncated,
                                      const ProbeExpectations& expect);
 
 }  // namespace mineru_health

@@ -51,7 +51,7 @@ const char* to_string(AuditAction action);
 
 struct AuditEvent {
   AuditAction action;
-  int attempt = 0;     // restart attempt the event concerns (0-based)
+  int attempt = 0;  // restart attempt the event concerns (0-based)
   std::string reason;
   WorkerPhase from;
   WorkerPhase to;
@@ -105,8 +105,13 @@ class RestartPolicy {
   std::optional<TimePoint> next_restart_at() const;
 
  private:
-  Transition fail_definitively(const std::string& reason, AuditAction first, TimePoint now);
-  void schedule_restart(Transition& t, const std::string& reason, TimePoint now);
+  Transition fail_definitively(const std::string& reason, AuditAction first,
+                               TimePoint now);
+  void schedule_restart(Transition& t, const std::string& reason,
+                        TimePoint now);
+  // One restart attempt failed: count it, then reschedule or give up.
+  void count_failed_restart(Transition& t, const std::string& reason,
+                            TimePoint now);
   void enter(Transition& t, WorkerPhase to);
 
   PolicyOptions options_;

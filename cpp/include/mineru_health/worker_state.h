@@ -2,8 +2,8 @@
 // engine is still usable.
 //
 //   mineru_health::WorkerState state;
-//   state.record_fatal({"EngineDeadError: ...", "vllm-engine-dead", "engine_dead", now});
-//   if (!state.healthy()) { /* answer 503 */ }
+//   state.record_fatal({"EngineDeadError: ...", "vllm-engine-dead",
+//   "engine_dead", now}); if (!state.healthy()) { /* answer 503 */ }
 //
 // Thread-safety: every method may be called from any thread at once.
 #ifndef MINERU_HEALTH_WORKER_STATE_H_
@@ -19,10 +19,10 @@
 namespace mineru_health {
 
 struct FatalRecord {
-  std::string error;      // short description, e.g. "EngineDeadError: ..."
+  std::string error;  // short description, e.g. "EngineDeadError: ..."
   std::string rule_id;
   std::string category;
-  double unix_time = 0;   // seconds since the epoch, as given by the caller
+  double unix_time = 0;  // seconds since the epoch, as given by the caller
 };
 
 struct WorkerSnapshot {

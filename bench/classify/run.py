@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Compare mineru_health.classify(exc) with a pure-Python marker check.
+
+The baseline re-implements, from its published description (see
+docs/rules.md and the project's health-loop notes), the check MinerU PR #5188
+proposed: one lower-cased string from the exception's module, class
+hierarchy and message; a fixed list of plain markers; a list of
+alphanumeric-only markers matched on that string with everything but letters
+and digits removed; and "unrecoverable" together with "engine" or "vllm". It
+looks at the one exception given, not its chain.
+
+Both run in this process on the same exceptions, so the printed ratios (not
+the absolute numbers) are what to compare across machines. Nothing here is a
+pass/fail test.
+
+    PYTHONPATH=/tmp/classifier-site python bench/classify/run.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable
+
+import mineru_health
+
+# ---- baseline: PR #5188's marker logic, written from its description ----------
+
+_PLAIN_MARKERS = (
+    "engine dead",
+    "engine is dead",
+    "engine has died",
+    "enginecore",
+    "engine core",
+    "inference engine is gone",
+    "inference engine died",
+    "async llm engine has failed",
+)
+_ALNUM_MARKERS = ("enginedead", "enginecore", "unrecoverableengine", "engineunrecoverable")
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def baseline_is_fatal(exc: BaseException) -> bool:
+    cls = type(exc)
+    names = [getattr(cls, "__module__", "") or ""]
+    names.extend(klass.__name__ for klass in cls.__mro__ if klass is not object)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not break the check
+        message = ""
+    text = " ".join([*names, message]).lower()
+    if any(marker in text for marker in _PLAIN_MARKERS):
+        return True
+    compact = _NON_ALNUM.sub("", text)
+    if any(marker in compact for marker in _ALNUM_MARKERS):
+        return True
+    return "unrecoverable" in text and ("engine" in text or "vllm" in text)
+
+
+# ---- inputs ---------------------------------------------------------------------
+
+
+def _exception_class(module: str, name: str, base: type[BaseException]) -> type[BaseException]:
+    return type(name, (base,), {"__module__": module})
+
+
+EngineDeadError = _exception_class("vllm.v1.engine.exceptions", "EngineDeadError", Exception)
+EngineGenerateError = _exception_class(
+    "vllm.v1.engine.exceptions", "EngineGenerateError", Exception
+)
+PdfiumError = _exception_class("pypdfium2._helpers.misc", "PdfiumError", RuntimeError)
+AcceleratorError = _exception_class("torch", "AcceleratorError", RuntimeError)
+DistBackendError = _exception_class("torch.distributed", "DistBackendError", RuntimeError)
+
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+def _chained(outer: BaseException, *causes: BaseException) -> BaseException:
+    current = outer
+    for cause in causes:
+        current.__cause__ = cause
+        current = cause
+    return outer
+
+
+def _filler(size: int) -> str:
+    line = (
+        '  File "/opt/venv/lib/python3.11/site-packages/mineru/backend/vlm/'
+        'vlm_analyze.py", line 212, in aio_doc_analyze -> page 17 block 3\n'
+    )
+    return (line * (size // len(line) + 1))[:size]
+
+
+def real_mix() -> list[tuple[str, BaseException]]:
+    return [
+        ("vllm v1 EngineDeadError", EngineDeadError(ENGINE_DEAD_MESSAGE)),
+        (
+            "chain: wrapper > cause > EngineDead",
+            _chained(
+                RuntimeError("task 7 failed"),
+                ValueError("page 3"),
+                EngineDeadError(ENGINE_DEAD_MESSAGE),
+            ),
+        ),
+        (
+            "CUDA illegal memory access",
+            AcceleratorError(
+                "CUDA error: an illegal memory access was encountered\n"
+                "CUDA kernel errors might be asynchronously reported."
+            ),
+        ),
+        (
+            "NCCL unhandled cuda error",
+            DistBackendError(
+                "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, "
+                "NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA "
+                "function failed."
+            ),
+        ),
+        (
+            "PdfiumError (task-local)",
+            PdfiumError("Failed to load document (PDFium: Data format error)."),
+        ),
+        (
+            "EngineGenerateError over EngineDead",
+            _chained(EngineGenerateError(), EngineDeadError(ENGINE_DEAD_MESSAGE)),
+        ),
+        ("unmatched ValueError", ValueError("Operation on closed image")),
+        ("Chinese message", RuntimeError("推理失败：文档第 3 页解析出错，请检查输入文件")),
+    ]
+
+
+def sized() -> list[tuple[str, BaseException]]:
+    return [
+        ("unmatched 1 KB", RuntimeError(_filler(1 << 10))),
+        ("unmatched 100 KB", RuntimeError(_filler(100 << 10))),
+        ("unmatched 10 MB", RuntimeError(_filler(10 << 20))),
+    ]
+
+
+# ---- timing ---------------------------------------------------------------------
+
+
+def ns_per_call(fn: Callable[[], object], budget_s: float, min_calls: int) -> float:
+    fn()  # warm-up
+    calls = 0
+    start = time.perf_counter_ns()
+    deadline = start + int(budget_s * 1e9)
+    now = start
+    while calls < min_calls or now < deadline:
+        fn()
+        calls += 1
+        now = time.perf_counter_ns()
+    return (now - start) / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short budget per row")
+    args = parser.parse_args(argv)
+    budget = 0.05 if args.quick else 0.4
+
+    mineru_health.classify(ValueError("warm-up"))  # loads and compiles the rules
+    print(f"python {sys.version.split()[0]}, mineru_health from {mineru_health.__file__}")
+    print(f"budget {budget * 1000:.0f} ms per row; ratio = native / baseline (lower is better)\n")
+    header = (
+        f"{'input':<38} {'chars':>10} {'native ns':>12} {'baseline ns':>12} {'ratio':>7}  verdicts"
+    )
+    print(header)
+    print("-" * len(header))
+
+    mix = real_mix()
+    rows = mix + sized()
+    native_ns: dict[str, float] = {}
+    base_ns: dict[str, float] = {}
+    disagreements = []
+    for name, exc in rows:
+        chars = len(str(exc))
+        min_calls = 3 if chars > (1 << 20) else 50
+        verdict = mineru_health.classify(exc)
+        base_fatal = baseline_is_fatal(exc)
+        native_ns[name] = ns_per_call(lambda e=exc: mineru_health.classify(e), budget, min_calls)
+        base_ns[name] = ns_per_call(lambda e=exc: baseline_is_fatal(e), budget, min_calls)
+        native_word = f"{verdict.kind}:{verdict.rule or '-'}"
+        base_word = "fatal" if base_fatal else "task_local"
+        if verdict.fatal != base_fatal:
+            disagreements.append(name)
+        print(
+            f"{name:<38} {chars:>10} {native_ns[name]:>12.0f} {base_ns[name]:>12.0f} "
+            f"{native_ns[name] / base_ns[name]:>7.2f}  native={native_word} baseline={base_word}"
+        )
+
+    mix_native = sum(native_ns[name] for name, _ in mix)
+    mix_base = sum(base_ns[name] for name, _ in mix)
+    print(
+        f"\nreal mix: native {mix_native / len(mix):.0f} ns, baseline {mix_base / len(mix):.0f} ns "
+        f"per call; native/baseline = {mix_native / mix_base:.2f}"
+    )
+    for label, table in (("native", native_ns), ("baseline", base_ns)):
+        print(
+            f"growth {label:<8}: 100KB/1KB = {table['unmatched 100 KB'] / table['unmatched 1 KB']:.1f} "
+            f"(size x100), 10MB/100KB = {table['unmatched 10 MB'] / table['unmatched 100 KB']:.1f} "
+            "(size x102.4)"
+        )
+    print(
+        "note: mineru_health.frames keeps the head and tail (1M chars) of longer messages, "
+        "so the native 10MB row also measures that cut."
+    )
+    if disagreements:
+        print(
+            f"verdicts differ on: {', '.join(disagreements)} (expected: chains, CUDA/NCCL, "
+            "task-local carve-outs are outside the baseline's markers)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

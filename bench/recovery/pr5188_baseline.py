@@ -1,0 +1,59 @@
+"""Baseline worker hooks for bench/recovery: MinerU 3.4.4 plus PR #5188's behaviour, emulated.
+
+Restated from the PR's description (this is our own code, not the PR's):
+one lower-cased text is built from the exception's module, the names of its
+class hierarchy and its message; it is matched against fixed plain markers,
+fixed alphanumeric-only markers, and "unrecoverable" together with "engine"
+or "vllm". On a match the task manager's ``last_worker_error`` is set (so
+MinerU's ``/health`` answers 503) and waiters are woken; anything else stays
+task-local. Only the exception itself is examined, not its cause chain.
+
+``install(app)`` enables the same fault injection the real tests use
+(``MINERU_HEALTH_FAULT_PLAN``), so both sides of the bench die the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PLAIN_MARKERS = (
+    "engine dead",
+    "engine is dead",
+    "engine has died",
+    "enginecore",
+    "engine core",
+    "inference engine is gone",
+    "inference engine died",
+    "async llm engine has failed",
+)
+COMPACT_MARKERS = ("enginedead", "enginecore", "unrecoverableengine", "engineunrecoverable")
+
+
+def _text(exc: BaseException) -> str:
+    names = [cls.__name__ for cls in type(exc).__mro__ if cls is not object]
+    return " ".join([type(exc).__module__, *names, str(exc)]).lower()
+
+
+def is_engine_fatal(exc: BaseException) -> bool:
+    text = _text(exc)
+    compact = re.sub(r"[^a-z0-9]", "", text)
+    if any(marker in text for marker in PLAIN_MARKERS):
+        return True
+    if any(marker in compact for marker in COMPACT_MARKERS):
+        return True
+    return "unrecoverable" in text and ("engine" in text or "vllm" in text)
+
+
+def install(app: Any) -> None:
+    from mineru_health.testing.faults import FaultInjector
+
+    injector = FaultInjector.from_env()
+    if injector is not None:
+        injector.install()
+
+
+def on_task_failed(manager: Any, exc: BaseException) -> None:
+    if is_engine_fatal(exc):
+        manager.last_worker_error = f"{type(exc).__name__}: {exc}"
+        manager._wake_waiters()

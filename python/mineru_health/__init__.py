@@ -1,0 +1,92 @@
+"""mineru-health: self-healing health checks for MinerU 3.4 workers and router.
+
+    >>> import mineru_health
+    >>> verdict = mineru_health.classify(exc)   # fatal (engine died) or task-local?
+    >>> verdict.fatal, verdict.rule
+
+Public names are loaded on first use, so that light entry points (the
+``mineru-health patch`` command) work without importing the native core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ConfigError,
+    MineruHealthError,
+    PatchError,
+    RulesError,
+    UnsupportedMinerUError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Frame",
+    "MineruHealthError",
+    "PatchError",
+    "Rule",
+    "RuleKind",
+    "Rules",
+    "RulesError",
+    "UnsupportedMinerUError",
+    "Verdict",
+    "WorkerHealth",
+    "__version__",
+    "classify",
+    "classify_text",
+    "default_rules",
+    "frames_from_exception",
+    "frames_from_text",
+    "load_rules",
+    "reload_rules",
+    "worker_health",
+]
+
+_LAZY = {
+    "Frame": "frames",
+    "frames_from_exception": "frames",
+    "frames_from_text": "frames",
+    "Rule": "classifier",
+    "RuleKind": "classifier",
+    "Rules": "classifier",
+    "Verdict": "classifier",
+    "classify": "classifier",
+    "classify_text": "classifier",
+    "default_rules": "classifier",
+    "load_rules": "classifier",
+    "reload_rules": "classifier",
+    "WorkerHealth": "worker",
+    "worker_health": "worker",
+}
+
+if TYPE_CHECKING:
+    from .classifier import (
+        Rule,
+        RuleKind,
+        Rules,
+        Verdict,
+        classify,
+        classify_text,
+        default_rules,
+        load_rules,
+        reload_rules,
+    )
+    from .frames import Frame, frames_from_exception, frames_from_text
+    from .worker import WorkerHealth, worker_health
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mineru_health' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,262 @@
+"""``mineru-health``: patch MinerU, classify failures, list rules, probe workers, run the demo.
+
+Exit codes: 0 success (``classify``: task-local), 1 ``classify``: fatal /
+``patch check``: not every file patched, 2 usage or runtime error, 3 MinerU
+version not supported (4.x, or no patch set for it), 4 a target file was
+modified by someone else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import MineruHealthError, PatchError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_ERROR = 2
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+# --- patch -----------------------------------------------------------------------------------
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from . import patching
+
+    if args.action == "make-entry":
+        if not args.target or not args.patch_file:
+            raise PatchError("make-entry needs --target and --patch-file", exit_code=EXIT_ERROR)
+        if args.mineru_path is None:
+            raise PatchError("make-entry needs --mineru-path (a pristine tree)",
+                             exit_code=EXIT_ERROR)
+        _print_json(patching.make_manifest_entry(args.mineru_path, args.target, args.patch_file))
+        return EXIT_OK
+
+    action = {"apply": patching.apply, "check": patching.check, "revert": patching.revert}
+    report = action[args.action](args.mineru_path)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(f"MinerU {report.mineru_version} at {report.mineru_dir}")
+        for status in report.files:
+            extra = f" ({status.action})" if status.action else ""
+            print(f"  {status.target}: {status.state.value}{extra}")
+    if args.action == "check" and not report.all_patched:
+        return EXIT_FATAL
+    return EXIT_OK
+
+
+# --- classify --------------------------------------------------------------------------------
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    from .classifier import classify_text, load_rules
+
+    if args.file in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        text = Path(args.file).read_text(encoding="utf-8", errors="surrogateescape")
+    rules = load_rules(args.rules) if args.rules else None
+    verdict = classify_text(text, rules=rules)
+    if args.json:
+        frame = verdict.frame
+        _print_json(
+            {
+                "fatal": verdict.fatal,
+                "kind": verdict.kind,
+                "matched": verdict.matched,
+                "rule": verdict.rule,
+                "category": verdict.category,
+                "frame_index": verdict.frame_index,
+                "frame": None if frame is None else {
+                    "module": frame.module,
+                    "type_name": frame.type_name,
+                    "bases": list(frame.bases),
+                },
+                "excerpt": verdict.excerpt,
+            }
+        )
+    else:
+        print(verdict.kind)
+        if verdict.matched:
+            where = verdict.frame.qualified_name if verdict.frame is not None else ""
+            print(f"  rule:     {verdict.rule} ({verdict.category})")
+            print(f"  frame:    #{verdict.frame_index} {where}".rstrip())
+            print(f"  excerpt:  {verdict.excerpt}")
+        else:
+            print("  no rule matched: the failure stays local to its task")
+    return EXIT_FATAL if verdict.fatal else EXIT_OK
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+def _cmd_rules(args: argparse.Namespace) -> int:
+    from .classifier import load_rules, parse_rules_file
+
+    if args.check:
+        parsed = parse_rules_file(args.check)
+        merged = load_rules(args.check)  # also compiles the merged set
+        if args.json:
+            _print_json({"file": args.check, "ok": True, "rules": len(parsed),
+                         "total_after_merge": len(merged)})
+        else:
+            print(f"{args.check}: OK, {len(parsed)} rule(s); {len(merged)} after merging "
+                  "with the built-in rules")
+        return EXIT_OK
+
+    rules = load_rules(args.rules)
+    if args.json:
+        _print_json(
+            {
+                "sources": list(rules.sources),
+                "rules": [
+                    {"id": r.id, "kind": r.kind_name, "category": r.category,
+                     "pattern": r.pattern}
+                    for r in rules.rules
+                ],
+            }
+        )
+    else:
+        print(f"# {len(rules)} rules from {', '.join(rules.sources)}")
+        for r in rules.rules:
+            print(f"{r.id} {r.kind_name} {r.category} {r.pattern}")
+    return EXIT_OK
+
+
+# --- probe / demo (other modules) -------------------------------------------------------------
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from . import monitor  # type: ignore[attr-defined, unused-ignore]
+
+    kwargs: dict[str, Any] = {"as_json": args.json}
+    if args.timeout is not None:
+        kwargs["timeout_s"] = args.timeout
+    if args.expected_status is not None:
+        kwargs["expected_status"] = args.expected_status
+    result = monitor.probe_urls(args.urls, **kwargs)
+    return int(result) if isinstance(result, int) else EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo  # type: ignore[attr-defined, unused-ignore]
+
+    result = demo.main(list(args.demo_args))
+    return int(result) if isinstance(result, int) else EXIT_OK
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mineru-health",
+        description="Self-healing health checks for MinerU 3.4 workers and router.",
+        epilog="Exit codes: 0 ok, 1 fatal verdict / not patched, 2 error, "
+        "3 unsupported MinerU, 4 file modified by someone else.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    patch = sub.add_parser(
+        "patch",
+        help="apply, check or revert the MinerU patches",
+        description="Apply, check or revert the mineru-health patches on a MinerU 3.4 install. "
+        "Idempotent; keeps <file>.mineru-health.orig backups; refuses files modified by "
+        "someone else (exit 4) and MinerU 4.x (exit 3).",
+    )
+    patch.add_argument("action", choices=("apply", "check", "revert", "make-entry"),
+                       help="what to do (make-entry: print a manifest entry, for maintainers)")
+    patch.add_argument("--mineru-path", metavar="DIR",
+                       help="the mineru package directory (default: the importable one)")
+    patch.add_argument("--target", help="make-entry: file relative to the mineru package dir")
+    patch.add_argument("--patch-file", help="make-entry: the unified diff")
+    patch.add_argument("--json", action="store_true", help="machine-readable output")
+    patch.set_defaults(func=_cmd_patch)
+
+    classify = sub.add_parser(
+        "classify",
+        help="classify a traceback or error message (exit 1 if fatal)",
+        description="Read a Python traceback or an error message and say whether it means "
+        "the inference engine died (fatal, exit 1) or only the task failed (exit 0).",
+    )
+    classify.add_argument("file", nargs="?", default="-", help="file to read (default: stdin)")
+    classify.add_argument("--rules", metavar="FILE",
+                          help="rules file to merge (default: $MINERU_HEALTH_RULES)")
+    classify.add_argument("--json", action="store_true", help="machine-readable output")
+    classify.set_defaults(func=_cmd_classify)
+
+    rules = sub.add_parser(
+        "rules",
+        help="list the classification rules or validate a rules file",
+        description="List the built-in rules merged with $MINERU_HEALTH_RULES (or --rules), "
+        "or validate a rules file with --check FILE.",
+    )
+    rules.add_argument("--check", metavar="FILE", help="validate FILE and exit")
+    rules.add_argument("--rules", metavar="FILE", help="rules file to merge for the listing")
+    rules.add_argument("--json", action="store_true", help="machine-readable output")
+    rules.set_defaults(func=_cmd_rules)
+
+    probe = sub.add_parser(
+        "probe",
+        help="probe worker /health URLs once",
+        description="Probe each URL once with the native prober and report the result.",
+    )
+    probe.add_argument("urls", nargs="+", metavar="URL", help="worker health URLs")
+    probe.add_argument("--timeout", type=float, metavar="S", help="per-probe timeout in seconds")
+    probe.add_argument("--expected-status", metavar="STATUS",
+                       help='healthy JSON "status" value (default: healthy)')
+    probe.add_argument("--json", action="store_true", help="machine-readable output")
+    probe.set_defaults(func=_cmd_probe)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the end-to-end self-healing demo",
+        description="Run the demo (arguments after 'demo' are passed on; try 'demo --help').",
+        add_help=False,
+    )
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if arguments[:1] == ["demo"]:
+        # argparse's REMAINDER drops option-like first arguments ("demo --help"),
+        # so the demo gets its arguments untouched.
+        args = argparse.Namespace(func=_cmd_demo, demo_args=arguments[1:], json=False)
+    else:
+        args = parser.parse_args(arguments)
+    try:
+        code: int = args.func(args)
+    except MineruHealthError as error:
+        exit_code = getattr(error, "exit_code", EXIT_ERROR)
+        if getattr(args, "json", False):
+            _print_json({"error": str(error), "type": type(error).__name__,
+                         "errors": getattr(error, "errors", []), "exit_code": exit_code})
+        else:
+            print(f"mineru-health: error: {error}", file=sys.stderr)
+            for detail in getattr(error, "errors", [])[1:]:
+                print(f"  {detail}", file=sys.stderr)
+        return int(exit_code)
+    except OSError as error:
+        print(f"mineru-health: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

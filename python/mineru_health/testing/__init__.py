@@ -1,0 +1,1 @@
+"""Test and demo helpers: fault injection and a fake OpenAI-compatible VLM server."""

@@ -1,0 +1,226 @@
+"""A real, patched ``mineru-api`` whose engine dies (fault plan), end to end.
+
+Each test starts the real worker (``python -m mineru.cli.fast_api``) from a
+patched copy of MinerU, with the fake OpenAI-compatible VLM server as its
+``vlm-http-client`` engine, and injects faults through
+``MINERU_HEALTH_FAULT_PLAN``. All waits are bounded deadline loops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ManagedProcess, http_get, run_cli, wait_until
+from mineru_health.testing.faults import write_plan
+
+pytestmark = pytest.mark.integration
+
+TASK_TIMEOUT_S = 120.0
+BACKEND = "vlm-http-client"
+
+
+def _submit(base_url: str, pdf: bytes, server_url: str, *, path: str = "/tasks",
+            timeout_s: float = 60.0) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}{path}",
+        files={"files": ("doc.pdf", pdf, "application/pdf")},
+        data={"backend": BACKEND, "server_url": server_url},
+        timeout=timeout_s,
+    )
+
+
+def _status(base_url: str, task_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{base_url}/tasks/{task_id}", timeout=10)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _wait_terminal(proc: ManagedProcess, task_id: str) -> dict[str, Any]:
+    def terminal() -> dict[str, Any] | None:
+        body = _status(proc.base_url, task_id)
+        return body if body["status"] in ("completed", "failed") else None
+
+    body = wait_until(terminal, TASK_TIMEOUT_S, 0.1)
+    assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
+    result: dict[str, Any] = body
+    return result
+
+
+def _health(proc: ManagedProcess) -> httpx.Response:
+    response = http_get(f"{proc.base_url}/health", 5.0)
+    assert response is not None, proc.log_tail()
+    return response
+
+
+def _assert_engine_dead_body(body: dict[str, Any]) -> None:
+    assert body["status"] == "unhealthy"
+    assert body["engine_dead"] is True
+    assert body["version"] == "3.4.4"
+    assert body["rule"] and body["category"] and body["error"]
+    assert datetime.fromisoformat(body["since"]).tzinfo is not None
+
+
+def _assert_refuses_work(proc: ManagedProcess, pdf: bytes, server_url: str) -> None:
+    for path in ("/tasks", "/file_parse"):
+        refused = _submit(proc.base_url, pdf, server_url, path=path)
+        assert refused.status_code == 503, (path, refused.text)
+        assert int(refused.headers["retry-after"]) > 0
+        assert "engine" in refused.json()["message"]
+
+
+def test_engine_death_end_to_end(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_API_MAX_CONCURRENT_REQUESTS": "1"},
+    )
+    health = _health(proc)
+    assert health.status_code == 200
+    assert health.json()["status"] == "healthy" and health.json()["protocol_version"] == 2
+
+    first = _submit(proc.base_url, tiny_pdf, fake_vlm_url)
+    assert first.status_code == 202, first.text
+    done = _wait_terminal(proc, first.json()["task_id"])
+    assert done["status"] == "completed", (done, proc.log_tail())
+    result = httpx.get(f"{proc.base_url}/tasks/{done['task_id']}/result", timeout=30)
+    assert result.status_code == 200
+
+    synchronous = _submit(proc.base_url, tiny_pdf, fake_vlm_url, path="/file_parse")
+    assert synchronous.status_code == 200, synchronous.text
+
+    # Four tasks on a slow engine with one task at a time: the first runs, the
+    # others wait behind MinerU's semaphore when the engine dies.
+    slow_url = f"{fake_vlm_url}/delay/1500/"
+    ids = []
+    for _ in range(4):
+        submitted = _submit(proc.base_url, tiny_pdf, slow_url)
+        assert submitted.status_code == 202, submitted.text
+        ids.append(submitted.json()["task_id"])
+    assert wait_until(lambda: _status(proc.base_url, ids[0])["status"] == "processing",
+                      TASK_TIMEOUT_S), proc.log_tail()
+    write_plan(plan, "engine_dead")
+
+    finals = [_wait_terminal(proc, task_id) for task_id in ids]
+    statuses = [f["status"] for f in finals]
+    assert "pending" not in statuses and "processing" not in statuses
+    assert statuses.count("completed") <= 1  # only the call already in flight may finish
+    engine_errors = [f for f in finals if "EngineDeadError" in (f["error"] or "")]
+    assert engine_errors, (finals, proc.log_tail())
+    for final in finals:
+        if final["status"] == "failed":
+            assert "EngineDeadError" in final["error"]
+    # The last two never reached the engine: failed while queued.
+    assert finals[-1]["started_at"] is None
+    assert "inference engine of this worker died" in finals[-1]["error"]
+
+    health = _health(proc)
+    assert health.status_code == 503
+    _assert_engine_dead_body(health.json())
+    assert "EngineDeadError" in health.json()["error"]
+    _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
+    assert _status(proc.base_url, ids[0])["task_id"] == ids[0]  # status endpoints still work
+    assert proc.poll() is None
+
+
+def test_task_local_failure_keeps_the_worker(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_FAULT_PLAN": str(plan)})
+    write_plan(plan, "task_local")
+    failed = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    assert failed["status"] == "failed"
+    assert "corrupt" in failed["error"]
+    assert _health(proc).status_code == 200
+    later = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    assert later["status"] == "completed", proc.log_tail()
+    health = _health(proc)
+    assert health.status_code == 200
+    assert health.json()["failed_tasks"] == 1 and health.json()["completed_tasks"] == 1
+
+
+def test_engine_dies_while_idle(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_FAULT_PLAN": str(plan)})
+    write_plan(plan, "engine_dead_idle")
+    unhealthy = wait_until(lambda: _health(proc).status_code == 503, 30.0, 0.2)
+    assert unhealthy, proc.log_tail()
+    body = _health(proc).json()
+    _assert_engine_dead_body(body)
+    assert body["rule"].startswith("liveness:")
+    _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
+
+
+def test_exit_on_fatal(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={
+            "MINERU_HEALTH_FAULT_PLAN": str(plan),
+            "MINERU_HEALTH_EXIT_ON_FATAL": "1",
+            "MINERU_HEALTH_EXIT_GRACE_S": "5",
+        },
+    )
+    write_plan(plan, "engine_dead")
+    task_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    final = _wait_terminal(proc, task_id)
+    assert final["status"] == "failed" and "EngineDeadError" in final["error"]
+    during_grace = http_get(f"{proc.base_url}/health", 2.0)
+    assert during_grace is None or during_grace.status_code == 503
+    assert proc.wait(60.0) == 75, proc.log_tail()
+    assert "exiting with status 75" in proc.log()
+
+
+def test_hang_stops_answering(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_FAULT_HANG_S": "6"},
+    )
+    write_plan(plan, "hang")
+    assert wait_until(lambda: http_get(f"{proc.base_url}/health", 1.0) is None, 20.0, 0.1)
+    assert wait_until(lambda: (r := http_get(f"{proc.base_url}/health", 2.0)) is not None
+                      and r.status_code == 200, 60.0, 0.2), proc.log_tail()
+
+
+def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:
+    fast_api = mineru_copy / "mineru" / "cli" / "fast_api.py"
+    original = hashlib.sha256(fast_api.read_bytes()).hexdigest()
+    assert run_cli("patch", "apply", "--mineru-path", str(mineru_copy / "mineru")).returncode == 0
+    assert hashlib.sha256(fast_api.read_bytes()).hexdigest() != original
+    reverted = run_cli("patch", "revert", "--mineru-path", str(mineru_copy / "mineru"))
+    assert reverted.returncode == 0, reverted.stderr
+    assert hashlib.sha256(fast_api.read_bytes()).hexdigest() == original

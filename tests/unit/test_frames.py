@@ -1,0 +1,157 @@
+"""frames_from_exception / frames_from_text: order, chains, groups, cycles, bounds."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+from mineru_health.frames import Frame, frames_from_exception, frames_from_text
+
+
+def _raise_chain() -> BaseException:
+    try:
+        try:
+            raise ValueError("root cause")
+        except ValueError as inner:
+            raise RuntimeError("wrapper") from inner
+    except RuntimeError as outer:
+        return outer
+    raise AssertionError("unreachable")
+
+
+def test_frame_fields_and_order() -> None:
+    frames = frames_from_exception(_raise_chain())
+    assert [f.type_name for f in frames] == ["RuntimeError", "ValueError"]
+    assert frames[0].module == "builtins"
+    assert frames[0].bases == ("Exception", "BaseException")
+    assert frames[1].message == "root cause"
+    assert str(frames[1]) == "ValueError: root cause"
+
+
+def test_custom_module_and_bases() -> None:
+    class Base(Exception):
+        pass
+
+    class EngineDeadError(Base):
+        pass
+
+    EngineDeadError.__module__ = "vllm.v1.engine.exceptions"
+    frame = frames_from_exception(EngineDeadError("x"))[0]
+    assert frame.qualified_name == "vllm.v1.engine.exceptions.EngineDeadError"
+    assert frame.bases == ("Base", "Exception", "BaseException")
+
+
+def test_context_followed_unless_suppressed() -> None:
+    try:
+        try:
+            raise KeyError("k")
+        except KeyError:
+            raise TypeError("during handling")  # the implicit __context__ is the point
+    except TypeError as exc:
+        assert [f.type_name for f in frames_from_exception(exc)] == ["TypeError", "KeyError"]
+        exc.__suppress_context__ = True
+        assert [f.type_name for f in frames_from_exception(exc)] == ["TypeError"]
+
+
+def test_exception_group_members() -> None:
+    group = ExceptionGroup("many", [ValueError("a"), BaseExceptionGroup("inner", [KeyError("b")])])
+    names = [f.type_name for f in frames_from_exception(group)]
+    # BaseExceptionGroup of plain Exceptions is constructed as an ExceptionGroup.
+    assert names == ["ExceptionGroup", "ValueError", "ExceptionGroup", "KeyError"]
+    assert frames_from_exception(group)[2].message.startswith("inner")
+
+
+def test_cycle_is_cut() -> None:
+    first = ValueError("a")
+    second = RuntimeError("b")
+    first.__cause__ = second
+    second.__cause__ = first
+    assert [f.type_name for f in frames_from_exception(first)] == ["ValueError", "RuntimeError"]
+
+
+def test_ten_thousand_deep_chain_is_bounded_and_iterative() -> None:
+    exc: BaseException = ValueError("deepest")
+    for i in range(10_000):
+        wrapper = RuntimeError(f"level {i}")
+        wrapper.__cause__ = exc
+        exc = wrapper
+    frames = frames_from_exception(exc)
+    assert len(frames) == 64
+    assert frames[0].message == "level 9999"
+    assert len(frames_from_exception(exc, max_frames=3)) == 3
+    assert frames_from_exception(exc, max_frames=0) == []
+
+
+def test_raising_str_gives_a_placeholder() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    frame = frames_from_exception(Unprintable())[0]
+    assert frame.message == "<unprintable Unprintable: RuntimeError in __str__>"
+
+
+def test_huge_message_is_capped_head_and_tail() -> None:
+    message = "H" * 5_000_000 + "MIDDLE" + "T" * 5_000_000
+    frame = frames_from_exception(ValueError(message))[0]
+    assert len(frame.message) < 2_000_000
+    assert frame.message.startswith("HHH") and frame.message.endswith("TTT")
+    small = frames_from_exception(ValueError(message), max_message_chars=100)[0]
+    assert len(small.message) < 200
+
+
+def test_traceback_text_chain_is_outermost_first() -> None:
+    text = "".join(traceback.format_exception(_raise_chain()))
+    frames = frames_from_text(text)
+    assert [(f.module, f.type_name, f.message) for f in frames] == [
+        ("", "RuntimeError", "wrapper"),
+        ("", "ValueError", "root cause"),
+    ]
+
+
+def test_traceback_text_during_handling_and_qualified_names() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "a.py", line 1, in <module>\n'
+        "    x()\n"
+        "zmq.error.ZMQError: Socket closed\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "b.py", line 2, in f\n'
+        "    raise EngineDeadError()\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+        "second line of the message\n"
+    )
+    frames = frames_from_text(text)
+    assert frames[0] == Frame("vllm.v1.engine.exceptions", "EngineDeadError", (),
+                              "EngineCore encountered an issue.\nsecond line of the message")
+    assert (frames[1].module, frames[1].type_name) == ("zmq.error", "ZMQError")
+
+
+def test_traceback_text_exception_group() -> None:
+    group = ExceptionGroup("eg", [ValueError("one"), TypeError("two")])
+    text = "".join(traceback.format_exception(group))
+    names = [f.type_name for f in frames_from_text(text)]
+    assert names == ["ExceptionGroup", "ValueError", "TypeError"]
+    try:
+        raise group
+    except ExceptionGroup as raised:
+        text = "".join(traceback.format_exception(raised))
+    frames = frames_from_text(text)
+    assert [f.type_name for f in frames] == ["ExceptionGroup", "ValueError", "TypeError"]
+    assert frames[1].message == "one"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("EngineCore encountered an issue.", Frame("", "", (), "EngineCore encountered an issue.")),
+        ("ValueError: bad pdf", Frame("", "ValueError", (), "bad pdf")),
+        ("torch.OutOfMemoryError", Frame("torch", "OutOfMemoryError", (), "")),
+        ("Timeout", Frame("", "", (), "Timeout")),
+    ],
+)
+def test_plain_messages(text: str, expected: Frame) -> None:
+    assert frames_from_text(text) == [expected]

@@ -1,0 +1,153 @@
+"""Round trips through the private extension: types convert, nothing is lost or invented."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from mineru_health import _native
+
+
+def test_frame_round_trip_str_and_bytes() -> None:
+    frame = _native.Frame("vllm.v1.engine.exceptions", b"EngineDeadError", ["Exception", b"X"],
+                          "boom")
+    assert frame.module == "vllm.v1.engine.exceptions"
+    assert frame.type_name == "EngineDeadError"
+    assert frame.bases == ["Exception", "X"]
+    assert frame.message == "boom"
+    frame.message = b"changed"
+    assert frame.message == "changed"
+
+
+def test_frame_keeps_invalid_bytes() -> None:
+    frame = _native.Frame(b"m\xff", b"T", [], "\udcff".encode("utf-8", "surrogatepass"))
+    # Decoded with surrogateescape: every byte survives the round trip.
+    assert frame.module.encode("utf-8", "surrogateescape") == b"m\xff"
+    assert frame.message.encode("utf-8", "surrogateescape") == b"\xed\xb3\xbf"
+
+
+def test_rule_kind_is_a_python_enum() -> None:
+    import enum
+
+    assert issubclass(_native.RuleKind, enum.Enum)
+    assert _native.rule_kind_name(_native.RuleKind.FATAL) == "fatal"
+    assert _native.rule_kind_name(_native.RuleKind.TASK_LOCAL) == "task_local"
+
+
+def test_rule_round_trip() -> None:
+    rule = _native.Rule(id="a.b", kind=_native.RuleKind.TASK_LOCAL, category="cat",
+                        pattern="x+y")
+    assert (rule.id, rule.kind, rule.category, rule.pattern) == (
+        "a.b", _native.RuleKind.TASK_LOCAL, "cat", "x+y")
+
+
+def test_compile_ok_and_rules_are_copies() -> None:
+    rule_set, errors = _native.RuleSet.compile(
+        [_native.Rule("one", _native.RuleKind.FATAL, "c", "engine")], "<test>")
+    assert errors == []
+    assert rule_set is not None
+    rules = rule_set.rules
+    rules[0].pattern = "changed"
+    assert rule_set.rules[0].pattern == "engine"  # the compiled set stays immutable
+
+
+def test_compile_error_is_a_value() -> None:
+    rule_set, errors = _native.RuleSet.compile(
+        [_native.Rule("bad", _native.RuleKind.FATAL, "c", "(")], "<test>")
+    assert rule_set is None
+    assert len(errors) == 1
+    assert errors[0].rule_id == "bad"
+    assert errors[0].source == "<test>"
+    assert "bad" in errors[0].to_string()
+
+
+def test_classifier_requires_a_rule_set() -> None:
+    with pytest.raises(TypeError):
+        _native.Classifier(None)  # type: ignore[arg-type]
+
+
+def test_classifier_limits_defaults_match_cpp() -> None:
+    limits = _native.ClassifierLimits()
+    assert limits.max_frames == 64
+    assert limits.max_message_bytes == 16 << 20
+    assert limits.excerpt_bytes == 200
+
+
+def test_classify_verdict_fields() -> None:
+    rule_set, _ = _native.RuleSet.compile(_native.builtin_rules())
+    assert rule_set is not None
+    classifier = _native.Classifier(rule_set, _native.ClassifierLimits())
+    frames = [
+        _native.Frame("builtins", "RuntimeError", ["Exception", "BaseException"], "wrapper"),
+        _native.Frame("vllm.v1.engine.exceptions", "EngineDeadError",
+                      ["Exception", "BaseException"], "EngineCore encountered an issue."),
+    ]
+    verdict = classifier.classify(frames)
+    assert verdict.fatal and verdict.matched
+    assert verdict.frame_index == 1
+    assert verdict.rule_id
+    assert verdict.category
+    assert isinstance(verdict.excerpt, str)
+    empty = classifier.classify([])
+    assert not empty.fatal and not empty.matched and empty.frame_index == -1
+
+
+def test_parse_rules_text_returns_rules_and_errors() -> None:
+    rules, errors = _native.parse_rules_text(b"# comment\nx.y fatal cat a  b\n", "f.rules")
+    assert errors == []
+    assert [(r.id, r.kind, r.category, r.pattern) for r in rules] == [
+        ("x.y", _native.RuleKind.FATAL, "cat", "a  b")]
+    rules, errors = _native.parse_rules_text("\n\nz fatal cat (\n", "f.rules")
+    assert rules == []
+    assert (errors[0].source, errors[0].line, errors[0].rule_id) == ("f.rules", 3, "z")
+
+
+def test_merge_rules_replaces_in_place() -> None:
+    base = [_native.Rule("a", _native.RuleKind.FATAL, "c", "1"),
+            _native.Rule("b", _native.RuleKind.FATAL, "c", "2")]
+    merged = _native.merge_rules(base, [_native.Rule("a", _native.RuleKind.TASK_LOCAL, "d", "3"),
+                                        _native.Rule("n", _native.RuleKind.FATAL, "c", "4")])
+    assert [(r.id, r.pattern) for r in merged] == [("a", "3"), ("b", "2"), ("n", "4")]
+
+
+def test_text_helpers() -> None:
+    assert _native.sanitize_utf8(b"a\xffb") == "a\ufffdb"
+    assert _native.compact_form("Engine-Dead Error!") == "enginedeaderror"
+
+
+def test_worker_state_round_trip() -> None:
+    state = _native.WorkerState()
+    assert state.healthy()
+    state.record_task_local()
+    state.record_fatal(_native.FatalRecord("E: x", "rule", "cat", 12.5))
+    state.record_fatal(_native.FatalRecord("E: y", "rule2", "cat2", 13.0))
+    snap = state.snapshot()
+    assert not snap.healthy
+    assert (snap.fatal_count, snap.task_local_count) == (2, 1)
+    assert snap.first_fatal is not None and snap.last_fatal is not None
+    assert (snap.first_fatal.error, snap.first_fatal.rule_id, snap.first_fatal.category,
+            snap.first_fatal.unix_time) == ("E: x", "rule", "cat", 12.5)
+    assert snap.last_fatal.error == "E: y"
+    state.reset()
+    snap = state.snapshot()
+    assert snap.healthy and snap.first_fatal is None and snap.fatal_count == 0
+
+
+def test_wait_until_unhealthy_releases_the_gil() -> None:
+    state = _native.WorkerState()
+    assert state.wait_until_unhealthy(0.01) is False
+    waiter_result: list[bool] = []
+    started = threading.Event()
+
+    def waiter() -> None:
+        started.set()
+        waiter_result.append(state.wait_until_unhealthy(30.0))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert started.wait(10)
+    # This thread keeps running Python while the other blocks in C++.
+    state.record_fatal(_native.FatalRecord("dead", "r", "c", 1.0))
+    thread.join(30)
+    assert not thread.is_alive()
+    assert waiter_result == [True]

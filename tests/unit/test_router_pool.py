@@ -1,0 +1,462 @@
+"""The self-healing WorkerPool (mineru_health.integration.router) with fake workers.
+
+MinerU's real, unpatched ``mineru.cli.router`` supplies the base classes; only
+``ManagedLocalServer.start`` is replaced, so that a "local worker" is a tiny
+loopback HTTP server process instead of ``mineru-api``. Each fake worker reads
+``<control_dir>/<port>`` on every request: absent means healthy,
+``engine_dead`` answers MinerU-health's 503. Waits are bounded; nothing
+asserts on timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+
+router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.4.4 is not importable")
+
+import httpx
+from mineru_health import _native, metrics
+from mineru_health.errors import ConfigError
+from mineru_health.integration import router as healing
+
+WAIT_S = 30.0
+
+FAKE_WORKER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port, control_dir = int(sys.argv[1]), sys.argv[2]
+HEALTHY = {"status": "healthy", "version": "3.4.4", "protocol_version": 2,
+           "queued_tasks": 0, "processing_tasks": 0, "completed_tasks": 0,
+           "failed_tasks": 0, "max_concurrent_requests": 3,
+           "processing_window_size": 64}
+DEAD = {"status": "unhealthy", "version": "3.4.4", "engine_dead": True,
+        "error": "EngineDeadError: EngineCore encountered an issue."}
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        try:
+            with open(os.path.join(control_dir, str(port))) as f:
+                mode = f.read().strip()
+        except FileNotFoundError:
+            mode = "healthy"
+        code, body = (503, DEAD) if mode == "engine_dead" else (200, HEALTHY)
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+class FakeLocalServer(router_mod.ManagedLocalServer):  # type: ignore[misc, name-defined]
+    """MinerU's ManagedLocalServer with a fake worker process; stop() is MinerU's own."""
+
+    control_dir = ""
+    spawned: ClassVar[list[subprocess.Popen[bytes]]] = []
+    stop_gate: ClassVar[threading.Event | None] = None  # when set by a test, stop() waits on it
+
+    async def start(self, client: Any, port: int | None = None) -> None:
+        if self.is_running():
+            return
+        port = port or router_mod.find_free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(  # noqa: ASYNC220 -- as MinerU's start() does
+            [sys.executable, "-c", FAKE_WORKER, str(port), self.control_dir],
+            start_new_session=True,
+        )
+        FakeLocalServer.spawned.append(self.process)
+        self.process_group_id = self.process.pid
+        try:
+            await self.wait_until_ready(client)
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        gate = FakeLocalServer.stop_gate
+        if gate is not None:
+            gate.wait(WAIT_S)
+        super().stop()
+
+
+def run_async(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+FAST_ENV = {
+    "MINERU_ROUTER_HEALTH_PRESET": "fast",
+    "MINERU_ROUTER_HEALTH_INTERVAL_S": "0.5",
+    "MINERU_ROUTER_HEALTH_TIMEOUT_S": "0.4",
+    "MINERU_ROUTER_HEALTH_CONNECT_TIMEOUT_S": "0.4",
+    "MINERU_ROUTER_HEALTH_FAILURE_THRESHOLD": "2",
+    "MINERU_ROUTER_HEALTH_BACKOFF_BASE_S": "0.05",
+    "MINERU_ROUTER_HEALTH_BACKOFF_MAX_S": "0.2",
+    "MINERU_ROUTER_HEALTH_BOOT_TIMEOUT_S": "20",
+    "MINERU_ROUTER_HEALTH_JITTER": "0",
+}
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SimpleNamespace]:
+    for key in list(os.environ):
+        if key.startswith("MINERU_ROUTER_HEALTH_"):
+            monkeypatch.delenv(key)
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("MINERU_ROUTER_HEALTH_AUDIT_PATH", str(audit))
+    control = tmp_path / "control"
+    control.mkdir()
+    monkeypatch.setattr(FakeLocalServer, "control_dir", str(control))
+    monkeypatch.setattr(FakeLocalServer, "spawned", [])
+    monkeypatch.setattr(FakeLocalServer, "stop_gate", None)
+    metrics.reset_for_tests()
+    ns = dict(vars(router_mod))
+    ns["ManagedLocalServer"] = FakeLocalServer
+    pool_class = healing.install(ns)
+    yield SimpleNamespace(audit=audit, control=control, pool_class=pool_class)
+    for process in FakeLocalServer.spawned:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=WAIT_S)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.changed = asyncio.Event()
+
+    def attach(self, pool: Any) -> None:
+        original = pool._monitor._on_event
+
+        def record(event: Any) -> None:
+            original(event)
+            self.events.append(event)
+            self.changed.set()
+
+        pool._monitor._on_event = record
+
+    def actions(self, worker: str) -> list[str]:
+        return [
+            _native.to_string(e.audit.action)
+            for e in self.events
+            if e.worker_id == worker and e.audit is not None
+        ]
+
+    def probes(self, worker: str) -> int:
+        return sum(1 for e in self.events if e.worker_id == worker and e.probe is not None)
+
+    async def wait_for(self, predicate: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                tail = [(e.worker_id, _native.to_string(e.kind)) for e in self.events[-20:]]
+                pytest.fail(f"timed out waiting for {what}; last events {tail}")
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout=remaining)
+            except TimeoutError:
+                pass
+
+
+@asynccontextmanager
+async def running_pool(env: SimpleNamespace, **settings: Any) -> AsyncIterator[Any]:
+    router_settings = router_mod.RouterSettings(**{"local_gpus": "0,1", **settings})
+    client = httpx.AsyncClient(timeout=5.0)
+    pool = env.pool_class(router_settings, client)
+    rec = Recorder()
+    rec.attach(pool)
+    pool.recorder = rec
+    try:
+        await pool.start()
+        yield pool
+    finally:
+        await pool.shutdown()
+        await client.aclose()
+
+
+def _port(url: str) -> str:
+    return url.rsplit(":", 1)[1]
+
+
+def _entry(pool: Any, worker: str) -> dict[str, Any]:
+    _healthy, payload = pool.health_payload()
+    return next(s for s in payload["servers"] if s["server_id"] == worker)
+
+
+def _audit_actions(path: Path, worker: str) -> list[str]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r["action"] for r in rows if r["worker_id"] == worker]
+
+
+# --- start-up ---------------------------------------------------------------------
+
+
+@run_async
+async def test_bad_config_refuses_before_spawning(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MINERU_ROUTER_HEALTH_FAILURE_THRESHOLD", "zero")
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(ConfigError) as info:
+            env.pool_class(router_mod.RouterSettings(local_gpus="0,1"), client)
+    assert info.value.variable == "MINERU_ROUTER_HEALTH_FAILURE_THRESHOLD"
+    assert FakeLocalServer.spawned == []
+
+
+def test_install_is_idempotent_and_keeps_the_name() -> None:
+    ns = dict(vars(router_mod))
+    first = healing.install(ns)
+    ns["WorkerPool"] = first
+    assert healing.install(ns) is first
+    assert first.__name__ == "WorkerPool" and issubclass(first, router_mod.WorkerPool)
+
+
+@run_async
+async def test_startup_routes_to_both_and_health_lists_policy_fields(env: SimpleNamespace) -> None:
+    async with running_pool(env) as pool:
+        healthy, payload = pool.health_payload()
+        assert healthy and payload["status"] == "healthy"
+        assert {s["server_id"] for s in payload["servers"]} == {"local-gpu-0", "local-gpu-1"}
+        for entry in payload["servers"]:
+            assert entry["healthy"] and entry["in_rotation"]
+            assert entry["state"] == "healthy" and entry["restartable"]
+            assert entry["consecutive_failures"] == 0 and entry["restart_attempt"] == 0
+            assert entry["next_restart_at"] is None and entry["last_error"] is None
+            assert entry["max_concurrent_requests"] == 3
+        assert payload["max_concurrent_requests"] == 6
+        chosen = await pool.acquire_submission_server()
+        assert chosen is not None and chosen.healthy
+        await pool.release_submission_server(chosen.server_id)
+
+
+# --- restarts -------------------------------------------------------------------------
+
+
+@run_async
+async def test_engine_death_restarts_that_worker_on_a_new_url(env: SimpleNamespace) -> None:
+    async with running_pool(env) as pool:
+        rec = pool.recorder
+        dead, other = pool.get_server("local-gpu-0"), pool.get_server("local-gpu-1")
+        old_url, old_process = dead.base_url, dead.local_server.process
+        other_ejections = len([e for e in rec.events if e.worker_id == other.server_id])
+        (env.control / _port(old_url)).write_text("engine_dead")
+
+        await rec.wait_for(lambda: not dead.healthy, "the dead worker to leave rotation")
+        chosen = await pool.acquire_submission_server()
+        assert chosen is other  # routing avoids it at once
+        await pool.release_submission_server(chosen.server_id)
+
+        await rec.wait_for(
+            lambda: "auto_restart_success" in rec.actions(dead.server_id), "restart success"
+        )
+        assert dead.healthy and dead.base_url != old_url
+        assert old_process.poll() is not None  # the old process was stopped
+        assert rec.actions(dead.server_id) == [
+            "ejected",
+            "health_failed",
+            "auto_restart_scheduled",
+            "auto_restart_success",
+        ]
+        assert _audit_actions(env.audit, dead.server_id) == rec.actions(dead.server_id)
+        # The other worker never left rotation.
+        assert other.healthy
+        assert not rec.actions(other.server_id)
+        assert len([e for e in rec.events if e.worker_id == other.server_id]) > other_ejections
+        entry = _entry(pool, dead.server_id)
+        assert entry["state"] == "healthy" and entry["base_url"] == dead.base_url
+    lines = [json.loads(line) for line in env.audit.read_text().splitlines()]
+    assert all(
+        set(r) == {"time", "worker_id", "action", "attempt", "reason", "from", "to"} for r in lines
+    )
+
+
+@run_async
+async def test_slow_stop_blocks_neither_probing_nor_routing(env: SimpleNamespace) -> None:
+    gate = threading.Event()
+    async with running_pool(env) as pool:
+        rec = pool.recorder
+        dead, other = pool.get_server("local-gpu-0"), pool.get_server("local-gpu-1")
+        FakeLocalServer.stop_gate = gate  # MinerU's stop can take ~10 s; here: until released
+        try:
+            (env.control / _port(dead.base_url)).write_text("engine_dead")
+            await rec.wait_for(lambda: pool._restarting(dead.server_id), "the restart to begin")
+            probes_before = rec.probes(other.server_id)
+            await rec.wait_for(
+                lambda: rec.probes(other.server_id) >= probes_before + 2,
+                "the other worker to be probed while the stop hangs",
+            )
+            assert pool._restarting(dead.server_id)
+            entry = _entry(pool, dead.server_id)
+            assert entry["restarting"] and entry["state"] == "restarting"
+            assert not entry["in_rotation"]
+            chosen = await pool.acquire_submission_server()
+            assert chosen is other
+            await pool.release_submission_server(chosen.server_id)
+        finally:
+            FakeLocalServer.stop_gate = None
+            gate.set()
+        await rec.wait_for(
+            lambda: "auto_restart_success" in rec.actions(dead.server_id), "restart success"
+        )
+
+
+@run_async
+async def test_process_exit_is_detected_and_restarted(env: SimpleNamespace) -> None:
+    async with running_pool(env) as pool:
+        rec = pool.recorder
+        server = pool.get_server("local-gpu-1")
+        old = server.local_server.process
+        os.killpg(old.pid, signal.SIGKILL)
+        await rec.wait_for(
+            lambda: "auto_restart_success" in rec.actions(server.server_id), "restart success"
+        )
+        ejected = next(
+            e.audit for e in rec.events if e.worker_id == server.server_id and e.audit is not None
+        )
+        assert _native.to_string(ejected.action) == "ejected"
+        # Either the process check or failed probes may notice first; both are fine.
+        assert ejected.reason
+        assert server.local_server.process is not old and server.healthy
+
+
+# --- passive signals ---------------------------------------------------------------------
+
+
+def _task(server: Any) -> SimpleNamespace:
+    return SimpleNamespace(upstream_server_id=server.server_id, upstream_base_url=server.base_url)
+
+
+ENGINE_ERROR = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+@run_async
+async def test_fatal_task_failure_ejects_at_once(env: SimpleNamespace) -> None:
+    async with running_pool(env) as pool:
+        rec = pool.recorder
+        server = pool.get_server("local-gpu-0")
+        stale = SimpleNamespace(upstream_server_id=server.server_id, upstream_base_url="http://x")
+        pool.observe_task_status(stale, {"status": "failed", "error": ENGINE_ERROR})
+        pool.observe_task_status(_task(server), {"status": "failed", "error": "corrupt PDF"})
+        pool.observe_task_status(_task(server), {"status": "completed", "error": None})
+        assert server.healthy  # none of those is a fatal failure of this instance
+
+        pool.observe_task_status(_task(server), {"status": "failed", "error": ENGINE_ERROR})
+        assert not server.healthy  # synchronous: no probe needed
+        pool.observe_task_status(_task(server), {"status": "failed", "error": ENGINE_ERROR})
+        await rec.wait_for(lambda: bool(rec.actions(server.server_id)), "the ejection")
+        first = rec.actions(server.server_id)[0]
+        assert first == "ejected"
+        await rec.wait_for(
+            lambda: "auto_restart_success" in rec.actions(server.server_id), "restart success"
+        )
+        # Two fatal statuses from one instance were reported once.
+        assert rec.actions(server.server_id).count("ejected") == 1
+
+
+@run_async
+async def test_submission_503_with_fatal_error_ejects(env: SimpleNamespace) -> None:
+    async with running_pool(env) as pool:
+        rec = pool.recorder
+        a, b = pool.get_server("local-gpu-0"), pool.get_server("local-gpu-1")
+        await pool.mark_submission_failure(b.server_id, "503 Task dispatcher is not running")
+        assert not b.healthy  # MinerU's own behaviour: out until the next probe
+        await rec.wait_for(lambda: b.healthy, "b back by the next healthy probe")
+        assert not rec.actions(b.server_id)
+
+        await pool.mark_submission_failure(a.server_id, f"503 EngineDeadError: {ENGINE_ERROR}")
+        assert not a.healthy
+        await rec.wait_for(
+            lambda: "auto_restart_success" in rec.actions(a.server_id), "restart success"
+        )
+        assert rec.actions(a.server_id)[0] == "ejected"
+
+
+# --- remote workers --------------------------------------------------------------------------
+
+
+class _RemoteHandler(BaseHTTPRequestHandler):
+    mode = "healthy"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        if _RemoteHandler.mode == "engine_dead":
+            code, body = 503, {"status": "unhealthy", "engine_dead": True, "error": ENGINE_ERROR}
+        else:
+            code, body = (
+                200,
+                {
+                    "status": "healthy",
+                    "protocol_version": 2,
+                    "max_concurrent_requests": 2,
+                    "queued_tasks": 5,
+                },
+            )
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@run_async
+async def test_remote_upstream_is_ejected_never_restarted(
+    env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_RemoteHandler, "mode", "healthy")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RemoteHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        async with running_pool(env, local_gpus="none", upstream_urls=(url,)) as pool:
+            rec = pool.recorder
+            remote = pool.get_server("remote-1")
+            assert remote.healthy and remote.queued_tasks == 5
+            _RemoteHandler.mode = "engine_dead"
+            await rec.wait_for(lambda: "health_failed" in rec.actions("remote-1"), "failure")
+            entry = _entry(pool, "remote-1")
+            assert entry["state"] == "failed" and not entry["restartable"]
+            assert entry["next_restart_at"] is None and not entry["restarting"]
+            assert "auto_restart_scheduled" not in rec.actions("remote-1")
+            healthy, payload = pool.health_payload()
+            assert not healthy and payload["status"] == "unhealthy"
+            _RemoteHandler.mode = "healthy"
+            await rec.wait_for(lambda: "recovered" in rec.actions("remote-1"), "recovery")
+            assert remote.healthy
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=WAIT_S)
