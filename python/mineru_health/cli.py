@@ -150,6 +150,32 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return int(result) if isinstance(result, int) else EXIT_OK
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from .monitor import HealthSettings
+
+    if args.check:
+        # Raises ConfigError naming the variable, as the patched router would at start-up.
+        settings = HealthSettings.from_env()
+        if args.json:
+            _print_json(settings.as_dict())
+        else:
+            for name, value in settings.as_dict().items():
+                print(f"{name} = {value}")
+        return EXIT_OK
+    variables = HealthSettings.variables()
+    if args.json:
+        _print_json([{"name": n, "default": d, "meaning": m} for n, d, m in variables])
+    elif args.markdown:
+        print("| variable | default | meaning |")
+        print("| --- | --- | --- |")
+        for name, default, meaning in variables:
+            print(f"| `{name}` | `{default}` | {meaning} |")
+    else:
+        for name, default, meaning in variables:
+            print(f"{name} (default {default!r}): {meaning}")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from . import demo  # type: ignore[attr-defined, unused-ignore]
 
@@ -219,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help='healthy JSON "status" value (default: healthy)')
     probe.add_argument("--json", action="store_true", help="machine-readable output")
     probe.set_defaults(func=_cmd_probe)
+
+    config = sub.add_parser(
+        "config",
+        help="list the router's MINERU_ROUTER_HEALTH_* variables or check the current ones",
+        description="List the router health variables with defaults and meaning, or, with "
+        "--check, validate the current environment as mineru-router would at start-up.",
+    )
+    config.add_argument("--check", action="store_true",
+                        help="validate the current environment (exit 2 naming the bad variable)")
+    config.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    config.add_argument("--json", action="store_true", help="machine-readable output")
+    config.set_defaults(func=_cmd_config)
 
     demo = sub.add_parser(
         "demo",

@@ -9,6 +9,7 @@ patched copy of MinerU, with the fake OpenAI-compatible VLM server as its
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -133,6 +134,17 @@ def test_engine_death_end_to_end(
     _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
     assert _status(proc.base_url, ids[0])["task_id"] == ids[0]  # status endpoints still work
     assert proc.poll() is None
+
+    scraped = httpx.get(f"{proc.base_url}/metrics", timeout=10)
+    assert scraped.status_code == 200
+    healthy_gauge = re.compile(r"^mineru_worker_healthy 0(\.0)?$", re.MULTILINE)
+    assert healthy_gauge.search(scraped.text), scraped.text
+    fatal_counter = re.compile(
+        r"^mineru_worker_fatal_errors_total\{([^}]*)\} ([0-9.]+)$", re.MULTILINE
+    )
+    fatal = fatal_counter.search(scraped.text)
+    assert fatal and 'category="engine_dead"' in fatal.group(1), scraped.text
+    assert float(fatal.group(2)) >= 1
 
 
 def test_task_local_failure_keeps_the_worker(

@@ -125,6 +125,11 @@ class HealingPoolMixin:
         # worker process is spawned, and the message names the variable.
         try:
             self.health_settings = HealthSettings.from_env()
+            # The rules decide passive ejection; a bad MINERU_HEALTH_RULES file
+            # must stop the router here, not surface in a request handler.
+            from mineru_health.classifier import default_rules
+
+            default_rules()
         except ConfigError as exc:
             _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
             raise
