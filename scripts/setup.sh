@@ -27,6 +27,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=2.12"
+.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0"
 .venv/bin/pip install -q --no-build-isolation ".[test]"
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

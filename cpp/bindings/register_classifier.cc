@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -154,6 +155,25 @@ void register_classifier(py::module_& m) {
           [](const Classifier& classifier, const std::vector<Frame>& frames) {
             // The frames are C++ values by now; matching may take a while on
             // big messages, so other Python threads run meanwhile.
+            py::gil_scoped_release release;
+            return classifier.classify(frames);
+          },
+          py::arg("frames"))
+      .def(
+          "classify_tuples",
+          [](const Classifier& classifier,
+             std::vector<std::tuple<std::string, std::string,
+                                    std::vector<std::string>, std::string>>
+                 tuples) {
+            // Same as classify, from plain (module, type_name, bases, message)
+            // tuples: building them in Python costs far less than Frame
+            // objects.
+            std::vector<Frame> frames;
+            frames.reserve(tuples.size());
+            for (auto& [module, type_name, bases, message] : tuples) {
+              frames.push_back(Frame{std::move(module), std::move(type_name),
+                                     std::move(bases), std::move(message)});
+            }
             py::gil_scoped_release release;
             return classifier.classify(frames);
           },

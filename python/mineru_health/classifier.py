@@ -179,16 +179,10 @@ class Rules:
         )
 
     def classify_frames(self, frames: Sequence[Frame]) -> Verdict:
-        native_frames = [
-            _native.Frame(
-                module=_b(f.module),
-                type_name=_b(f.type_name),
-                bases=[_b(base) for base in f.bases],
-                message=_b(f.message),
-            )
-            for f in frames
-        ]
-        result = self._classifier.classify(native_frames)
+        result = self._classifier.classify_tuples(
+            [(_b(f.module), _b(f.type_name), [_b(b) for b in f.bases], _b(f.message))
+             for f in frames]
+        )
         index = result.frame_index
         frame = frames[index] if 0 <= index < len(frames) else None
         return Verdict(

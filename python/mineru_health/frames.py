@@ -17,6 +17,7 @@ Everything here is iterative and bounded: a 10,000-deep chain, a cycle, a
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -75,18 +76,19 @@ def _safe_message(exc: BaseException, max_chars: int) -> str:
     return _cap(text, max_chars)
 
 
-def _frame_of(exc: BaseException, max_chars: int) -> Frame:
-    cls = type(exc)
+@functools.lru_cache(maxsize=1024)
+def _class_names(cls: type) -> tuple[str, str, tuple[str, ...]]:
+    # A class's names never change; failures repeat the same few classes.
     module = getattr(cls, "__module__", None)
     bases = tuple(
         getattr(base, "__name__", "?") for base in cls.__mro__[1:] if base is not object
     )
-    return Frame(
-        module=module if isinstance(module, str) else "",
-        type_name=cls.__name__,
-        bases=bases,
-        message=_safe_message(exc, max_chars),
-    )
+    return (module if isinstance(module, str) else "", cls.__name__, bases)
+
+
+def _frame_of(exc: BaseException, max_chars: int) -> Frame:
+    module, type_name, bases = _class_names(type(exc))  # type: ignore[arg-type]
+    return Frame(module, type_name, bases, _safe_message(exc, max_chars))
 
 
 def frames_from_exception(
