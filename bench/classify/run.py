@@ -19,45 +19,16 @@ pass/fail test.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import mineru_health
 
-# ---- baseline: PR #5188's marker logic, written from its description ----------
-
-_PLAIN_MARKERS = (
-    "engine dead",
-    "engine is dead",
-    "engine has died",
-    "enginecore",
-    "engine core",
-    "inference engine is gone",
-    "inference engine died",
-    "async llm engine has failed",
-)
-_ALNUM_MARKERS = ("enginedead", "enginecore", "unrecoverableengine", "engineunrecoverable")
-_NON_ALNUM = re.compile(r"[^a-z0-9]+")
-
-
-def baseline_is_fatal(exc: BaseException) -> bool:
-    cls = type(exc)
-    names = [getattr(cls, "__module__", "") or ""]
-    names.extend(klass.__name__ for klass in cls.__mro__ if klass is not object)
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not break the check
-        message = ""
-    text = " ".join([*names, message]).lower()
-    if any(marker in text for marker in _PLAIN_MARKERS):
-        return True
-    compact = _NON_ALNUM.sub("", text)
-    if any(marker in compact for marker in _ALNUM_MARKERS):
-        return True
-    return "unrecoverable" in text and ("engine" in text or "vllm" in text)
-
+# ---- baseline: PR #5188's marker logic, shared with bench/recovery ------------
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recovery"))
+from pr5188_baseline import is_engine_fatal as baseline_is_fatal
 
 # ---- inputs ---------------------------------------------------------------------
 

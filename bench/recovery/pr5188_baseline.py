@@ -28,18 +28,24 @@ PLAIN_MARKERS = (
     "async llm engine has failed",
 )
 COMPACT_MARKERS = ("enginedead", "enginecore", "unrecoverableengine", "engineunrecoverable")
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
 
 
 def _text(exc: BaseException) -> str:
     names = [cls.__name__ for cls in type(exc).__mro__ if cls is not object]
-    return " ".join([type(exc).__module__, *names, str(exc)]).lower()
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not break the check
+        message = ""
+    return " ".join([type(exc).__module__, *names, message]).lower()
 
 
 def is_engine_fatal(exc: BaseException) -> bool:
+    """The marker check; also the baseline of bench/classify."""
     text = _text(exc)
-    compact = re.sub(r"[^a-z0-9]", "", text)
     if any(marker in text for marker in PLAIN_MARKERS):
         return True
+    compact = _NON_ALNUM.sub("", text)
     if any(marker in compact for marker in COMPACT_MARKERS):
         return True
     return "unrecoverable" in text and ("engine" in text or "vllm" in text)

@@ -105,6 +105,14 @@ void RestartPolicy::schedule_restart(Transition& t, const std::string& reason,
         from, phase_);
 }
 
+void RestartPolicy::mark_failed(Transition& t, const std::string& reason,
+                                TimePoint now) {
+  const WorkerPhase from = phase_;
+  enter(t, WorkerPhase::kFailed);
+  audit(t, AuditAction::kHealthFailed, attempt_, reason, from, phase_);
+  schedule_restart(t, reason, now);
+}
+
 void RestartPolicy::count_failed_restart(Transition& t,
                                          const std::string& reason,
                                          TimePoint now) {
@@ -131,13 +139,9 @@ Transition RestartPolicy::fail_definitively(const std::string& reason,
       audit(t, first, attempt_, reason, WorkerPhase::kHealthy, phase_);
       [[fallthrough]];
     case WorkerPhase::kStarting:
-    case WorkerPhase::kUnhealthy: {
-      const WorkerPhase from = phase_;
-      enter(t, WorkerPhase::kFailed);
-      audit(t, AuditAction::kHealthFailed, attempt_, reason, from, phase_);
-      schedule_restart(t, reason, now);
+    case WorkerPhase::kUnhealthy:
+      mark_failed(t, reason, now);
       break;
-    }
     case WorkerPhase::kFailed:
     case WorkerPhase::kRestartScheduled:
     case WorkerPhase::kRestarting:
@@ -209,30 +213,20 @@ Transition RestartPolicy::on_probe(const ProbeResult& result, TimePoint now) {
             WorkerPhase::kHealthy, phase_);
       [[fallthrough]];
     case WorkerPhase::kUnhealthy:
-      if (at_threshold) {
-        const WorkerPhase from = phase_;
-        enter(t, WorkerPhase::kFailed);
-        audit(t, AuditAction::kHealthFailed, attempt_, result.detail, from,
-              phase_);
-        schedule_restart(t, result.detail, now);
-      }
+      if (at_threshold) mark_failed(t, result.detail, now);
       break;
     case WorkerPhase::kStarting:
       if (options_.restartable) {
         // A booting local worker is judged by its boot deadline, not by
         // refused connections while it loads.
         if (boot_deadline_ && now >= *boot_deadline_) {
-          enter(t, WorkerPhase::kFailed);
-          audit(
-              t, AuditAction::kHealthFailed, attempt_,
+          mark_failed(
+              t,
               fmt::format("not healthy within boot timeout: {}", result.detail),
-              WorkerPhase::kStarting, phase_);
-          schedule_restart(t, result.detail, now);
+              now);
         }
       } else if (at_threshold) {
-        enter(t, WorkerPhase::kFailed);
-        audit(t, AuditAction::kHealthFailed, attempt_, result.detail,
-              WorkerPhase::kStarting, phase_);
+        mark_failed(t, result.detail, now);  // remote: stays failed
       }
       break;
     case WorkerPhase::kFailed:
@@ -297,10 +291,7 @@ Transition RestartPolicy::on_tick(TimePoint now) {
                 : fmt::format("not healthy within boot timeout of {}s: {}",
                               seconds(options_.boot_timeout), last_error_);
         last_error_ = reason;
-        enter(t, WorkerPhase::kFailed);
-        audit(t, AuditAction::kHealthFailed, attempt_, reason,
-              WorkerPhase::kStarting, phase_);
-        schedule_restart(t, reason, now);
+        mark_failed(t, reason, now);
       }
       break;
     case WorkerPhase::kHealthy:

@@ -109,6 +109,9 @@ class RestartPolicy {
                                TimePoint now);
   void schedule_restart(Transition& t, const std::string& reason,
                         TimePoint now);
+  // Threshold or boot deadline reached: failed, then a restart is scheduled
+  // (restartable workers only).
+  void mark_failed(Transition& t, const std::string& reason, TimePoint now);
   // One restart attempt failed: count it, then reschedule or give up.
   void count_failed_restart(Transition& t, const std::string& reason,
                             TimePoint now);
