@@ -21,6 +21,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# promtool (to test the shipped alert rules) comes out of Debian's prometheus
+# package, unpacked under .tools/ rather than installed: installing would also
+# set up a Prometheus server we do not want.
+if [ ! -x .tools/usr/bin/promtool ]; then
+  echo "== unpacking promtool from Debian's prometheus package into .tools/"
+  mkdir -p .tools/debs
+  (cd .tools/debs && apt-get download prometheus >/dev/null 2>&1) || {
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && (cd .tools/debs && apt-get download prometheus >/dev/null)
+  }
+  dpkg -x .tools/debs/prometheus_*.deb .tools
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv

@@ -5,7 +5,7 @@
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PWD/.venv/bin:$PATH"
+export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"
 
 echo "== reinstalling mineru-health from this checkout"
 pip install -q --no-build-isolation --no-deps --force-reinstall .
