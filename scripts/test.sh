@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
 # Python (unit, then integration against the real MinerU 3.4.4 processes).
-# C++ runs three times: plain, ASan+UBSan and TSan.
+# C++ runs three times: plain, ASan+UBSan and TSan; then libFuzzer targets, time-bounded.
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,9 @@ for preset in default asan tsan; do
   cmake --build --preset "$preset" -j2
   ctest --preset "$preset" -j2
 done
+
+echo "== fuzzing (${FUZZ_SECONDS:-30}s per target)"
+bash scripts/fuzz.sh
 
 echo "== Python tests"
 # Run from tests/ so the installed package, not python/, is imported.

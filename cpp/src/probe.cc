@@ -38,11 +38,21 @@ std::string error_of(const json& doc) {
   return capped(it->dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
+// /health bodies are flat; anything nested deeper is dropped while parsing.
+// Dumping a value for a detail recurses once per level, so a body of a few
+// hundred KB of '[' (MAX_BODY_BYTES allows 16 MiB) overflowed the poller
+// thread's stack; dropped levels are also never allocated.
+constexpr int kMaxJsonDepth = 32;
+
 json parse_body(std::string_view body) {
   // allow_exceptions=false: a malformed body (including invalid UTF-8 inside
   // strings, which the lexer rejects) yields a `discarded` value.
-  return json::parse(body.begin(), body.end(), nullptr,
-                     /*allow_exceptions=*/false);
+  return json::parse(
+      body.begin(), body.end(),
+      [](int depth, json::parse_event_t /*event*/, json& /*parsed*/) {
+        return depth <= kMaxJsonDepth;
+      },
+      /*allow_exceptions=*/false);
 }
 
 ProbeResult fail(ProbeResult r, ProbeStatus status, std::string detail) {

@@ -201,6 +201,19 @@ TEST(ProbeTest, DeeplyNestedBodyDoesNotThrow) {
   EXPECT_EQ(r.status, ProbeStatus::kNotJsonObject);
 }
 
+// Found by probe_fuzz: a million-deep `error` value used to recurse once
+// per level when copied into the detail and overflow the poller's stack.
+TEST(ProbeTest, MillionDeepErrorValueIsStillAnHttpFailure) {
+  std::string body = R"({"status":"unhealthy","error":)";
+  body += std::string(1000000, '[');
+  body += std::string(1000000, ']');
+  body += "}";
+  ProbeResult r =
+      classify_health_response(503, body, false, mineru_expectations());
+  EXPECT_EQ(r.status, ProbeStatus::kHttpStatus);
+  EXPECT_EQ(r.http_status, 503);
+}
+
 TEST(ProbeTest, EveryStatusHasAName) {
   for (int s = 0; s <= static_cast<int>(ProbeStatus::kTransportError); ++s) {
     EXPECT_STRNE(to_string(static_cast<ProbeStatus>(s)), "unknown");
