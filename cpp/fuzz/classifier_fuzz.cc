@@ -19,9 +19,13 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_support.h"
 #include "mineru_health/classifier.h"
 
 namespace {
+
+using mineru_health::fuzz::is_valid_utf8;
+using mineru_health::fuzz::require;
 
 using mineru_health::Classifier;
 using mineru_health::ClassifierLimits;
@@ -33,23 +37,6 @@ using mineru_health::Verdict;
 
 constexpr char kFrameSeparator = '\x1e';
 constexpr char kFieldSeparator = '\x1f';
-
-void require(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  __builtin_trap();
-}
-
-// An oracle independent of the code under test: nlohmann's strict dump
-// rejects invalid UTF-8 (overlong forms and surrogates included).
-bool is_valid_utf8(const std::string& text) {
-  try {
-    (void)nlohmann::json(text).dump();
-    return true;
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-}
 
 std::vector<std::string> split(std::string_view text, char separator) {
   std::vector<std::string> parts;

@@ -15,9 +15,13 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_support.h"
 #include "mineru_health/probe.h"
 
 namespace {
+
+using mineru_health::fuzz::is_valid_utf8;
+using mineru_health::fuzz::require;
 
 using mineru_health::ProbeExpectations;
 using mineru_health::ProbeResult;
@@ -28,23 +32,6 @@ using nlohmann::json;
 constexpr std::size_t kHeaderBytes = 3;
 // Details quote worker text capped at 200 bytes, plus our own words.
 constexpr std::size_t kMaxDetailBytes = 512;
-
-void require(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  __builtin_trap();
-}
-
-// An oracle independent of the code under test: nlohmann's strict dump
-// rejects invalid UTF-8.
-bool is_valid_utf8(const std::string& text) {
-  try {
-    (void)json(text).dump();
-    return true;
-  } catch (const json::type_error&) {
-    return false;
-  }
-}
 
 bool same_load(const WorkerLoad& a, const WorkerLoad& b) {
   return a.queued_tasks == b.queued_tasks &&

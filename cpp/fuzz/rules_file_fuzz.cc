@@ -13,9 +13,13 @@
 #include <unordered_set>
 #include <vector>
 
+#include "fuzz_support.h"
 #include "mineru_health/classifier.h"
 
 namespace {
+
+using mineru_health::fuzz::is_valid_utf8;
+using mineru_health::fuzz::require;
 
 using mineru_health::Classifier;
 using mineru_health::CompileResult;
@@ -28,23 +32,6 @@ using mineru_health::RuleSet;
 using mineru_health::Verdict;
 
 constexpr char kSource[] = "<fuzz>";
-
-void require(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  __builtin_trap();
-}
-
-// An oracle independent of the code under test: nlohmann's strict dump
-// rejects invalid UTF-8.
-bool is_valid_utf8(const std::string& text) {
-  try {
-    (void)nlohmann::json(text).dump();
-    return true;
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-}
 
 bool is_token(const std::string& text) {
   if (text.empty()) return false;
