@@ -109,25 +109,35 @@ def _start_router(
     return proc
 
 
-def test_router_refuses_bad_health_config(
+@pytest.mark.parametrize("bad", ["timeout", "rules"])
+def test_router_refuses_bad_config(
+    bad: str,
     process_factory: Callable[..., ManagedProcess],
     patched_mineru_site: Path,
     mineru_python: str,
     mineru_health_path: str,
     tmp_path: Path,
 ) -> None:
+    if bad == "timeout":
+        env = {"MINERU_ROUTER_HEALTH_TIMEOUT_S": "five"}
+        expected = "MINERU_ROUTER_HEALTH_TIMEOUT_S"
+    else:
+        rules = tmp_path / "rules.txt"
+        rules.write_text("site.broken fatal engine_dead (unclosed\n", encoding="utf-8")
+        env = {"MINERU_HEALTH_RULES": str(rules)}
+        expected = f"{rules}:1"
     proc = _start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
         mineru_health_path,
         tmp_path,
-        {"MINERU_ROUTER_HEALTH_TIMEOUT_S": "five"},
+        env,
     )
     code = proc.wait(ROUTER_START_TIMEOUT_S)
     assert code is not None and code != 0, proc.log_tail()
     log = proc.log()
-    assert "MINERU_ROUTER_HEALTH_TIMEOUT_S" in log
+    assert expected in log
     assert "Start MinerU FastAPI Service" not in log  # no worker was spawned
 
 

@@ -236,3 +236,48 @@ def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:
     reverted = run_cli("patch", "revert", "--mineru-path", str(mineru_copy / "mineru"))
     assert reverted.returncode == 0, reverted.stderr
     assert hashlib.sha256(fast_api.read_bytes()).hexdigest() == original
+
+
+def test_bad_rules_file_stops_the_worker_at_start(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    tmp_path: Path,
+) -> None:
+    rules = tmp_path / "rules.txt"
+    rules.write_text(
+        "# site rules\n"
+        "site.ok task_local bad_input broken table\n"
+        "site.broken fatal engine_dead (unclosed\n",
+        encoding="utf-8",
+    )
+    proc = mineru_api_factory(
+        patched_mineru_site, env={"MINERU_HEALTH_RULES": str(rules)}, wait_healthy=False
+    )
+    assert wait_until(lambda: proc.poll() is not None, 90.0, 0.2), "worker started anyway"
+    assert proc.poll() != 0
+    log = proc.log_tail(20000)
+    assert f"{rules}:3" in log and "site.broken" in log and "missing )" in log, log
+    assert http_get(f"{proc.base_url}/health", 1.0) is None
+
+
+def test_operator_rule_makes_a_failure_fatal(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    # Without a code change, an operator decides that this error kills the engine.
+    rules = tmp_path / "rules.txt"
+    rules.write_text("site.corrupt_kills fatal engine_dead corrupt\n", encoding="utf-8")
+    plan = tmp_path / "fault-plan"
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_RULES": str(rules), "MINERU_HEALTH_FAULT_PLAN": str(plan)},
+    )
+    write_plan(plan, "task_local")
+    failed = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    assert failed["status"] == "failed"
+    health = _health(proc)
+    assert health.status_code == 503, health.text
+    assert health.json()["rule"] == "site.corrupt_kills"
