@@ -27,7 +27,8 @@ void register_config(py::module_& m) {
       .def_readwrite("jitter", &HealthConfig::jitter)
       .def_readwrite("expected_status", &HealthConfig::expected_status)
       .def_readwrite("max_body_bytes", &HealthConfig::max_body_bytes)
-      .def_readwrite("audit_path", &HealthConfig::audit_path);
+      .def_readwrite("audit_path", &HealthConfig::audit_path)
+      .def_readwrite("ca_file", &HealthConfig::ca_file);
 
   py::class_<ConfigVariable>(m, "ConfigVariable",
                              "One documented MINERU_ROUTER_HEALTH_* variable.")

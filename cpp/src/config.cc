@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <system_error>
@@ -35,6 +36,7 @@ constexpr const char* kExpectedStatus = "MINERU_ROUTER_HEALTH_EXPECTED_STATUS";
 constexpr const char* kMaxBodyBytes = "MINERU_ROUTER_HEALTH_MAX_BODY_BYTES";
 constexpr const char* kPreset = "MINERU_ROUTER_HEALTH_PRESET";
 constexpr const char* kAuditPath = "MINERU_ROUTER_HEALTH_AUDIT_PATH";
+constexpr const char* kCaFile = "MINERU_ROUTER_HEALTH_CA_FILE";
 
 // Durations beyond a year are typos, and would overflow nanosecond clocks
 // long before they overflow a double.
@@ -150,6 +152,7 @@ const std::vector<Setter>& setters() {
        }},
       {kAuditPath,
        [](HealthConfig& c, const std::string& v) { c.audit_path = v; }},
+      {kCaFile, [](HealthConfig& c, const std::string& v) { c.ca_file = v; }},
   };
   return kSetters;
 }
@@ -207,6 +210,9 @@ std::vector<ConfigVariable> config_variables() {
        "probe."},
       {kAuditPath, "",
        "File that audit JSON lines are appended to; empty means stderr."},
+      {kCaFile, "",
+       "PEM file of the CAs that sign HTTPS workers' certificates; empty "
+       "means the system's CA store. Certificates are always verified."},
   };
 }
 
@@ -328,6 +334,12 @@ void validate(const HealthConfig& c) {
   if (c.expected_status.empty()) {
     refuse(kExpectedStatus,
            fmt::format("{} must not be empty", kExpectedStatus));
+  }
+  // Checked here so that a typo stops the router at start-up instead of
+  // failing every HTTPS probe later.
+  if (!c.ca_file.empty() && !std::ifstream(c.ca_file).good()) {
+    refuse(kCaFile,
+           fmt::format("{}={} is not a readable file", kCaFile, c.ca_file));
   }
 }
 

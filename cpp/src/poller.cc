@@ -203,6 +203,9 @@ std::string start_transfer(CURLM* multi, Transfer& t,
 #else
   set(CURLOPT_PROTOCOLS, static_cast<long>(CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
+  if (!setup.config->ca_file.empty()) {
+    set(CURLOPT_CAINFO, setup.config->ca_file.c_str());
+  }
   set(CURLOPT_HTTPHEADER, setup.headers);
   set(CURLOPT_USERAGENT, "mineru-health-probe");
   set(CURLOPT_BUFFERSIZE, kReceiveBufferBytes);

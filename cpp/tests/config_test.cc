@@ -170,6 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"MINERU_ROUTER_HEALTH_JITTER", "0.5"},
         BadValue{"MINERU_ROUTER_HEALTH_JITTER", "-0.1"},
         BadValue{"MINERU_ROUTER_HEALTH_EXPECTED_STATUS", ""},
+        BadValue{"MINERU_ROUTER_HEALTH_CA_FILE", "/nonexistent/ca.pem"},
         BadValue{"MINERU_ROUTER_HEALTH_MAX_BODY_BYTES", "255"},
         BadValue{"MINERU_ROUTER_HEALTH_MAX_BODY_BYTES", "16777217"},
         BadValue{"MINERU_ROUTER_HEALTH_MAX_BODY_BYTES", "-1"},
@@ -223,11 +224,12 @@ TEST(ConfigTest, ValidateNamesTheVariable) {
 
 TEST(ConfigTest, VariablesAreDocumented) {
   std::vector<ConfigVariable> vars = config_variables();
-  ASSERT_EQ(vars.size(), 15u);
+  ASSERT_EQ(vars.size(), 16u);
   for (const ConfigVariable& v : vars) {
     EXPECT_EQ(v.name.rfind("MINERU_ROUTER_HEALTH_", 0), 0u) << v.name;
     EXPECT_FALSE(v.meaning.empty()) << v.name;
-    if (v.name != "MINERU_ROUTER_HEALTH_AUDIT_PATH") {
+    if (v.name != "MINERU_ROUTER_HEALTH_AUDIT_PATH" &&
+        v.name != "MINERU_ROUTER_HEALTH_CA_FILE") {
       EXPECT_FALSE(v.default_value.empty()) << v.name;
     }
     // Every documented name is accepted.

@@ -133,6 +133,7 @@ class HealthConfig:
     expected_status: str
     max_body_bytes: int
     audit_path: str
+    ca_file: str
     def __init__(self) -> None: ...
 
 class ConfigVariable:

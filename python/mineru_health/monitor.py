@@ -72,6 +72,7 @@ _FIELDS = (
     "expected_status",
     "max_body_bytes",
     "audit_path",
+    "ca_file",
 )
 
 

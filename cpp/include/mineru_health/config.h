@@ -42,6 +42,7 @@ struct HealthConfig {
   std::string expected_status = "healthy";
   std::size_t max_body_bytes = 64 * 1024;
   std::string audit_path;  // "" = stderr
+  std::string ca_file;     // PEM CAs for HTTPS workers; "" = the system store
 };
 
 struct ConfigVariable {
