@@ -289,7 +289,8 @@ def test_documented_variables_cover_every_field() -> None:
     names = [name for name, _default, _meaning in HealthSettings.variables()]
     assert "MINERU_ROUTER_HEALTH_PRESET" in names
     assert "MINERU_ROUTER_HEALTH_AUDIT_PATH" in names
-    assert len(names) == len(set(names)) == 15
+    assert "MINERU_ROUTER_HEALTH_CA_FILE" in names
+    assert len(names) == len(set(names)) == 16
     for name in names:
         assert name.startswith("MINERU_ROUTER_HEALTH_")
 
