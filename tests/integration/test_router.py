@@ -5,7 +5,9 @@ first worker to read the plan consumes it, so exactly one worker dies). The
 test checks, through the router's own endpoints and audit file only, that the
 worker leaves rotation, is restarted on a new URL and comes back healthy,
 that tasks submitted meanwhile complete on the other worker, that every task
-reaches a terminal state, and the audit actions and their order.
+reaches a terminal state, and the audit actions and their order. A worker
+that hangs (plan `hang`, aimed at one worker with `{port}`) is taken out by
+probe timeouts alone and restarted.
 """
 
 from __future__ import annotations
@@ -247,3 +249,65 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     metrics = http_get(f"{base}/metrics", 5.0)
     assert metrics is not None and metrics.status_code == 200
     assert "mineru_router_audit_events_total" in metrics.text
+
+
+def test_hung_worker_is_ejected_and_restarted(
+    process_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    mineru_health_path: str,
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    # A worker that stops answering altogether (its event loop is stuck): no
+    # 503 ever comes, so only probe timeouts can take it out.
+    audit_path = tmp_path / "audit.jsonl"
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    proc = _start_router(
+        process_factory,
+        patched_mineru_site,
+        mineru_python,
+        mineru_health_path,
+        tmp_path,
+        {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
+            "MINERU_HEALTH_FAULT_PLAN": str(plans / "plan-{port}"),
+        },
+    )
+    base = proc.base_url
+
+    def both_in_rotation() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"router exited:\n{proc.log_tail()}")
+        servers = _servers(base)
+        return len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
+
+    assert wait_until(both_in_rotation, ROUTER_START_TIMEOUT_S, 0.5), proc.log_tail()
+    servers = _servers(base)
+    victim = min(servers)
+    (other,) = [sid for sid in servers if sid != victim]
+    victim_url = servers[victim]["base_url"]
+    write_plan(plans / f"plan-{victim_url.rsplit(':', 1)[1]}", "hang")
+
+    # Out of rotation within failure_threshold probes (interval + timeout each).
+    bound = FAST.failure_threshold * (FAST.interval_s * 1.5 + FAST.probe_timeout_s) + 2.0
+    assert wait_until(lambda: not _servers(base)[victim]["in_rotation"], bound, 0.1), (
+        _servers(base)
+    )
+    assert _servers(base)[other]["in_rotation"]
+
+    client = RouterClient(base, tiny_pdf, fake_vlm_url)
+    statuses = [client.run()["status"] for _ in range(3)]
+    assert statuses == ["completed"] * 3
+
+    def restarted() -> bool:
+        entry = _servers(base).get(victim, {})
+        return bool(entry.get("in_rotation")) and entry.get("base_url") != victim_url
+
+    assert wait_until(restarted, RESTART_TIMEOUT_S, 0.5), (_servers(base), proc.log_tail())
+    actions = [json.loads(line)["action"] for line in audit_path.read_text().splitlines()]
+    assert actions[0] == "ejected" and "auto_restart_success" in actions, actions
+    assert "timed out" in json.loads(audit_path.read_text().splitlines()[0])["reason"]
