@@ -47,6 +47,29 @@ def _servers(base: str) -> dict[str, dict[str, Any]]:
     return {s["server_id"]: s for s in payload.get("servers", [])}
 
 
+def _wait_both_in_rotation(proc: ManagedProcess) -> None:
+    def both_in_rotation() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"router exited:\n{proc.log_tail()}")
+        servers = _servers(proc.base_url)
+        return len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
+
+    assert wait_until(both_in_rotation, ROUTER_START_TIMEOUT_S, 0.5), proc.log_tail()
+
+
+def _wait_restarted(proc: ManagedProcess, server_id: str, old_url: str) -> None:
+    """Until ``server_id`` is back in rotation on a new process (a new URL)."""
+
+    def restarted() -> bool:
+        entry = _servers(proc.base_url).get(server_id, {})
+        return bool(entry.get("in_rotation")) and entry.get("base_url") != old_url
+
+    assert wait_until(restarted, RESTART_TIMEOUT_S, 0.5), (
+        _servers(proc.base_url),
+        proc.log_tail(),
+    )
+
+
 class RouterClient:
     def __init__(self, base: str, pdf: bytes, vlm_url: str) -> None:
         self.base = base
@@ -169,13 +192,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     )
     base = proc.base_url
 
-    def both_in_rotation() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"router exited:\n{proc.log_tail()}")
-        servers = _servers(base)
-        return len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
-
-    assert wait_until(both_in_rotation, ROUTER_START_TIMEOUT_S, 0.5), proc.log_tail()
+    _wait_both_in_rotation(proc)
     first_urls = {sid: s["base_url"] for sid, s in _servers(base).items()}
     for entry in _servers(base).values():
         assert entry["state"] == "healthy" and entry["restartable"]
@@ -216,11 +233,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
         statuses = list(pool.map(lambda _: client.run(), range(6)))
     assert [s["status"] for s in statuses] == ["completed"] * 6, statuses
 
-    def restarted() -> bool:
-        entry = _servers(base).get(dead, {})
-        return bool(entry.get("in_rotation")) and entry.get("base_url") != first_urls[dead]
-
-    assert wait_until(restarted, RESTART_TIMEOUT_S, 0.5), (_servers(base), proc.log_tail())
+    _wait_restarted(proc, dead, first_urls[dead])
     entry = _servers(base)[dead]
     assert entry["state"] == "healthy" and entry["restart_attempt"] == 0
     assert entry["next_restart_at"] is None and entry["last_error"] is None
@@ -279,13 +292,7 @@ def test_hung_worker_is_ejected_and_restarted(
     )
     base = proc.base_url
 
-    def both_in_rotation() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"router exited:\n{proc.log_tail()}")
-        servers = _servers(base)
-        return len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
-
-    assert wait_until(both_in_rotation, ROUTER_START_TIMEOUT_S, 0.5), proc.log_tail()
+    _wait_both_in_rotation(proc)
     servers = _servers(base)
     victim = min(servers)
     (other,) = [sid for sid in servers if sid != victim]
@@ -303,11 +310,7 @@ def test_hung_worker_is_ejected_and_restarted(
     statuses = [client.run()["status"] for _ in range(3)]
     assert statuses == ["completed"] * 3
 
-    def restarted() -> bool:
-        entry = _servers(base).get(victim, {})
-        return bool(entry.get("in_rotation")) and entry.get("base_url") != victim_url
-
-    assert wait_until(restarted, RESTART_TIMEOUT_S, 0.5), (_servers(base), proc.log_tail())
+    _wait_restarted(proc, victim, victim_url)
     actions = [json.loads(line)["action"] for line in audit_path.read_text().splitlines()]
     assert actions[0] == "ejected" and "auto_restart_success" in actions, actions
     assert "timed out" in json.loads(audit_path.read_text().splitlines()[0])["reason"]
