@@ -21,19 +21,37 @@ anything; both are idempotent. Apply keeps a byte-for-byte backup
 ``<file>.mineru-health.orig``; revert restores from it when its hash is the
 original one, else applies the patch in reverse, and always verifies the
 result's hash before replacing the file.
+
+Writing into a package directory, often as root, is done defensively:
+
+* Symbolic links are never followed. A target file that is a symbolic link
+  (``fast_api.py -> elsewhere``) is refused with a clear message rather than
+  patched through the link or replaced by a regular file: the file it points
+  to may belong to another installation. A backup path that is a symbolic
+  link is refused too. Files are read with ``O_NOFOLLOW`` and written through
+  a temporary file created with ``O_EXCL`` next to the target, then renamed.
+* Apply and revert are one transaction over every target: if any step fails,
+  the files already written are restored (and new backups removed) before
+  the error is reported, so MinerU is never left half patched.
+* Temporary files that a killed run left behind (``.<file>.*.tmp``) are
+  removed by the next apply or revert. Runs on one MinerU directory are
+  serialised with an advisory lock on the directory itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import shutil
+import stat
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +78,10 @@ __all__ = [
 ]
 
 BACKUP_SUFFIX = ".mineru-health.orig"
+EXIT_ERROR = 2
 EXIT_MODIFIED = 4
+#: How long apply/revert wait for another run on the same MinerU directory.
+LOCK_TIMEOUT_S = 30.0
 MANIFEST_NAME = "manifest.json"
 NO_FAST_API = "MinerU 4.x removed mineru.cli.fast_api; mineru-health supports the 3.4 line"
 
@@ -106,6 +127,7 @@ class PatchReport:
     mineru_dir: Path
     mineru_version: str
     files: tuple[FileStatus, ...]
+    cleaned: tuple[Path, ...] = ()  # temporary files a killed run had left
 
     @property
     def all_patched(self) -> bool:
@@ -117,6 +139,7 @@ class PatchReport:
             "mineru_version": self.mineru_version,
             "all_patched": self.all_patched,
             "files": [f.to_json() for f in self.files],
+            "cleaned": [str(p) for p in self.cleaned],
         }
 
 
@@ -179,7 +202,7 @@ def mineru_version(mineru_dir: Path) -> str:
     version_file = mineru_dir / "version.py"
     try:
         text = version_file.read_text(encoding="utf-8")
-    except OSError as error:
+    except (OSError, UnicodeDecodeError) as error:
         raise UnsupportedMinerUError(
             f"{mineru_dir} does not look like MinerU: cannot read {version_file} ({error})"
         ) from error
@@ -275,18 +298,190 @@ def _run_patch(entry: ManifestEntry, manifest: Manifest, source: bytes, *, rever
         return work.read_bytes()
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """Writes ``data`` over ``path`` atomically, keeping the file mode."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+# --- file primitives: no symbolic link is ever followed --------------------------------------
+
+
+def _backup_path(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file and not a symbolic link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise PatchError(f"{path} is not a regular file")
+        return handle.read()
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Writes ``data`` over ``path`` atomically: a new temporary file, then a rename.
+
+    The temporary file is created with O_EXCL (never through an existing link)
+    in the target's directory, and the rename replaces the directory entry
+    itself, so neither step writes through a symbolic link.
+    """
     handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
-        os.chmod(tmp_name, mode)
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            os.fsync(out.fileno())
         os.replace(tmp_name, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
         raise
+
+
+def _temporaries(path: Path) -> list[Path]:
+    """Temporary files ``_replace`` may have left for ``path`` or its backup."""
+    pattern = re.compile(
+        rf"^\.{re.escape(path.name)}(?:{re.escape(BACKUP_SUFFIX)})?\.[a-z0-9_]{{8}}\.tmp$"
+    )
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return [path.parent / name for name in sorted(names) if pattern.match(name)]
+
+
+def _clean_temporaries(paths: Sequence[Path]) -> tuple[Path, ...]:
+    """Removes what a run killed between mkstemp and rename left behind (under the lock)."""
+    cleaned = []
+    for path in paths:
+        for leftover in _temporaries(path):
+            info = _lstat(leftover)
+            if info is None or not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                continue
+            os.unlink(leftover)  # removes a link itself, never what it points to
+            cleaned.append(leftover)
+    return tuple(cleaned)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``directory`` (no lock file left in MinerU's tree)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PatchError(
+                        f"another mineru-health patch run holds {directory}; try again later"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb: str) -> None:
+    for _entry, path, _state in states:
+        if path.is_symlink():
+            raise PatchError(
+                f"refusing to {verb}: {path} is a symbolic link (to {os.readlink(path)}); "
+                "mineru-health neither writes through it nor replaces it. Point --mineru-path "
+                "at the MinerU that owns the real file, or replace the link with a copy",
+                exit_code=EXIT_ERROR,
+            )
+        backup = _backup_path(path)
+        info = _lstat(backup)
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise PatchError(
+                f"refusing to {verb}: the backup path {backup} is {kind}; mineru-health never "
+                "writes through links. Remove it and try again",
+                exit_code=EXIT_ERROR,
+            )
+
+
+class _Transaction:
+    """Replaces files one at a time, remembering how to undo each: all or nothing.
+
+    Removals are deferred to ``commit``: they come last, once every write has
+    succeeded, and a removal that fails leaves only a stale backup behind.
+    """
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Path, bytes | None, int]] = []
+        self._removals: list[Path] = []
+
+    def write(self, path: Path, data: bytes) -> None:
+        info = _lstat(path)
+        previous = _read_regular(path) if info is not None else None
+        mode = stat.S_IMODE(info.st_mode) if info is not None else 0o644
+        # Recorded before writing: whatever step of the write fails, rolling
+        # back restores the file (or removes one that did not exist).
+        self._undo.append((path, previous, mode))
+        _replace(path, data, mode)
+
+    def remove_at_commit(self, path: Path) -> None:
+        self._removals.append(path)
+
+    def commit(self) -> list[Path]:
+        """Performs the deferred removals; returns the paths that could not be removed."""
+        failed = []
+        for path in self._removals:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                failed.append(path)
+        self._undo.clear()
+        self._removals.clear()
+        return failed
+
+    def rollback(self) -> list[str]:
+        """Restores every written file; returns the ones that could not be restored."""
+        failures = []
+        for path, previous, mode in reversed(self._undo):
+            try:
+                if previous is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    _replace(path, previous, mode)
+            except OSError as error:
+                failures.append(f"{path}: {error.strerror or error}")
+        self._undo.clear()
+        self._removals.clear()
+        return failures
+
+
+@contextlib.contextmanager
+def _transaction(verb: str) -> Iterator[_Transaction]:
+    """Runs the body as one transaction; any failure rolls back and raises PatchError."""
+    txn = _Transaction()
+    try:
+        yield txn
+    except BaseException as error:
+        failures = txn.rollback()
+        if not isinstance(error, Exception):
+            raise
+        outcome = (
+            "every file was restored as it was"
+            if not failures
+            else "ROLLBACK INCOMPLETE, restore these by hand: " + "; ".join(failures)
+        )
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
+        exit_code = error.exit_code if isinstance(error, PatchError) else EXIT_ERROR
+        raise PatchError(f"{verb} failed: {reason}{where}; {outcome}",
+                         exit_code=exit_code) from error
+
+
+# --- the three commands --------------------------------------------------------------------
 
 
 def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
@@ -301,60 +496,84 @@ def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
 def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Patches every target that is still original; a no-op for patched ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
-    states = _states(mineru_dir, manifest)
-    _refuse_unknown(states, "patch")
-    # Compute every patched file first so that a broken patch changes nothing.
-    planned: list[tuple[ManifestEntry, Path, bytes | None]] = []
-    for entry, path, state in states:
-        if state is FileState.PATCHED:
-            planned.append((entry, path, None))
-            continue
-        patched = _run_patch(entry, manifest, path.read_bytes(), reverse=False)
-        if _sha256_bytes(patched) != entry.patched_sha256:
-            raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
-        planned.append((entry, path, patched))
+    with _locked(mineru_dir):
+        cleaned = _clean_temporaries([mineru_dir / e.target for e in manifest.files])
+        states = _states(mineru_dir, manifest)
+        _refuse_unknown(states, "patch")
+        _refuse_links(states, "patch")
+        # Compute every patched file first so that a broken patch changes nothing.
+        planned: list[tuple[ManifestEntry, Path, bytes, bytes | None]] = []
+        for entry, path, state in states:
+            if state is FileState.PATCHED:
+                planned.append((entry, path, b"", None))
+                continue
+            original = _read_regular(path)
+            patched = _run_patch(entry, manifest, original, reverse=False)
+            if _sha256_bytes(patched) != entry.patched_sha256:
+                raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
+            planned.append((entry, path, original, patched))
 
-    results = []
-    for entry, path, planned_bytes in planned:
-        if planned_bytes is None:
-            results.append(FileStatus(entry.target, path, FileState.PATCHED, "unchanged"))
-            continue
-        backup = path.with_name(path.name + BACKUP_SUFFIX)
-        shutil.copy2(path, backup)
-        _replace(path, planned_bytes)
-        if _state(path, entry) is not FileState.PATCHED:
-            raise PatchError(f"{path} does not have the expected content after patching")
-        results.append(FileStatus(entry.target, path, FileState.PATCHED, "patched"))
-    return PatchReport(mineru_dir, version, tuple(results))
+        results = []
+        with _transaction("patching") as txn:
+            for entry, path, source, new_bytes in planned:
+                if new_bytes is None:
+                    results.append(FileStatus(entry.target, path, FileState.PATCHED, "unchanged"))
+                    continue
+                # The backup first: a patched file never exists without its backup.
+                txn.write(_backup_path(path), source)
+                txn.write(path, new_bytes)
+                if _state(path, entry) is not FileState.PATCHED:
+                    raise PatchError(f"{path} does not have the expected content after patching")
+                results.append(FileStatus(entry.target, path, FileState.PATCHED, "patched"))
+            txn.commit()
+    return PatchReport(mineru_dir, version, tuple(results), cleaned)
 
 
 def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Restores MinerU's original files byte for byte; a no-op for original ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
-    states = _states(mineru_dir, manifest)
-    _refuse_unknown(states, "revert")
-    results = []
-    for entry, path, state in states:
-        backup = path.with_name(path.name + BACKUP_SUFFIX)
-        backup_ok = backup.is_file() and _sha256(backup) == entry.original_sha256
-        if state is FileState.ORIGINAL:
-            if backup_ok:
-                backup.unlink()
-            results.append(FileStatus(entry.target, path, FileState.ORIGINAL, "unchanged"))
-            continue
-        if backup_ok:
-            original = backup.read_bytes()
-            action = "restored from backup"
-        else:
-            original = _run_patch(entry, manifest, path.read_bytes(), reverse=True)
-            action = "reverse-applied"
-        if _sha256_bytes(original) != entry.original_sha256:
-            raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
-        _replace(path, original)
-        if backup_ok:
-            backup.unlink()
-        results.append(FileStatus(entry.target, path, _state(path, entry), action))
-    return PatchReport(mineru_dir, version, tuple(results))
+    with _locked(mineru_dir):
+        cleaned = _clean_temporaries([mineru_dir / e.target for e in manifest.files])
+        states = _states(mineru_dir, manifest)
+        _refuse_unknown(states, "revert")
+        _refuse_links(states, "revert")
+        planned: list[tuple[ManifestEntry, Path, bytes | None, str, bool]] = []
+        for entry, path, state in states:
+            backup = _backup_path(path)
+            saved = _read_regular(backup) if _lstat(backup) is not None else None
+            backup_ok = saved is not None and _sha256_bytes(saved) == entry.original_sha256
+            if state is FileState.ORIGINAL:
+                planned.append((entry, path, None, "unchanged", backup_ok))
+                continue
+            if saved is not None and backup_ok:
+                original = saved
+                action = "restored from backup"
+            else:
+                original = _run_patch(entry, manifest, _read_regular(path), reverse=True)
+                action = "reverse-applied"
+            if _sha256_bytes(original) != entry.original_sha256:
+                raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
+            planned.append((entry, path, original, action, backup_ok))
+
+        results = []
+        with _transaction("reverting") as txn:
+            for entry, path, restored, action, backup_ok in planned:
+                if restored is not None:
+                    txn.write(path, restored)
+                if backup_ok:
+                    txn.remove_at_commit(_backup_path(path))
+                results.append((entry, path, action))
+            # The files are reverted; a backup that cannot be removed is
+            # harmless (the next apply overwrites it) and is reported.
+            stale = set(txn.commit())
+    files = tuple(
+        FileStatus(
+            entry.target, path, _state(path, entry),
+            action + (" (backup not removed)" if _backup_path(path) in stale else ""),
+        )
+        for entry, path, action in results
+    )
+    return PatchReport(mineru_dir, version, files, cleaned)
 
 
 def make_manifest_entry(
