@@ -228,8 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
         "patch",
         help="apply, check or revert the MinerU patches",
         description="Apply, check or revert the mineru-health patches on a MinerU 3.4 install. "
-        "Idempotent; keeps <file>.mineru-health.orig backups; refuses files modified by "
-        "someone else (exit 4) and MinerU 4.x (exit 3).",
+        "Idempotent and all or nothing (a failure restores every file, exit 2); keeps "
+        "<file>.mineru-health.orig backups; never follows symbolic links (a linked target or "
+        "backup is refused, exit 2); refuses files modified by someone else (exit 4) and "
+        "MinerU 4.x (exit 3).",
     )
     patch.add_argument("action", choices=("apply", "check", "revert", "make-entry"),
                        help="what to do (make-entry: print a manifest entry, for maintainers)")
