@@ -28,8 +28,9 @@ Writing into a package directory, often as root, is done defensively:
   (``fast_api.py -> elsewhere``) is refused with a clear message rather than
   patched through the link or replaced by a regular file: the file it points
   to may belong to another installation. A backup path that is a symbolic
-  link is refused too. Files are read with ``O_NOFOLLOW`` and written through
-  a temporary file created with ``O_EXCL`` next to the target, then renamed.
+  link is refused too. Files are read and written by
+  :mod:`mineru_health.safe_files` (``O_NOFOLLOW`` reads, ``O_EXCL``
+  temporary files renamed into place).
 * Apply and revert are one transaction over every target: if any step fails,
   the files already written are restored (and new backups removed) before
   the error is reported, so MinerU is never left half patched.
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -50,12 +50,12 @@ import os
 import re
 import stat
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import safe_files
 from .errors import PatchError, UnsupportedMinerUError
 
 __all__ = [
@@ -298,94 +298,20 @@ def _run_patch(entry: ManifestEntry, manifest: Manifest, source: bytes, *, rever
         return work.read_bytes()
 
 
-# --- file primitives: no symbolic link is ever followed --------------------------------------
-
-
 def _backup_path(path: Path) -> Path:
     return path.with_name(path.name + BACKUP_SUFFIX)
 
 
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return path.lstat()
-    except FileNotFoundError:
-        return None
-
-
-def _read_regular(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file and not a symbolic link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise PatchError(f"{path} is not a regular file")
-        return handle.read()
-
-
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Writes ``data`` over ``path`` atomically: a new temporary file, then a rename.
-
-    The temporary file is created with O_EXCL (never through an existing link)
-    in the target's directory, and the rename replaces the directory entry
-    itself, so neither step writes through a symbolic link.
-    """
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fchmod(out.fileno(), mode)
-            os.fsync(out.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        raise
-
-
-def _temporaries(path: Path) -> list[Path]:
-    """Temporary files ``_replace`` may have left for ``path`` or its backup."""
-    pattern = re.compile(
-        rf"^\.{re.escape(path.name)}(?:{re.escape(BACKUP_SUFFIX)})?\.[a-z0-9_]{{8}}\.tmp$"
-    )
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return []
-    return [path.parent / name for name in sorted(names) if pattern.match(name)]
-
-
-def _clean_temporaries(paths: Sequence[Path]) -> tuple[Path, ...]:
-    """Removes what a run killed between mkstemp and rename left behind (under the lock)."""
-    cleaned = []
-    for path in paths:
-        for leftover in _temporaries(path):
-            info = _lstat(leftover)
-            if info is None or not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
-                continue
-            os.unlink(leftover)  # removes a link itself, never what it points to
-            cleaned.append(leftover)
-    return tuple(cleaned)
-
-
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``directory`` (no lock file left in MinerU's tree)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise PatchError(
-                        f"another mineru-health patch run holds {directory}; try again later"
-                    ) from None
-                time.sleep(0.05)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(safe_files.locked(directory, timeout_s=LOCK_TIMEOUT_S))
+        except TimeoutError:
+            raise PatchError(
+                f"another mineru-health patch run holds {directory}; try again later"
+            ) from None
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb: str) -> None:
@@ -398,7 +324,7 @@ def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb:
                 exit_code=EXIT_ERROR,
             )
         backup = _backup_path(path)
-        info = _lstat(backup)
+        info = safe_files.lstat_or_none(backup)
         if info is not None and not stat.S_ISREG(info.st_mode):
             kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
             raise PatchError(
@@ -408,61 +334,10 @@ def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb:
             )
 
 
-class _Transaction:
-    """Replaces files one at a time, remembering how to undo each: all or nothing.
-
-    Removals are deferred to ``commit``: they come last, once every write has
-    succeeded, and a removal that fails leaves only a stale backup behind.
-    """
-
-    def __init__(self) -> None:
-        self._undo: list[tuple[Path, bytes | None, int]] = []
-        self._removals: list[Path] = []
-
-    def write(self, path: Path, data: bytes) -> None:
-        info = _lstat(path)
-        previous = _read_regular(path) if info is not None else None
-        mode = stat.S_IMODE(info.st_mode) if info is not None else 0o644
-        # Recorded before writing: whatever step of the write fails, rolling
-        # back restores the file (or removes one that did not exist).
-        self._undo.append((path, previous, mode))
-        _replace(path, data, mode)
-
-    def remove_at_commit(self, path: Path) -> None:
-        self._removals.append(path)
-
-    def commit(self) -> list[Path]:
-        """Performs the deferred removals; returns the paths that could not be removed."""
-        failed = []
-        for path in self._removals:
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:
-                failed.append(path)
-        self._undo.clear()
-        self._removals.clear()
-        return failed
-
-    def rollback(self) -> list[str]:
-        """Restores every written file; returns the ones that could not be restored."""
-        failures = []
-        for path, previous, mode in reversed(self._undo):
-            try:
-                if previous is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    _replace(path, previous, mode)
-            except OSError as error:
-                failures.append(f"{path}: {error.strerror or error}")
-        self._undo.clear()
-        self._removals.clear()
-        return failures
-
-
 @contextlib.contextmanager
-def _transaction(verb: str) -> Iterator[_Transaction]:
+def _transaction(verb: str) -> Iterator[safe_files.Transaction]:
     """Runs the body as one transaction; any failure rolls back and raises PatchError."""
-    txn = _Transaction()
+    txn = safe_files.Transaction()
     try:
         yield txn
     except BaseException as error:
@@ -497,7 +372,9 @@ def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Patches every target that is still original; a no-op for patched ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
     with _locked(mineru_dir):
-        cleaned = _clean_temporaries([mineru_dir / e.target for e in manifest.files])
+        cleaned = safe_files.clean_temporaries(
+            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
+        )
         states = _states(mineru_dir, manifest)
         _refuse_unknown(states, "patch")
         _refuse_links(states, "patch")
@@ -507,7 +384,7 @@ def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
             if state is FileState.PATCHED:
                 planned.append((entry, path, b"", None))
                 continue
-            original = _read_regular(path)
+            original = safe_files.read_regular(path)
             patched = _run_patch(entry, manifest, original, reverse=False)
             if _sha256_bytes(patched) != entry.patched_sha256:
                 raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
@@ -533,14 +410,16 @@ def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Restores MinerU's original files byte for byte; a no-op for original ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
     with _locked(mineru_dir):
-        cleaned = _clean_temporaries([mineru_dir / e.target for e in manifest.files])
+        cleaned = safe_files.clean_temporaries(
+            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
+        )
         states = _states(mineru_dir, manifest)
         _refuse_unknown(states, "revert")
         _refuse_links(states, "revert")
         planned: list[tuple[ManifestEntry, Path, bytes | None, str, bool]] = []
         for entry, path, state in states:
             backup = _backup_path(path)
-            saved = _read_regular(backup) if _lstat(backup) is not None else None
+            saved = safe_files.read_regular(backup) if safe_files.lstat_or_none(backup) is not None else None
             backup_ok = saved is not None and _sha256_bytes(saved) == entry.original_sha256
             if state is FileState.ORIGINAL:
                 planned.append((entry, path, None, "unchanged", backup_ok))
@@ -549,7 +428,7 @@ def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
                 original = saved
                 action = "restored from backup"
             else:
-                original = _run_patch(entry, manifest, _read_regular(path), reverse=True)
+                original = _run_patch(entry, manifest, safe_files.read_regular(path), reverse=True)
                 action = "reverse-applied"
             if _sha256_bytes(original) != entry.original_sha256:
                 raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
-from mineru_health import patching
+from mineru_health import patching, safe_files
 from mineru_health.errors import PatchError, UnsupportedMinerUError
 
 
@@ -242,8 +242,8 @@ def test_cleans_temporary_files_a_killed_run_left(small_tree: Path, tmp_path: Pa
 
 
 def _fail_on(monkeypatch: pytest.MonkeyPatch, doomed: set[str], calls: list[str]) -> None:
-    """Makes ``patching._replace`` fail (ENOSPC) when it writes a file named in ``doomed``."""
-    real = patching._replace
+    """Makes ``safe_files.replace_file`` fail (ENOSPC) when it writes a file named in ``doomed``."""
+    real = safe_files.replace_file
 
     def replace(path: Path, data: bytes, *rest: Any) -> None:
         calls.append(path.name)
@@ -252,7 +252,7 @@ def _fail_on(monkeypatch: pytest.MonkeyPatch, doomed: set[str], calls: list[str]
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, data, *rest)
 
-    monkeypatch.setattr(patching, "_replace", replace)
+    monkeypatch.setattr(safe_files, "replace_file", replace)
 
 
 def test_apply_is_all_or_nothing(small_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,7 +290,7 @@ def test_a_failed_rollback_is_reported(small_tree: Path, monkeypatch: pytest.Mon
     targets = _targets(small_tree)
     calls: list[str] = []
     # The second target fails, then restoring the first fails too.
-    real = patching._replace
+    real = safe_files.replace_file
     failures = {targets[-1].name: 1, targets[0].name: 2}
 
     def replace(path: Path, data: bytes, *rest: Any) -> None:
@@ -299,7 +299,7 @@ def test_a_failed_rollback_is_reported(small_tree: Path, monkeypatch: pytest.Mon
             raise OSError(errno.EIO, "Input/output error", str(path))
         real(path, data, *rest)
 
-    monkeypatch.setattr(patching, "_replace", replace)
+    monkeypatch.setattr(safe_files, "replace_file", replace)
     with pytest.raises(PatchError) as info:
         patching.apply(small_tree)
     assert "ROLLBACK INCOMPLETE" in str(info.value) and str(targets[0]) in str(info.value)
@@ -338,7 +338,7 @@ def test_json_on_a_failed_write(
     def no_space(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(patching.tempfile, "mkstemp", no_space)
+    monkeypatch.setattr(safe_files.tempfile, "mkstemp", no_space)
     code = cli.main(["patch", "apply", "--mineru-path", str(small_tree), "--json"])
     out, _err = capsys.readouterr()
     assert code == 2
@@ -354,3 +354,12 @@ def test_exit_codes_in_json(tmp_path: Path, small_tree: Path) -> None:
     mineru4 = _fake_tree(tmp_path / "four", "4.0.0", fast_api=False)
     unsupported = run_cli("patch", "apply", "--mineru-path", str(mineru4), "--json")
     assert unsupported.returncode == 3 and json.loads(unsupported.stdout)["exit_code"] == 3
+
+
+def test_runs_on_one_tree_are_serialised(small_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(patching, "LOCK_TIMEOUT_S", 0.0)
+    with safe_files.locked(small_tree, timeout_s=0.0):
+        with pytest.raises(PatchError) as info:
+            patching.apply(small_tree)
+        assert "another mineru-health patch run" in str(info.value)
+    assert patching.apply(small_tree).all_patched

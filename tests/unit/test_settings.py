@@ -317,3 +317,34 @@ def test_markdown_tables_list_every_variable_once() -> None:
     tables = markdown_tables()
     for v in variables():
         assert tables.count(f"| `{v.name}` |") == 1, v.name
+
+
+# --- the shipped deployment examples pass the start-up checks ----------------------------
+
+
+def _deploy_env() -> list[dict[str, str]]:
+    yaml = pytest.importorskip("yaml")
+    root = README.parent / "deploy"
+    envs = []
+    for doc in yaml.safe_load_all((root / "k8s" / "00-config.yaml").read_text(encoding="utf-8")):
+        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "mineru-health-env":
+            envs.append({str(k): str(v) for k, v in doc["data"].items()})
+    compose = yaml.safe_load((root / "compose" / "compose.yaml").read_text(encoding="utf-8"))
+    for service in compose["services"].values():
+        environment = service.get("environment") or {}
+        if isinstance(environment, list):
+            environment = dict(item.split("=", 1) for item in environment)
+        envs.append({str(k): str(v) for k, v in environment.items()})
+    return envs
+
+
+def test_deploy_examples_pass_the_start_up_checks(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.txt"
+    rules.write_text("", encoding="utf-8")
+    envs = _deploy_env()
+    assert len(envs) >= 2
+    for env in envs:
+        # The paths name files inside the containers; the values are what is checked here.
+        env = {k: (str(rules) if k.endswith("_RULES") else v) for k, v in env.items()}
+        HealthSettings.from_env(env)
+        WorkerSettings.from_env(env)
