@@ -1,6 +1,7 @@
 // Binds worker_state.h: the worker's fatal record, loop lag, engine progress
 // and task figures. Type conversion only.
 #include <pybind11/chrono.h>
+#include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,14 +18,16 @@ namespace py = pybind11;
 namespace mineru_health::bindings {
 
 void register_worker_state(py::module_& m) {
-  py::enum_<HealthPhase>(m, "HealthPhase")
+  py::native_enum<HealthPhase>(m, "HealthPhase", "enum.Enum",
+                               "What a worker's /health says.")
       .value("STARTING", HealthPhase::kStarting)
       .value("HEALTHY", HealthPhase::kHealthy)
       .value("UNHEALTHY", HealthPhase::kUnhealthy)
       .value("LOOP_HUNG", HealthPhase::kLoopHung)
-      .value("FATAL", HealthPhase::kFatal);
+      .value("FATAL", HealthPhase::kFatal)
+      .finalize();
   m.def("to_string", py::overload_cast<HealthPhase>(&to_string),
-        py::arg("phase"));
+        py::arg("value"));
 
   py::class_<FatalRecord>(m, "FatalRecord",
                           "One fatal failure as recorded by the worker.")

@@ -1,72 +1,364 @@
-// Router health configuration: presets, strict environment parsing and the
-// validation rules. Bad configuration is a programmer/operator error, so it
-// throws ConfigError (naming the variable) once, at start-up.
+// Router and worker configuration: one table per component, from which the
+// parser, the validator, the documentation and the Python field lists are all
+// derived. Bad configuration is an operator error, so it throws ConfigError
+// (naming the variable and the rule) once, at start-up.
+//
+// Over 500 lines because the two tables (about 200 lines of data: every
+// variable's bounds and help text) live next to the one parser that reads
+// them; splitting them apart would spread one definition over two files.
 #include "mineru_health/config.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstdint>
-#include <fstream>
-#include <functional>
-#include <limits>
+#include <cstring>
+#include <stdexcept>
 #include <system_error>
+#include <type_traits>
+#include <variant>
 
 namespace mineru_health {
 namespace {
 
-constexpr const char* kPrefix = "MINERU_ROUTER_HEALTH_";
+constexpr const char* kRouterPrefix = "MINERU_ROUTER_HEALTH_";
+constexpr const char* kWorkerPrefix = "MINERU_HEALTH_";
+constexpr const char* kPresetName = "MINERU_ROUTER_HEALTH_PRESET";
+constexpr const char* kDefaultPreset = "production";
 
-constexpr const char* kInterval = "MINERU_ROUTER_HEALTH_INTERVAL_S";
-constexpr const char* kTimeout = "MINERU_ROUTER_HEALTH_TIMEOUT_S";
-constexpr const char* kConnectTimeout =
-    "MINERU_ROUTER_HEALTH_CONNECT_TIMEOUT_S";
-constexpr const char* kFailureThreshold =
-    "MINERU_ROUTER_HEALTH_FAILURE_THRESHOLD";
-constexpr const char* kHealthyThreshold =
-    "MINERU_ROUTER_HEALTH_HEALTHY_THRESHOLD";
-constexpr const char* kBackoffBase = "MINERU_ROUTER_HEALTH_BACKOFF_BASE_S";
-constexpr const char* kBackoffMax = "MINERU_ROUTER_HEALTH_BACKOFF_MAX_S";
-constexpr const char* kMaxAttempts = "MINERU_ROUTER_HEALTH_MAX_ATTEMPTS";
-constexpr const char* kBootTimeout = "MINERU_ROUTER_HEALTH_BOOT_TIMEOUT_S";
-constexpr const char* kConcurrency = "MINERU_ROUTER_HEALTH_CONCURRENCY";
-constexpr const char* kJitter = "MINERU_ROUTER_HEALTH_JITTER";
-constexpr const char* kExpectedStatus = "MINERU_ROUTER_HEALTH_EXPECTED_STATUS";
-constexpr const char* kMaxBodyBytes = "MINERU_ROUTER_HEALTH_MAX_BODY_BYTES";
-constexpr const char* kPreset = "MINERU_ROUTER_HEALTH_PRESET";
-constexpr const char* kAuditPath = "MINERU_ROUTER_HEALTH_AUDIT_PATH";
-constexpr const char* kCaFile = "MINERU_ROUTER_HEALTH_CA_FILE";
+// No duration below a millisecond (timers and curl count in ms) nor above a
+// day (nothing in a health check should wait that long; larger values are
+// typos that would also overflow nanosecond clocks).
+constexpr double kMinSeconds = 0.001;
+constexpr double kDay = 24 * 3600;
 
-// Durations beyond a year are typos, and would overflow nanosecond clocks
-// long before they overflow a double.
-constexpr double kMaxSeconds = 365.0 * 24 * 3600;
-constexpr int kMaxConcurrency = 1000000;
-constexpr std::size_t kMinBodyBytes = 256;
-constexpr std::size_t kMaxBodyBytesLimit = 16 * 1024 * 1024;
+enum class PathCheck { kNone, kReadableFile, kWritableFile };
 
-[[noreturn]] void refuse(const char* variable, const std::string& message) {
+struct Limits {
+  double min = 0;
+  double max = 0;
+  bool max_exclusive = false;
+  bool zero_disables = false;
+};
+
+template <typename Config>
+using Member =
+    std::variant<std::monostate, double Config::*, int Config::*,
+                 std::size_t Config::*, bool Config::*, std::string Config::*,
+                 std::optional<int> Config::*>;
+
+// One table row as written below; ConfigVariable is derived from it.
+template <typename Config>
+struct Row {
+  const char* suffix;
+  const char* field;
+  Member<Config> member;
+  ConfigType type;
+  Limits limits;
+  const char* meaning;
+  PathCheck path_check = PathCheck::kNone;
+  ConfigComponent component = ConfigComponent::kRouter;
+  bool test_only = false;
+};
+
+bool is_numeric(ConfigType type) {
+  return type == ConfigType::kSeconds || type == ConfigType::kNumber ||
+         type == ConfigType::kInteger || type == ConfigType::kPort;
+}
+
+// clang-format off
+// The router's variables, in README order. Bounds: see kMinSeconds/kDay.
+const std::vector<Row<HealthConfig>>& router_rows() {
+  using C = HealthConfig;
+  using T = ConfigType;
+  static const std::vector<Row<C>> kRows = {
+      {"PRESET", "", {}, T::kChoice, {},
+       "Starting point for every other variable: fast, production (the "
+       "defaults) or outage-tolerant."},
+      {"INTERVAL_S", "interval_s", &C::interval_s, T::kSeconds, {0.01, kDay},
+       "Seconds between two probes of one worker (each jittered by JITTER)."},
+      {"TIMEOUT_S", "probe_timeout_s", &C::probe_timeout_s, T::kSeconds,
+       {kMinSeconds, kDay},
+       "Seconds one GET /health may take in all; must be below INTERVAL_S."},
+      {"CONNECT_TIMEOUT_S", "connect_timeout_s", &C::connect_timeout_s,
+       T::kSeconds, {kMinSeconds, kDay},
+       "Seconds to establish the connection; at most TIMEOUT_S."},
+      {"FAILURE_THRESHOLD", "failure_threshold", &C::failure_threshold,
+       T::kInteger, {1, 1000},
+       "Consecutive failed probes before a worker is marked failed (a 503 "
+       "with engine_dead skips it)."},
+      {"HEALTHY_THRESHOLD", "healthy_threshold", &C::healthy_threshold,
+       T::kInteger, {1, 1000},
+       "Consecutive healthy probes before an ejected worker is routed to "
+       "again."},
+      {"BACKOFF_BASE_S", "backoff_base_s", &C::backoff_base_s, T::kSeconds,
+       {kMinSeconds, kDay},
+       "Seconds before the first restart of a failed local worker; doubles "
+       "per attempt; at most BACKOFF_MAX_S."},
+      {"BACKOFF_MAX_S", "backoff_max_s", &C::backoff_max_s, T::kSeconds,
+       {kMinSeconds, kDay}, "Upper bound of the restart delay."},
+      {"MAX_ATTEMPTS", "max_attempts", &C::max_attempts, T::kInteger,
+       {0, 1000},
+       "Failed restarts before giving up (the worker is still probed); 0 "
+       "never restarts."},
+      {"BOOT_TIMEOUT_S", "boot_timeout_s", &C::boot_timeout_s, T::kSeconds,
+       {1, kDay},
+       "Seconds a (re)started local worker has to answer healthy."},
+      {"MAIN_PORT_TIMEOUT_S", "main_port_timeout_s", &C::main_port_timeout_s,
+       T::kSeconds, {1, kDay},
+       "Seconds a (re)started local worker has to open its HTTP port."},
+      {"STABLE_WINDOW_S", "stable_window_s", &C::stable_window_s, T::kSeconds,
+       {0, kDay},
+       "Seconds a restarted worker must stay healthy before the restart "
+       "counts as successful and the attempt count resets."},
+      {"CONCURRENCY", "concurrency", &C::concurrency, T::kInteger,
+       {1, 1000000}, "Probes in flight at once."},
+      {"JITTER", "jitter", &C::jitter, T::kNumber, {0, 0.5, true},
+       "Random spread of each interval, as a fraction."},
+      {"EXPECTED_STATUS", "expected_status", &C::expected_status, T::kText,
+       {}, "Value of the `status` field a healthy /health body carries."},
+      {"MAX_BODY_BYTES", "max_body_bytes", &C::max_body_bytes, T::kInteger,
+       {256, 16 * 1024 * 1024},
+       "Largest /health body read; a longer one fails the probe."},
+      {"MAX_EJECTION_PERCENT", "max_ejection_percent",
+       &C::max_ejection_percent, T::kNumber, {0, 100},
+       "Largest share of workers, in percent, that passive ejection may take "
+       "out of rotation at once."},
+      {"TASK_RETRIES", "task_retries", &C::task_retries, T::kInteger, {0, 10},
+       "Times one task is resubmitted to another worker after its worker's "
+       "engine died; 0 never resubmits."},
+      {"RETRY_BUDGET_PERCENT", "retry_budget_percent",
+       &C::retry_budget_percent, T::kNumber, {0, 100},
+       "Resubmissions in flight at most this share, in percent, of the tasks "
+       "in flight."},
+      {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
+       T::kInteger, {0, 1000},
+       "Resubmissions in flight always allowed, whatever the share."},
+      {"AUDIT_PATH", "audit_path", &C::audit_path, T::kPath, {},
+       "File that audit JSON lines are appended to; empty means stderr.",
+       PathCheck::kWritableFile},
+      {"CA_FILE", "ca_file", &C::ca_file, T::kPath, {},
+       "PEM file of the CAs that sign HTTPS workers' certificates; empty "
+       "means the system's CA store. Certificates are always verified.",
+       PathCheck::kReadableFile},
+  };
+  return kRows;
+}
+
+// The worker's variables, then names other tools read, in README order.
+const std::vector<Row<WorkerConfig>>& worker_rows() {
+  using C = WorkerConfig;
+  using T = ConfigType;
+  constexpr auto kW = ConfigComponent::kWorker;
+  constexpr auto kTool = ConfigComponent::kTooling;
+  static const std::vector<Row<C>> kRows = {
+      {"RULES", "rules_path", &C::rules_path, T::kPath, {},
+       "Extra rules file (docs/rules.md), read by workers and the router; a "
+       "bad file stops them at start-up naming file, line and rule.",
+       PathCheck::kReadableFile, kW},
+      {"PORT", "port", &C::port, T::kPort, {0, 65535},
+       "Port of the native health endpoint, served off the event loop; 0 "
+       "picks a free port; unset: not served.",
+       PathCheck::kNone, kW},
+      {"BIND", "bind", &C::bind, T::kAddress, {},
+       "IP address the native health endpoint listens on.", PathCheck::kNone,
+       kW},
+      {"LOOP_HANG_S", "loop_hang_s", &C::loop_hang_s, T::kSeconds,
+       {kMinSeconds, kDay},
+       "Seconds the event loop may go without a heartbeat before the worker "
+       "reports itself hung.",
+       PathCheck::kNone, kW},
+      {"STALL_S", "stall_s", &C::stall_s, T::kSeconds,
+       {kMinSeconds, kDay, false, true},
+       "Seconds tasks may be in progress without any progress before the "
+       "worker reports itself stalled; 0 disables the stall watchdog.",
+       PathCheck::kNone, kW},
+      {"EXIT_ON_FATAL", "exit_on_fatal", &C::exit_on_fatal, T::kFlag, {},
+       "After an engine death, fail pending tasks, answer 503 for "
+       "EXIT_GRACE_S, then exit with code 75 (for supervisors that only react "
+       "to a process exit).",
+       PathCheck::kNone, kW},
+      {"EXIT_GRACE_S", "exit_grace_s", &C::exit_grace_s, T::kSeconds,
+       {0, 3600}, "Seconds of 503 answers before that exit.",
+       PathCheck::kNone, kW},
+      {"RETRY_AFTER_S", "retry_after_s", &C::retry_after_s, T::kInteger,
+       {1, 3600},
+       "Retry-After, in whole seconds, on the 503 a dead worker gives new "
+       "submissions.",
+       PathCheck::kNone, kW},
+      {"EXPOSE_ERRORS", "expose_errors", &C::expose_errors, T::kFlag, {},
+       "Show the failing task's exception message in /health and in other "
+       "tasks' errors (it can quote a user's document); off: rule, category, "
+       "exception type and time only.",
+       PathCheck::kNone, kW},
+      {"ERROR_BUDGET", "error_budget", &C::error_budget, T::kInteger,
+       {1, 10000},
+       "Fatal-looking task errors tolerated within ERROR_BUDGET_WINDOW_S "
+       "before the worker reports itself unhealthy.",
+       PathCheck::kNone, kW},
+      {"ERROR_BUDGET_WINDOW_S", "error_budget_window_s",
+       &C::error_budget_window_s, T::kSeconds, {1, kDay},
+       "The window ERROR_BUDGET counts in.", PathCheck::kNone, kW},
+      {"FAULT_PLAN", "fault_plan_path", &C::fault_plan_path, T::kPath, {},
+       "Tests and the demo only: fault injection plan file "
+       "(python/mineru_health/testing/faults.py); `{port}` in it is replaced "
+       "by the worker's port.",
+       PathCheck::kNone, kW, true},
+      {"FAULT_HANG_S", "fault_hang_s", &C::fault_hang_s, T::kSeconds,
+       {0, kDay}, "Tests and the demo only: how long a `hang` fault blocks.",
+       PathCheck::kNone, kW, true},
+      {"MINERU_PYTHON", "", {}, T::kPath, {},
+       "Tests and the demo only: the Python that runs MinerU (default: the "
+       "current one); workers ignore it.",
+       PathCheck::kNone, kTool, true},
+      {"PATCHES_DIR", "", {}, T::kPath, {},
+       "`mineru-health patch` only: directory of the patch sets (default: the "
+       "installed ones); workers ignore it.",
+       PathCheck::kNone, kTool},
+  };
+  return kRows;
+}
+// clang-format on
+
+[[noreturn]] void refuse(const std::string& variable,
+                         const std::string& message) {
   throw ConfigError(variable, message);
 }
 
 // `{}` prints doubles in their shortest round-trip form: 3 -> "3", 1.5 ->
 // "1.5".
-std::string show(const char* variable, double value) {
-  return fmt::format("{}={}", variable, value);
+std::string number_text(double value) { return fmt::format("{}", value); }
+
+std::string range_text(const ConfigVariable& v) {
+  return fmt::format("[{}, {}{}", number_text(*v.min_value),
+                     number_text(*v.max_value), v.max_exclusive ? ")" : "]");
 }
 
-void require_positive_seconds(const char* variable, double value) {
-  if (!std::isfinite(value) || value <= 0) {
-    refuse(variable, fmt::format("{} must be a positive number of seconds",
-                                 show(variable, value)));
+bool is_integral(ConfigType type) {
+  return type == ConfigType::kInteger || type == ConfigType::kPort;
+}
+
+// The rule a numeric value breaks, as in "X=7 must be <rule>".
+std::string range_rule(const ConfigVariable& v) {
+  std::string rule =
+      (is_integral(v.type) ? "an integer in " : "in ") + range_text(v);
+  return v.zero_disables ? "0 (off) or " + rule : rule;
+}
+
+std::string allowed_text(const ConfigVariable& v, PathCheck check) {
+  switch (v.type) {
+    case ConfigType::kSeconds:
+    case ConfigType::kNumber:
+    case ConfigType::kInteger: {
+      std::string range =
+          (v.type == ConfigType::kInteger ? "integer " : "") + range_text(v);
+      return v.zero_disables ? "0 (off) or " + range : range;
+    }
+    case ConfigType::kPort:
+      return "unset, or integer " + range_text(v);
+    case ConfigType::kFlag:
+      return "1/0 (or true/false, yes/no, on/off)";
+    case ConfigType::kText:
+      return "non-empty text";
+    case ConfigType::kAddress:
+      return "IPv4 or IPv6 address";
+    case ConfigType::kChoice:
+      return fmt::format("{}", fmt::join(v.choices, ", "));
+    case ConfigType::kPath:
+      switch (check) {
+        case PathCheck::kReadableFile:
+          return "unset, or a readable regular file";
+        case PathCheck::kWritableFile:
+          return "unset, or a file that can be created and appended to";
+        case PathCheck::kNone:
+          return "unset, or a path";
+      }
   }
-  if (value > kMaxSeconds) {
-    refuse(variable, fmt::format("{} must be at most {} (one year)",
-                                 show(variable, value), kMaxSeconds));
+  return "";
+}
+
+// --- reading and writing struct members ----------------------------------
+
+template <typename Config>
+std::string member_text(const Config& config, const Member<Config>& member) {
+  return std::visit(
+      [&](auto pointer) -> std::string {
+        using P = decltype(pointer);
+        if constexpr (std::is_same_v<P, std::monostate>) {
+          return "";
+        } else {
+          const auto& value = config.*pointer;
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            return value ? "1" : "0";
+          } else if constexpr (std::is_same_v<V, std::string>) {
+            return value;
+          } else if constexpr (std::is_same_v<V, std::optional<int>>) {
+            return value ? fmt::format("{}", *value) : "";
+          } else if constexpr (std::is_same_v<V, double>) {
+            return number_text(value);
+          } else {
+            return fmt::format("{}", value);
+          }
+        }
+      },
+      member);
+}
+
+// The member's value as a number, or nullopt (not numeric, or unset port).
+template <typename Config>
+std::optional<double> member_number(const Config& config,
+                                    const Member<Config>& member) {
+  return std::visit(
+      [&](auto pointer) -> std::optional<double> {
+        using P = decltype(pointer);
+        if constexpr (std::is_same_v<P, std::monostate>) {
+          return std::nullopt;
+        } else {
+          const auto& value = config.*pointer;
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, std::optional<int>>) {
+            if (!value) return std::nullopt;
+            return static_cast<double>(*value);
+          } else if constexpr (std::is_arithmetic_v<V> &&
+                               !std::is_same_v<V, bool>) {
+            return static_cast<double>(value);
+          } else {
+            return std::nullopt;
+          }
+        }
+      },
+      member);
+}
+
+std::string lower(std::string text) {
+  for (char& c : text) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return text;
+}
+
+void check_range(const ConfigVariable& v, double value) {
+  if (!std::isfinite(value)) {
+    refuse(v.name, fmt::format("{}={} is not a finite number", v.name,
+                               number_text(value)));
+  }
+  if (v.zero_disables && value == 0) return;
+  bool below = value < *v.min_value;
+  bool above = v.max_exclusive ? value >= *v.max_value : value > *v.max_value;
+  if (below || above) {
+    refuse(v.name, fmt::format("{}={} must be {}", v.name, number_text(value),
+                               range_rule(v)));
   }
 }
 
-double parse_double(const char* variable, const std::string& text) {
+double parse_number(const ConfigVariable& v, const std::string& text) {
   double value = 0;
   const char* end = text.data() + text.size();
   // from_chars: locale-independent, no leading blanks or '+', and it must
@@ -74,155 +366,360 @@ double parse_double(const char* variable, const std::string& text) {
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end ||
       !std::isfinite(value)) {
-    refuse(variable,
-           fmt::format("{}={:?} is not a finite number", variable, text));
+    refuse(v.name, fmt::format("{}={:?} is not a finite number", v.name, text));
   }
+  check_range(v, value);
   return value;
 }
 
-template <typename Int>
-Int parse_int(const char* variable, const std::string& text) {
-  Int value = 0;
+long long parse_integer(const ConfigVariable& v, const std::string& text) {
+  long long value = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end) {
-    refuse(variable,
-           fmt::format("{}={:?} is not an integer in range", variable, text));
+    refuse(v.name,
+           fmt::format("{}={:?} is not {}", v.name, text, range_rule(v)));
   }
+  check_range(v, static_cast<double>(value));
   return value;
 }
 
-struct Setter {
-  const char* name;
-  std::function<void(HealthConfig&, const std::string&)> apply;
-};
-
-const std::vector<Setter>& setters() {
-  static const std::vector<Setter> kSetters = {
-      {kInterval,
-       [](HealthConfig& c, const std::string& v) {
-         c.interval_s = parse_double(kInterval, v);
-       }},
-      {kTimeout,
-       [](HealthConfig& c, const std::string& v) {
-         c.probe_timeout_s = parse_double(kTimeout, v);
-       }},
-      {kConnectTimeout,
-       [](HealthConfig& c, const std::string& v) {
-         c.connect_timeout_s = parse_double(kConnectTimeout, v);
-       }},
-      {kFailureThreshold,
-       [](HealthConfig& c, const std::string& v) {
-         c.failure_threshold = parse_int<int>(kFailureThreshold, v);
-       }},
-      {kHealthyThreshold,
-       [](HealthConfig& c, const std::string& v) {
-         c.healthy_threshold = parse_int<int>(kHealthyThreshold, v);
-       }},
-      {kBackoffBase,
-       [](HealthConfig& c, const std::string& v) {
-         c.backoff_base_s = parse_double(kBackoffBase, v);
-       }},
-      {kBackoffMax,
-       [](HealthConfig& c, const std::string& v) {
-         c.backoff_max_s = parse_double(kBackoffMax, v);
-       }},
-      {kMaxAttempts,
-       [](HealthConfig& c, const std::string& v) {
-         c.max_attempts = parse_int<int>(kMaxAttempts, v);
-       }},
-      {kBootTimeout,
-       [](HealthConfig& c, const std::string& v) {
-         c.boot_timeout_s = parse_double(kBootTimeout, v);
-       }},
-      {kConcurrency,
-       [](HealthConfig& c, const std::string& v) {
-         c.concurrency = parse_int<int>(kConcurrency, v);
-       }},
-      {kJitter,
-       [](HealthConfig& c, const std::string& v) {
-         c.jitter = parse_double(kJitter, v);
-       }},
-      {kExpectedStatus,
-       [](HealthConfig& c, const std::string& v) { c.expected_status = v; }},
-      {kMaxBodyBytes,
-       [](HealthConfig& c, const std::string& v) {
-         c.max_body_bytes = static_cast<std::size_t>(
-             parse_int<std::uint64_t>(kMaxBodyBytes, v));
-       }},
-      {kAuditPath,
-       [](HealthConfig& c, const std::string& v) { c.audit_path = v; }},
-      {kCaFile, [](HealthConfig& c, const std::string& v) { c.ca_file = v; }},
-  };
-  return kSetters;
+bool parse_flag(const ConfigVariable& v, const std::string& text) {
+  const std::string word = lower(text);
+  if (word.empty() || word == "0" || word == "false" || word == "no" ||
+      word == "off") {
+    return false;
+  }
+  if (word == "1" || word == "true" || word == "yes" || word == "on") {
+    return true;
+  }
+  refuse(v.name,
+         fmt::format("{}={:?} is not a flag: use {}", v.name, text, v.allowed));
 }
 
-std::string known_names() {
-  std::string names;
-  for (const ConfigVariable& v : config_variables()) {
-    if (!names.empty()) names += ", ";
-    names += v.name;
+bool is_ip_literal(const std::string& text) {
+  in6_addr buffer{};
+  return inet_pton(AF_INET, text.c_str(), &buffer) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), &buffer) == 1;
+}
+
+void check_text(const ConfigVariable& v, const std::string& text) {
+  if (v.type == ConfigType::kText && text.empty()) {
+    refuse(v.name, fmt::format("{} must not be empty", v.name));
   }
-  return names;
+  if (v.type == ConfigType::kAddress && !is_ip_literal(text)) {
+    refuse(v.name,
+           fmt::format("{}={:?} is not an IP address (e.g. 127.0.0.1 or ::1; "
+                       "host names are not resolved)",
+                       v.name, text));
+  }
+  if (v.type == ConfigType::kChoice) {
+    for (const std::string& choice : v.choices) {
+      if (text == choice) return;
+    }
+    refuse(v.name,
+           fmt::format("{}={:?} is not one of {}", v.name, text, v.allowed));
+  }
+}
+
+template <typename Config>
+void assign(Config& config, const Member<Config>& member,
+            const ConfigVariable& v, const std::string& text) {
+  std::visit(
+      [&](auto pointer) {
+        using P = decltype(pointer);
+        if constexpr (!std::is_same_v<P, std::monostate>) {
+          auto& target = config.*pointer;
+          using V = std::decay_t<decltype(target)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            target = parse_flag(v, text);
+          } else if constexpr (std::is_same_v<V, std::string>) {
+            check_text(v, text);
+            target = text;
+          } else if constexpr (std::is_same_v<V, std::optional<int>>) {
+            if (text.empty()) {
+              target.reset();
+            } else {
+              target = static_cast<int>(parse_integer(v, text));
+            }
+          } else if constexpr (std::is_same_v<V, double>) {
+            target = parse_number(v, text);
+          } else {
+            target = static_cast<V>(parse_integer(v, text));
+          }
+        }
+      },
+      member);
+}
+
+// --- the derived tables ------------------------------------------------------
+
+template <typename Config>
+struct Entry {
+  ConfigVariable variable;
+  Member<Config> member;
+  PathCheck path_check;
+};
+
+template <typename Config>
+Entry<Config> derive(const Row<Config>& row, const char* prefix,
+                     const Config& defaults) {
+  ConfigVariable v;
+  v.name = std::string(prefix) + row.suffix;
+  v.field = row.field;
+  v.component = row.component;
+  v.type = row.type;
+  v.default_value = member_text(defaults, row.member);
+  if (is_numeric(row.type)) {
+    v.min_value = row.limits.min;
+    v.max_value = row.limits.max;
+    v.max_exclusive = row.limits.max_exclusive;
+    v.zero_disables = row.limits.zero_disables;
+  }
+  v.meaning = row.meaning;
+  v.test_only = row.test_only;
+  return {std::move(v), row.member, row.path_check};
+}
+
+const std::vector<Entry<HealthConfig>>& router_entries() {
+  static const std::vector<Entry<HealthConfig>> kEntries = [] {
+    std::vector<Entry<HealthConfig>> entries;
+    const HealthConfig defaults;
+    for (const Row<HealthConfig>& row : router_rows()) {
+      Entry<HealthConfig> e = derive(row, kRouterPrefix, defaults);
+      if (e.variable.name == kPresetName) {
+        e.variable.choices = preset_names();
+        e.variable.default_value = kDefaultPreset;
+      } else {
+        for (const std::string& name : preset_names()) {
+          e.variable.preset_values.emplace_back(
+              name, member_text(preset(name), e.member));
+        }
+      }
+      e.variable.allowed = allowed_text(e.variable, e.path_check);
+      entries.push_back(std::move(e));
+    }
+    return entries;
+  }();
+  return kEntries;
+}
+
+const std::vector<Entry<WorkerConfig>>& worker_entries() {
+  static const std::vector<Entry<WorkerConfig>> kEntries = [] {
+    std::vector<Entry<WorkerConfig>> entries;
+    const WorkerConfig defaults;
+    for (const Row<WorkerConfig>& row : worker_rows()) {
+      Entry<WorkerConfig> e = derive(row, kWorkerPrefix, defaults);
+      e.variable.allowed = allowed_text(e.variable, e.path_check);
+      entries.push_back(std::move(e));
+    }
+    return entries;
+  }();
+  return kEntries;
+}
+
+const std::vector<ConfigVariable>& all_variables() {
+  static const std::vector<ConfigVariable> kAll = [] {
+    std::vector<ConfigVariable> all;
+    for (const auto& e : router_entries()) all.push_back(e.variable);
+    for (const auto& e : worker_entries()) all.push_back(e.variable);
+    return all;
+  }();
+  return kAll;
+}
+
+PathCheck path_check_of(const ConfigVariable& variable) {
+  for (const auto& e : router_entries()) {
+    if (e.variable.name == variable.name) return e.path_check;
+  }
+  for (const auto& e : worker_entries()) {
+    if (e.variable.name == variable.name) return e.path_check;
+  }
+  return PathCheck::kNone;
+}
+
+// --- file-system checks --------------------------------------------------
+
+std::string errno_text(int error) {
+  return std::error_code(error, std::generic_category()).message();
+}
+
+void check_readable_file(const std::string& name, const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    refuse(name, fmt::format("{}={} cannot be read: {}", name, path,
+                             errno_text(errno)));
+  }
+  // A directory, FIFO or device would fail later, hang start-up, or be read
+  // without end (/dev/zero).
+  if (!S_ISREG(info.st_mode)) {
+    refuse(name, fmt::format("{}={} is not a regular file", name, path));
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    refuse(name, fmt::format("{}={} cannot be read: {}", name, path,
+                             errno_text(errno)));
+  }
+  ::close(fd);
+}
+
+void check_writable_file(const std::string& name, const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0) {
+    // A FIFO without a reader would block the first write, and so start-up.
+    if (!S_ISREG(info.st_mode) && !S_ISCHR(info.st_mode)) {
+      refuse(name, fmt::format("{}={} is not a regular file (leave it empty "
+                               "for stderr)",
+                               name, path));
+    }
+    if (::access(path.c_str(), W_OK) != 0) {
+      refuse(name, fmt::format("{}={} is not writable: {}", name, path,
+                               errno_text(errno)));
+    }
+    return;
+  }
+  if (errno != ENOENT) {
+    refuse(name, fmt::format("{}={} cannot be used: {}", name, path,
+                             errno_text(errno)));
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  if (::stat(parent.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    refuse(name, fmt::format("{}={} cannot be created: directory {} does not "
+                             "exist",
+                             name, path, parent));
+  }
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    refuse(name, fmt::format("{}={} cannot be created in {}: {}", name, path,
+                             parent, errno_text(errno)));
+  }
+}
+
+// Each value within its table bounds.
+template <typename Config>
+void validate_values(const std::vector<Entry<Config>>& entries,
+                     const Config& config) {
+  for (const Entry<Config>& e : entries) {
+    const ConfigVariable& v = e.variable;
+    if (is_numeric(v.type)) {
+      if (auto value = member_number(config, e.member)) check_range(v, *value);
+    } else if (v.type == ConfigType::kText || v.type == ConfigType::kAddress) {
+      check_text(v, member_text(config, e.member));
+    }
+  }
+}
+
+// Checked at start-up so that a typo stops the process there instead of
+// failing every HTTPS probe or audit record later.
+template <typename Config>
+void validate_files(const std::vector<Entry<Config>>& entries,
+                    const Config& config) {
+  for (const Entry<Config>& e : entries) {
+    if (e.path_check != PathCheck::kNone) {
+      check_path(e.variable, member_text(config, e.member));
+    }
+  }
+}
+
+template <typename Config>
+void refuse_unknown(const std::vector<Entry<Config>>& entries,
+                    const std::map<std::string, std::string>& env,
+                    const std::string& prefix) {
+  // Refuse typos before anything else: a misspelt variable silently falling
+  // back to its default is worse than not starting.
+  for (const auto& [name, value] : env) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    bool known = false;
+    for (const auto& e : entries) known = known || e.variable.name == name;
+    if (known) continue;
+    std::vector<std::string> names;
+    for (const auto& e : entries) names.push_back(e.variable.name);
+    refuse(name, fmt::format("unknown variable {} (known: {})", name,
+                             fmt::join(names, ", ")));
+  }
+}
+
+template <typename Config>
+void apply_env(const std::vector<Entry<Config>>& entries,
+               const std::map<std::string, std::string>& env, Config& config) {
+  for (const Entry<Config>& e : entries) {
+    auto it = env.find(e.variable.name);
+    if (it != env.end()) assign(config, e.member, e.variable, it->second);
+  }
+}
+
+const ConfigVariable& router_variable(const char* field) {
+  return config_variable_for(ConfigComponent::kRouter, field);
+}
+
+std::string show(const char* field, double value) {
+  return fmt::format("{}={}", router_variable(field).name, number_text(value));
 }
 
 }  // namespace
 
-std::vector<ConfigVariable> config_variables() {
-  const HealthConfig d;
-  return {
-      {kPreset, "production",
-       "Starting point for every other variable: fast, production (the "
-       "defaults) or "
-       "outage-tolerant."},
-      {kInterval, fmt::format("{}", d.interval_s),
-       "Seconds between two probes of one worker (each jittered by JITTER)."},
-      {kTimeout, fmt::format("{}", d.probe_timeout_s),
-       "Seconds one GET /health may take in all; must be below INTERVAL_S."},
-      {kConnectTimeout, fmt::format("{}", d.connect_timeout_s),
-       "Seconds to establish the connection; at most TIMEOUT_S."},
-      {kFailureThreshold, fmt::format("{}", d.failure_threshold),
-       "Consecutive failed probes before a worker is marked failed (a 503 with "
-       "engine_dead "
-       "skips it)."},
-      {kHealthyThreshold, fmt::format("{}", d.healthy_threshold),
-       "Consecutive healthy probes before an ejected worker is routed to "
-       "again."},
-      {kBackoffBase, fmt::format("{}", d.backoff_base_s),
-       "Seconds before the first restart of a failed local worker; doubles per "
-       "attempt."},
-      {kBackoffMax, fmt::format("{}", d.backoff_max_s),
-       "Upper bound of the restart delay."},
-      {kMaxAttempts, fmt::format("{}", d.max_attempts),
-       "Failed restarts before giving up (the worker is still probed and "
-       "re-admitted if it "
-       "recovers); 0 never restarts."},
-      {kBootTimeout, fmt::format("{}", d.boot_timeout_s),
-       "Seconds a (re)started local worker has to answer healthy."},
-      {kConcurrency, fmt::format("{}", d.concurrency),
-       "Probes in flight at once (1..1000000)."},
-      {kJitter, fmt::format("{}", d.jitter),
-       "Random spread of each interval, as a fraction in [0, 0.5)."},
-      {kExpectedStatus, d.expected_status,
-       "Value of the `status` field a healthy /health body carries."},
-      {kMaxBodyBytes, fmt::format("{}", d.max_body_bytes),
-       "Largest /health body read (256..16777216); a longer one fails the "
-       "probe."},
-      {kAuditPath, "",
-       "File that audit JSON lines are appended to; empty means stderr."},
-      {kCaFile, "",
-       "PEM file of the CAs that sign HTTPS workers' certificates; empty "
-       "means the system's CA store. Certificates are always verified."},
-  };
+const char* to_string(ConfigComponent component) {
+  switch (component) {
+    case ConfigComponent::kRouter:
+      return "router";
+    case ConfigComponent::kWorker:
+      return "worker";
+    case ConfigComponent::kTooling:
+      return "tooling";
+  }
+  return "unknown";
+}
+
+const char* to_string(ConfigType type) {
+  switch (type) {
+    case ConfigType::kSeconds:
+      return "seconds";
+    case ConfigType::kNumber:
+      return "number";
+    case ConfigType::kInteger:
+      return "integer";
+    case ConfigType::kFlag:
+      return "flag";
+    case ConfigType::kText:
+      return "text";
+    case ConfigType::kPath:
+      return "path";
+    case ConfigType::kPort:
+      return "port";
+    case ConfigType::kAddress:
+      return "address";
+    case ConfigType::kChoice:
+      return "choice";
+  }
+  return "unknown";
+}
+
+const char* env_prefix(ConfigComponent component) {
+  return component == ConfigComponent::kRouter ? kRouterPrefix : kWorkerPrefix;
+}
+
+std::vector<ConfigVariable> config_variables() { return all_variables(); }
+
+const ConfigVariable& config_variable_for(ConfigComponent component,
+                                          const std::string& field) {
+  for (const ConfigVariable& v : all_variables()) {
+    if (v.component == component && v.field == field && !field.empty()) {
+      return v;
+    }
+  }
+  throw std::out_of_range(fmt::format("no {} configuration field {:?}",
+                                      to_string(component), field));
 }
 
 std::vector<std::string> preset_names() {
-  return {"fast", "production", "outage-tolerant"};
+  return {"fast", kDefaultPreset, "outage-tolerant"};
 }
 
 HealthConfig preset(const std::string& name) {
   HealthConfig c;
-  if (name == "production") return c;
+  if (name == kDefaultPreset) return c;
   if (name == "fast") {
     c.interval_s = 1;
     c.probe_timeout_s = 0.5;
@@ -245,101 +742,73 @@ HealthConfig preset(const std::string& name) {
     c.boot_timeout_s = 600;
     return c;
   }
-  refuse(
-      kPreset,
-      fmt::format("{}={:?} is not a preset (fast, production, outage-tolerant)",
-                  kPreset, name));
+  refuse(kPresetName, fmt::format("{}={:?} is not a preset ({})", kPresetName,
+                                  name, fmt::join(preset_names(), ", ")));
 }
 
 HealthConfig health_config_from_env(
     const std::map<std::string, std::string>& env) {
-  const std::string prefix = kPrefix;
-  // Refuse typos before anything else: a misspelt variable silently falling
-  // back to its default is worse than not starting.
-  for (const auto& [name, value] : env) {
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    bool known = name == kPreset;
-    for (const Setter& s : setters()) known = known || name == s.name;
-    if (!known) {
-      throw ConfigError(name, fmt::format("unknown variable {} (known: {})",
-                                          name, known_names()));
-    }
-  }
-
-  auto preset_it = env.find(kPreset);
+  refuse_unknown(router_entries(), env, kRouterPrefix);
+  auto preset_it = env.find(kPresetName);
   HealthConfig config =
-      preset(preset_it == env.end() ? "production" : preset_it->second);
-  for (const Setter& s : setters()) {
-    auto it = env.find(s.name);
-    if (it != env.end()) s.apply(config, it->second);
-  }
+      preset(preset_it == env.end() ? kDefaultPreset : preset_it->second);
+  apply_env(router_entries(), env, config);
+  validate(config);
+  return config;
+}
+
+WorkerConfig worker_config_from_env(
+    const std::map<std::string, std::string>& env) {
+  refuse_unknown(worker_entries(), env, kWorkerPrefix);
+  WorkerConfig config;
+  apply_env(worker_entries(), env, config);
   validate(config);
   return config;
 }
 
 void validate(const HealthConfig& c) {
-  require_positive_seconds(kInterval, c.interval_s);
-  require_positive_seconds(kTimeout, c.probe_timeout_s);
-  require_positive_seconds(kConnectTimeout, c.connect_timeout_s);
-  require_positive_seconds(kBackoffBase, c.backoff_base_s);
-  require_positive_seconds(kBackoffMax, c.backoff_max_s);
-  require_positive_seconds(kBootTimeout, c.boot_timeout_s);
+  // Each value within its bounds first, so a cross-field message never
+  // quotes a value that is wrong on its own.
+  validate_values(router_entries(), c);
   if (c.probe_timeout_s >= c.interval_s) {
     // Otherwise probes of one worker overlap and a hung worker costs more
     // than one interval per probe.
-    refuse(kTimeout,
-           fmt::format("{} must be below {}", show(kTimeout, c.probe_timeout_s),
-                       show(kInterval, c.interval_s)));
+    refuse(router_variable("probe_timeout_s").name,
+           fmt::format("{} must be below {}",
+                       show("probe_timeout_s", c.probe_timeout_s),
+                       show("interval_s", c.interval_s)));
   }
   if (c.connect_timeout_s > c.probe_timeout_s) {
-    refuse(kConnectTimeout,
+    refuse(router_variable("connect_timeout_s").name,
            fmt::format("{} must be at most {}",
-                       show(kConnectTimeout, c.connect_timeout_s),
-                       show(kTimeout, c.probe_timeout_s)));
-  }
-  if (c.failure_threshold < 1) {
-    refuse(kFailureThreshold,
-           fmt::format("{}={} must be at least 1", kFailureThreshold,
-                       c.failure_threshold));
-  }
-  if (c.healthy_threshold < 1) {
-    refuse(kHealthyThreshold,
-           fmt::format("{}={} must be at least 1", kHealthyThreshold,
-                       c.healthy_threshold));
-  }
-  if (c.max_attempts < 0) {
-    refuse(kMaxAttempts, fmt::format("{}={} must be at least 0", kMaxAttempts,
-                                     c.max_attempts));
+                       show("connect_timeout_s", c.connect_timeout_s),
+                       show("probe_timeout_s", c.probe_timeout_s)));
   }
   if (c.backoff_base_s > c.backoff_max_s) {
-    refuse(kBackoffBase, fmt::format("{} must be at most {}",
-                                     show(kBackoffBase, c.backoff_base_s),
-                                     show(kBackoffMax, c.backoff_max_s)));
+    refuse(router_variable("backoff_base_s").name,
+           fmt::format("{} must be at most {}",
+                       show("backoff_base_s", c.backoff_base_s),
+                       show("backoff_max_s", c.backoff_max_s)));
   }
-  if (!std::isfinite(c.jitter) || c.jitter < 0 || c.jitter >= 0.5) {
-    refuse(kJitter,
-           fmt::format("{} must be in [0, 0.5)", show(kJitter, c.jitter)));
-  }
-  if (c.concurrency < 1 || c.concurrency > kMaxConcurrency) {
-    refuse(kConcurrency,
-           fmt::format("{}={} must be between 1 and {}", kConcurrency,
-                       c.concurrency, kMaxConcurrency));
-  }
-  if (c.max_body_bytes < kMinBodyBytes ||
-      c.max_body_bytes > kMaxBodyBytesLimit) {
-    refuse(kMaxBodyBytes,
-           fmt::format("{}={} must be between {} and {}", kMaxBodyBytes,
-                       c.max_body_bytes, kMinBodyBytes, kMaxBodyBytesLimit));
-  }
-  if (c.expected_status.empty()) {
-    refuse(kExpectedStatus,
-           fmt::format("{} must not be empty", kExpectedStatus));
-  }
-  // Checked here so that a typo stops the router at start-up instead of
-  // failing every HTTPS probe later.
-  if (!c.ca_file.empty() && !std::ifstream(c.ca_file).good()) {
-    refuse(kCaFile,
-           fmt::format("{}={} is not a readable file", kCaFile, c.ca_file));
+  validate_files(router_entries(), c);
+}
+
+void validate(const WorkerConfig& config) {
+  validate_values(worker_entries(), config);
+  validate_files(worker_entries(), config);
+}
+
+void check_path(const ConfigVariable& variable, const std::string& path) {
+  if (path.empty()) return;
+  switch (path_check_of(variable)) {
+    case PathCheck::kNone:
+      return;
+    case PathCheck::kReadableFile:
+      check_readable_file(variable.name, path);
+      return;
+    case PathCheck::kWritableFile:
+      check_writable_file(variable.name, path);
+      return;
   }
 }
 

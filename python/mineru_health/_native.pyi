@@ -2,13 +2,16 @@
 
 import datetime
 import enum
-from typing import TypeAlias
+from typing import Never, TypeAlias, overload
+
+class _pybind11_type(type):
+    """Stands for pybind11_builtins.pybind11_type, the metaclass of every bound class."""
 
 # --- classifier.h (register_classifier.cc) ------------------------------------------------
 
 _Text: TypeAlias = str | bytes
 
-class Frame:
+class Frame(metaclass=_pybind11_type):
     module: str
     type_name: str
     bases: list[str]
@@ -18,19 +21,21 @@ class Frame:
     ) -> None: ...
 
 class RuleKind(enum.Enum):
+    __pybind11_native_enum__: object
     FATAL = ...
     TASK_LOCAL = ...
 
 def rule_kind_name(kind: RuleKind) -> str: ...
 
-class Rule:
+class Rule(metaclass=_pybind11_type):
     id: str
     kind: RuleKind
     category: str
     pattern: str
     def __init__(self, id: _Text, kind: RuleKind, category: _Text, pattern: _Text) -> None: ...
 
-class RuleError:
+class RuleError(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def source(self) -> str: ...
     @property
@@ -41,13 +46,14 @@ class RuleError:
     def message(self) -> str: ...
     def to_string(self) -> str: ...
 
-class ClassifierLimits:
+class ClassifierLimits(metaclass=_pybind11_type):
     max_frames: int
     max_message_bytes: int
     excerpt_bytes: int
     def __init__(self) -> None: ...
 
-class RuleSet:
+class RuleSet(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @staticmethod
     def compile(
         rules: list[Rule], source: _Text = "<builtin>"
@@ -55,7 +61,8 @@ class RuleSet:
     @property
     def rules(self) -> list[Rule]: ...
 
-class Verdict:
+class Verdict(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def fatal(self) -> bool: ...
     @property
@@ -69,7 +76,7 @@ class Verdict:
     @property
     def excerpt(self) -> str: ...
 
-class Classifier:
+class Classifier(metaclass=_pybind11_type):
     def __init__(self, rule_set: RuleSet, limits: ClassifierLimits = ...) -> None: ...
     def classify(self, frames: list[Frame]) -> Verdict: ...
     def classify_tuples(
@@ -85,13 +92,14 @@ def compact_form(text: _Text) -> str: ...
 # --- worker_state.h (register_worker_state.cc) --------------------------------------------
 
 class HealthPhase(enum.Enum):
+    __pybind11_native_enum__: object
     STARTING = ...
     HEALTHY = ...
     UNHEALTHY = ...
     LOOP_HUNG = ...
     FATAL = ...
 
-class FatalRecord:
+class FatalRecord(metaclass=_pybind11_type):
     def __init__(
         self, error: str, rule_id: str, category: str, unix_time: float, exception_type: str = ""
     ) -> None: ...
@@ -106,7 +114,7 @@ class FatalRecord:
     @property
     def exception_type(self) -> str: ...
 
-class TaskCounts:
+class TaskCounts(metaclass=_pybind11_type):
     def __init__(self, queued: int, processing: int, completed: int, failed: int) -> None: ...
     @property
     def queued(self) -> int: ...
@@ -117,7 +125,7 @@ class TaskCounts:
     @property
     def failed(self) -> int: ...
 
-class ServiceInfo:
+class ServiceInfo(metaclass=_pybind11_type):
     def __init__(
         self,
         version: str,
@@ -140,14 +148,15 @@ class ServiceInfo:
     @property
     def task_cleanup_interval_seconds(self) -> int: ...
 
-class WorkerStateOptions:
+class WorkerStateOptions(metaclass=_pybind11_type):
     loop_hang: datetime.timedelta | float
     stall: datetime.timedelta | float
     error_budget: int
     error_budget_window: datetime.timedelta | float
     def __init__(self) -> None: ...
 
-class WorkerSnapshot:
+class WorkerSnapshot(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def phase(self) -> HealthPhase: ...
     @property
@@ -181,7 +190,7 @@ class WorkerSnapshot:
     @property
     def stall_s(self) -> float: ...
 
-class WorkerState:
+class WorkerState(metaclass=_pybind11_type):
     def __init__(self, options: WorkerStateOptions = ...) -> None: ...
     def record_fatal(self, record: FatalRecord) -> bool: ...
     def record_task_local(self) -> None: ...
@@ -201,7 +210,7 @@ class WorkerState:
 
 # --- health_server.h (register_health_server.cc) ------------------------------------------
 
-class HealthServerOptions:
+class HealthServerOptions(metaclass=_pybind11_type):
     bind_address: str
     port: int
     connection_limit: int
@@ -211,7 +220,8 @@ class HealthServerOptions:
     expose_errors: bool
     def __init__(self) -> None: ...
 
-class HealthAnswer:
+class HealthAnswer(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def status(self) -> int: ...
     @property
@@ -219,7 +229,8 @@ class HealthAnswer:
 
 def health_answer(path: str, snapshot: WorkerSnapshot, expose_errors: bool) -> HealthAnswer: ...
 
-class HealthServer:
+class HealthServer(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @staticmethod
     def start(
         state: WorkerState, options: HealthServerOptions
@@ -232,7 +243,25 @@ class HealthServer:
 
 # --- config.h / probe.h / poller.h (register_config/probe/poller.cc, helper router-py) ----
 
-class HealthConfig:
+class ConfigComponent(enum.Enum):
+    __pybind11_native_enum__: object
+    ROUTER = 0
+    WORKER = 1
+    TOOLING = 2
+
+class ConfigType(enum.Enum):
+    __pybind11_native_enum__: object
+    SECONDS = 0
+    NUMBER = 1
+    INTEGER = 2
+    FLAG = 3
+    TEXT = 4
+    PATH = 5
+    PORT = 6
+    ADDRESS = 7
+    CHOICE = 8
+
+class HealthConfig(metaclass=_pybind11_type):
     interval_s: float
     probe_timeout_s: float
     connect_timeout_s: float
@@ -248,23 +277,82 @@ class HealthConfig:
     max_body_bytes: int
     audit_path: str
     ca_file: str
+    main_port_timeout_s: float
+    stable_window_s: float
+    max_ejection_percent: float
+    task_retries: int
+    retry_budget_percent: float
+    retry_budget_min: int
+    @overload
     def __init__(self) -> None: ...
+    @overload
+    def __init__(self, other: HealthConfig) -> None: ...
 
-class ConfigVariable:
+class WorkerConfig(metaclass=_pybind11_type):
+    port: int | None
+    bind: str
+    loop_hang_s: float
+    stall_s: float
+    exit_on_fatal: bool
+    exit_grace_s: float
+    retry_after_s: int
+    expose_errors: bool
+    error_budget: int
+    error_budget_window_s: float
+    rules_path: str
+    fault_plan_path: str
+    fault_hang_s: float
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(self, other: WorkerConfig) -> None: ...
+
+class ConfigVariable(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def name(self) -> str: ...
     @property
+    def field(self) -> str: ...
+    @property
+    def component(self) -> ConfigComponent: ...
+    @property
+    def type(self) -> ConfigType: ...
+    @property
     def default_value(self) -> str: ...
     @property
+    def min_value(self) -> float | None: ...
+    @property
+    def max_value(self) -> float | None: ...
+    @property
+    def max_exclusive(self) -> bool: ...
+    @property
+    def zero_disables(self) -> bool: ...
+    @property
+    def choices(self) -> list[str]: ...
+    @property
+    def allowed(self) -> str: ...
+    @property
     def meaning(self) -> str: ...
+    @property
+    def test_only(self) -> bool: ...
+    @property
+    def preset_values(self) -> list[tuple[str, str]]: ...
 
+def env_prefix(component: ConfigComponent) -> str: ...
 def config_variables() -> list[ConfigVariable]: ...
+def config_variable_for(component: ConfigComponent, field: str) -> ConfigVariable: ...
 def preset_names() -> list[str]: ...
 def preset(name: str) -> HealthConfig: ...
 def health_config_from_env(env: dict[str, str]) -> HealthConfig: ...
+def worker_config_from_env(env: dict[str, str]) -> WorkerConfig: ...
+@overload
 def validate(config: HealthConfig) -> None: ...
+@overload
+def validate(config: WorkerConfig) -> None: ...
+def check_path(variable: ConfigVariable, path: str) -> None: ...
 
 class ProbeStatus(enum.Enum):
+    __pybind11_native_enum__: object
     HEALTHY = 0
     CONNECT_ERROR = 1
     TIMEOUT = 2
@@ -277,7 +365,7 @@ class ProbeStatus(enum.Enum):
     BAD_FIELDS = 9
     TRANSPORT_ERROR = 10
 
-class WorkerLoad:
+class WorkerLoad(metaclass=_pybind11_type):
     queued_tasks: int
     processing_tasks: int
     completed_tasks: int
@@ -286,14 +374,14 @@ class WorkerLoad:
     processing_window_size: int
     def __init__(self) -> None: ...
 
-class ProbeExpectations:
+class ProbeExpectations(metaclass=_pybind11_type):
     expected_status: str
     protocol_version: int | None
     max_body_bytes: int
     require_load_fields: bool
     def __init__(self) -> None: ...
 
-class ProbeResult:
+class ProbeResult(metaclass=_pybind11_type):
     worker_id: str
     status: ProbeStatus
     http_status: int
@@ -311,6 +399,7 @@ def classify_health_response(
 ) -> ProbeResult: ...
 
 class WorkerPhase(enum.Enum):
+    __pybind11_native_enum__: object
     STARTING = 0
     HEALTHY = 1
     UNHEALTHY = 2
@@ -320,6 +409,7 @@ class WorkerPhase(enum.Enum):
     GAVE_UP = 6
 
 class AuditAction(enum.Enum):
+    __pybind11_native_enum__: object
     HEALTH_FAILED = 0
     RESTART_SCHEDULED = 1
     RESTART_SUCCEEDED = 2
@@ -328,7 +418,8 @@ class AuditAction(enum.Enum):
     RECOVERED = 5
     EJECTED = 6
 
-class AuditEvent:
+class AuditEvent(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def action(self) -> AuditAction: ...
     @property
@@ -340,18 +431,20 @@ class AuditEvent:
     @property
     def to_phase(self) -> WorkerPhase: ...
 
-class Target:
+class Target(metaclass=_pybind11_type):
     id: str
     url: str
     restartable: bool
     def __init__(self, id: str, url: str = "", restartable: bool = False) -> None: ...
 
 class PollerEventKind(enum.Enum):
+    __pybind11_native_enum__: object
     PROBE = 0
     AUDIT = 1
     RESTART_REQUESTED = 2
 
-class PollerEvent:
+class PollerEvent(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def kind(self) -> PollerEventKind: ...
     @property
@@ -365,7 +458,8 @@ class PollerEvent:
     @property
     def in_rotation(self) -> bool: ...
 
-class WorkerStatus:
+class WorkerStatus(metaclass=_pybind11_type):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...  # no constructor bound
     @property
     def id(self) -> str: ...
     @property
@@ -389,7 +483,7 @@ class WorkerStatus:
     @property
     def probes(self) -> int: ...
 
-class SweepStats:
+class SweepStats(metaclass=_pybind11_type):
     def __init__(self) -> None: ...
     @property
     def probes(self) -> int: ...
@@ -398,7 +492,7 @@ class SweepStats:
     @property
     def wall_s(self) -> float: ...
 
-class Poller:
+class Poller(metaclass=_pybind11_type):
     def __init__(self, config: HealthConfig, expect: ProbeExpectations, seed: int = 0) -> None: ...
     def add_worker(self, target: Target) -> None: ...
     def remove_worker(self, id: str) -> None: ...
@@ -418,5 +512,6 @@ class Poller:
     ) -> tuple[list[ProbeResult], SweepStats]: ...
 
 def to_string(
-    value: ProbeStatus | WorkerPhase | AuditAction | PollerEventKind | HealthPhase,
+    value: ConfigComponent | ConfigType | ProbeStatus | WorkerPhase | AuditAction
+    | PollerEventKind | HealthPhase,
 ) -> str: ...

@@ -40,11 +40,20 @@ def _cmd_patch(args: argparse.Namespace) -> int:
         if args.mineru_path is None:
             raise PatchError("make-entry needs --mineru-path (a pristine tree)",
                              exit_code=EXIT_ERROR)
-        _print_json(patching.make_manifest_entry(args.mineru_path, args.target, args.patch_file))
+        try:
+            entry = patching.make_manifest_entry(args.mineru_path, args.target, args.patch_file)
+        except OSError as error:
+            raise PatchError(str(error), exit_code=EXIT_ERROR) from error
+        _print_json(entry)
         return EXIT_OK
 
     action = {"apply": patching.apply, "check": patching.check, "revert": patching.revert}
-    report = action[args.action](args.mineru_path)
+    try:
+        report = action[args.action](args.mineru_path)
+    except OSError as error:
+        # An I/O error is an error like any other: exit 2, JSON under --json.
+        where = f" ({error.filename})" if error.filename else ""
+        raise PatchError(f"{error.strerror or error}{where}", exit_code=EXIT_ERROR) from error
     if args.json:
         _print_json(report.to_json())
     else:
@@ -52,6 +61,8 @@ def _cmd_patch(args: argparse.Namespace) -> int:
         for status in report.files:
             extra = f" ({status.action})" if status.action else ""
             print(f"  {status.target}: {status.state.value}{extra}")
+        for leftover in report.cleaned:
+            print(f"  removed {leftover}, left by an interrupted run")
     if args.action == "check" and not report.all_patched:
         return EXIT_FATAL
     return EXIT_OK
@@ -139,40 +150,48 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from . import monitor  # type: ignore[attr-defined, unused-ignore]
+    from .probe_cli import probe_urls
 
     kwargs: dict[str, Any] = {"as_json": args.json}
     if args.timeout is not None:
         kwargs["timeout_s"] = args.timeout
     if args.expected_status is not None:
         kwargs["expected_status"] = args.expected_status
-    result = monitor.probe_urls(args.urls, **kwargs)
-    return int(result) if isinstance(result, int) else EXIT_OK
+    return probe_urls(args.urls, **kwargs)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from .monitor import HealthSettings
+    from . import settings
 
     if args.check:
-        # Raises ConfigError naming the variable, as the patched router would at start-up.
-        settings = HealthSettings.from_env()
+        # The start-up checks of the router and of the worker, in that order:
+        # each raises ConfigError naming the variable, as the process would.
+        from .classifier import default_rules
+
+        checked: dict[str, Any] = {}
+        if args.role in ("router", "all"):
+            checked["router"] = settings.HealthSettings.from_env().as_dict()
+        if args.role in ("worker", "all"):
+            checked["worker"] = settings.WorkerSettings.from_env().as_dict()
+        checked["rules"] = len(default_rules())  # both read MINERU_HEALTH_RULES at start-up
         if args.json:
-            _print_json(settings.as_dict())
+            _print_json(checked)
         else:
-            for name, value in settings.as_dict().items():
-                print(f"{name} = {value}")
+            for role in ("router", "worker"):
+                if role in checked:
+                    print(f"{role}: OK")
+                    for name, value in checked[role].items():
+                        print(f"  {name} = {value!r}")
+            print(f"rules: OK, {checked['rules']} rule(s)")
         return EXIT_OK
-    variables = HealthSettings.variables()
     if args.json:
-        _print_json([{"name": n, "default": d, "meaning": m} for n, d, m in variables])
+        _print_json([v.to_json() for v in settings.variables()])
     elif args.markdown:
-        print("| variable | default | meaning |")
-        print("| --- | --- | --- |")
-        for name, default, meaning in variables:
-            print(f"| `{name}` | `{default}` | {meaning} |")
+        print(settings.markdown_tables(), end="")
     else:
-        for name, default, meaning in variables:
-            print(f"{name} (default {default!r}): {meaning}")
+        for v in settings.variables():
+            default = repr(v.default) if v.default else "unset"
+            print(f"{v.name} ({v.component}; default {default}; {v.allowed}): {v.meaning}")
     return EXIT_OK
 
 
@@ -209,8 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
         "patch",
         help="apply, check or revert the MinerU patches",
         description="Apply, check or revert the mineru-health patches on a MinerU 3.4 install. "
-        "Idempotent; keeps <file>.mineru-health.orig backups; refuses files modified by "
-        "someone else (exit 4) and MinerU 4.x (exit 3).",
+        "Idempotent and all or nothing (a failure restores every file, exit 2); keeps "
+        "<file>.mineru-health.orig backups; never follows symbolic links (a linked target or "
+        "backup is refused, exit 2); refuses files modified by someone else (exit 4) and "
+        "MinerU 4.x (exit 3).",
     )
     patch.add_argument("action", choices=("apply", "check", "revert", "make-entry"),
                        help="what to do (make-entry: print a manifest entry, for maintainers)")
@@ -258,12 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser(
         "config",
-        help="list the router's MINERU_ROUTER_HEALTH_* variables or check the current ones",
-        description="List the router health variables with defaults and meaning, or, with "
-        "--check, validate the current environment as mineru-router would at start-up.",
+        help="list the MINERU_HEALTH_* and MINERU_ROUTER_HEALTH_* variables or check them",
+        description="List the worker and router health variables with defaults, bounds and "
+        "meaning, or, with --check, validate the current environment exactly as "
+        "mineru-api and mineru-router do at start-up.",
     )
     config.add_argument("--check", action="store_true",
                         help="validate the current environment (exit 2 naming the bad variable)")
+    config.add_argument("--role", choices=("router", "worker", "all"), default="all",
+                        help="--check: whose start-up checks to apply (default: all)")
     config.add_argument("--markdown", action="store_true", help="print a Markdown table")
     config.add_argument("--json", action="store_true", help="machine-readable output")
     config.set_defaults(func=_cmd_config)

@@ -21,23 +21,41 @@ anything; both are idempotent. Apply keeps a byte-for-byte backup
 ``<file>.mineru-health.orig``; revert restores from it when its hash is the
 original one, else applies the patch in reverse, and always verifies the
 result's hash before replacing the file.
+
+Writing into a package directory, often as root, is done defensively:
+
+* Symbolic links are never followed. A target file that is a symbolic link
+  (``fast_api.py -> elsewhere``) is refused with a clear message rather than
+  patched through the link or replaced by a regular file: the file it points
+  to may belong to another installation. A backup path that is a symbolic
+  link is refused too. Files are read and written by
+  :mod:`mineru_health.safe_files` (``O_NOFOLLOW`` reads, ``O_EXCL``
+  temporary files renamed into place).
+* Apply and revert are one transaction over every target: if any step fails,
+  the files already written are restored (and new backups removed) before
+  the error is reported, so MinerU is never left half patched.
+* Temporary files that a killed run left behind (``.<file>.*.tmp``) are
+  removed by the next apply or revert. Runs on one MinerU directory are
+  serialised with an advisory lock on the directory itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import shutil
+import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import safe_files
 from .errors import PatchError, UnsupportedMinerUError
 
 __all__ = [
@@ -60,7 +78,10 @@ __all__ = [
 ]
 
 BACKUP_SUFFIX = ".mineru-health.orig"
+EXIT_ERROR = 2
 EXIT_MODIFIED = 4
+#: How long apply/revert wait for another run on the same MinerU directory.
+LOCK_TIMEOUT_S = 30.0
 MANIFEST_NAME = "manifest.json"
 NO_FAST_API = "MinerU 4.x removed mineru.cli.fast_api; mineru-health supports the 3.4 line"
 
@@ -106,6 +127,7 @@ class PatchReport:
     mineru_dir: Path
     mineru_version: str
     files: tuple[FileStatus, ...]
+    cleaned: tuple[Path, ...] = ()  # temporary files a killed run had left
 
     @property
     def all_patched(self) -> bool:
@@ -117,6 +139,7 @@ class PatchReport:
             "mineru_version": self.mineru_version,
             "all_patched": self.all_patched,
             "files": [f.to_json() for f in self.files],
+            "cleaned": [str(p) for p in self.cleaned],
         }
 
 
@@ -179,7 +202,7 @@ def mineru_version(mineru_dir: Path) -> str:
     version_file = mineru_dir / "version.py"
     try:
         text = version_file.read_text(encoding="utf-8")
-    except OSError as error:
+    except (OSError, UnicodeDecodeError) as error:
         raise UnsupportedMinerUError(
             f"{mineru_dir} does not look like MinerU: cannot read {version_file} ({error})"
         ) from error
@@ -275,18 +298,65 @@ def _run_patch(entry: ManifestEntry, manifest: Manifest, source: bytes, *, rever
         return work.read_bytes()
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """Writes ``data`` over ``path`` atomically, keeping the file mode."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _backup_path(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(safe_files.locked(directory, timeout_s=LOCK_TIMEOUT_S))
+        except TimeoutError:
+            raise PatchError(
+                f"another mineru-health patch run holds {directory}; try again later"
+            ) from None
+        yield
+
+
+def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb: str) -> None:
+    for _entry, path, _state in states:
+        if path.is_symlink():
+            raise PatchError(
+                f"refusing to {verb}: {path} is a symbolic link (to {os.readlink(path)}); "
+                "mineru-health neither writes through it nor replaces it. Point --mineru-path "
+                "at the MinerU that owns the real file, or replace the link with a copy",
+                exit_code=EXIT_ERROR,
+            )
+        backup = _backup_path(path)
+        info = safe_files.lstat_or_none(backup)
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise PatchError(
+                f"refusing to {verb}: the backup path {backup} is {kind}; mineru-health never "
+                "writes through links. Remove it and try again",
+                exit_code=EXIT_ERROR,
+            )
+
+
+@contextlib.contextmanager
+def _transaction(verb: str) -> Iterator[safe_files.Transaction]:
+    """Runs the body as one transaction; any failure rolls back and raises PatchError."""
+    txn = safe_files.Transaction()
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+        yield txn
+    except BaseException as error:
+        failures = txn.rollback()
+        if not isinstance(error, Exception):
+            raise
+        outcome = (
+            "every file was restored as it was"
+            if not failures
+            else "ROLLBACK INCOMPLETE, restore these by hand: " + "; ".join(failures)
+        )
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
+        exit_code = error.exit_code if isinstance(error, PatchError) else EXIT_ERROR
+        raise PatchError(f"{verb} failed: {reason}{where}; {outcome}",
+                         exit_code=exit_code) from error
+
+
+# --- the three commands --------------------------------------------------------------------
 
 
 def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
@@ -301,60 +371,88 @@ def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
 def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Patches every target that is still original; a no-op for patched ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
-    states = _states(mineru_dir, manifest)
-    _refuse_unknown(states, "patch")
-    # Compute every patched file first so that a broken patch changes nothing.
-    planned: list[tuple[ManifestEntry, Path, bytes | None]] = []
-    for entry, path, state in states:
-        if state is FileState.PATCHED:
-            planned.append((entry, path, None))
-            continue
-        patched = _run_patch(entry, manifest, path.read_bytes(), reverse=False)
-        if _sha256_bytes(patched) != entry.patched_sha256:
-            raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
-        planned.append((entry, path, patched))
+    with _locked(mineru_dir):
+        cleaned = safe_files.clean_temporaries(
+            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
+        )
+        states = _states(mineru_dir, manifest)
+        _refuse_unknown(states, "patch")
+        _refuse_links(states, "patch")
+        # Compute every patched file first so that a broken patch changes nothing.
+        planned: list[tuple[ManifestEntry, Path, bytes, bytes | None]] = []
+        for entry, path, state in states:
+            if state is FileState.PATCHED:
+                planned.append((entry, path, b"", None))
+                continue
+            original = safe_files.read_regular(path)
+            patched = _run_patch(entry, manifest, original, reverse=False)
+            if _sha256_bytes(patched) != entry.patched_sha256:
+                raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
+            planned.append((entry, path, original, patched))
 
-    results = []
-    for entry, path, planned_bytes in planned:
-        if planned_bytes is None:
-            results.append(FileStatus(entry.target, path, FileState.PATCHED, "unchanged"))
-            continue
-        backup = path.with_name(path.name + BACKUP_SUFFIX)
-        shutil.copy2(path, backup)
-        _replace(path, planned_bytes)
-        if _state(path, entry) is not FileState.PATCHED:
-            raise PatchError(f"{path} does not have the expected content after patching")
-        results.append(FileStatus(entry.target, path, FileState.PATCHED, "patched"))
-    return PatchReport(mineru_dir, version, tuple(results))
+        results = []
+        with _transaction("patching") as txn:
+            for entry, path, source, new_bytes in planned:
+                if new_bytes is None:
+                    results.append(FileStatus(entry.target, path, FileState.PATCHED, "unchanged"))
+                    continue
+                # The backup first: a patched file never exists without its backup.
+                txn.write(_backup_path(path), source)
+                txn.write(path, new_bytes)
+                if _state(path, entry) is not FileState.PATCHED:
+                    raise PatchError(f"{path} does not have the expected content after patching")
+                results.append(FileStatus(entry.target, path, FileState.PATCHED, "patched"))
+            txn.commit()
+    return PatchReport(mineru_dir, version, tuple(results), cleaned)
 
 
 def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Restores MinerU's original files byte for byte; a no-op for original ones."""
     mineru_dir, version, manifest = _resolve(mineru_path)
-    states = _states(mineru_dir, manifest)
-    _refuse_unknown(states, "revert")
-    results = []
-    for entry, path, state in states:
-        backup = path.with_name(path.name + BACKUP_SUFFIX)
-        backup_ok = backup.is_file() and _sha256(backup) == entry.original_sha256
-        if state is FileState.ORIGINAL:
-            if backup_ok:
-                backup.unlink()
-            results.append(FileStatus(entry.target, path, FileState.ORIGINAL, "unchanged"))
-            continue
-        if backup_ok:
-            original = backup.read_bytes()
-            action = "restored from backup"
-        else:
-            original = _run_patch(entry, manifest, path.read_bytes(), reverse=True)
-            action = "reverse-applied"
-        if _sha256_bytes(original) != entry.original_sha256:
-            raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
-        _replace(path, original)
-        if backup_ok:
-            backup.unlink()
-        results.append(FileStatus(entry.target, path, _state(path, entry), action))
-    return PatchReport(mineru_dir, version, tuple(results))
+    with _locked(mineru_dir):
+        cleaned = safe_files.clean_temporaries(
+            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
+        )
+        states = _states(mineru_dir, manifest)
+        _refuse_unknown(states, "revert")
+        _refuse_links(states, "revert")
+        planned: list[tuple[ManifestEntry, Path, bytes | None, str, bool]] = []
+        for entry, path, state in states:
+            backup = _backup_path(path)
+            saved = safe_files.read_regular(backup) if safe_files.lstat_or_none(backup) is not None else None
+            backup_ok = saved is not None and _sha256_bytes(saved) == entry.original_sha256
+            if state is FileState.ORIGINAL:
+                planned.append((entry, path, None, "unchanged", backup_ok))
+                continue
+            if saved is not None and backup_ok:
+                original = saved
+                action = "restored from backup"
+            else:
+                original = _run_patch(entry, manifest, safe_files.read_regular(path), reverse=True)
+                action = "reverse-applied"
+            if _sha256_bytes(original) != entry.original_sha256:
+                raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
+            planned.append((entry, path, original, action, backup_ok))
+
+        results = []
+        with _transaction("reverting") as txn:
+            for entry, path, restored, action, backup_ok in planned:
+                if restored is not None:
+                    txn.write(path, restored)
+                if backup_ok:
+                    txn.remove_at_commit(_backup_path(path))
+                results.append((entry, path, action))
+            # The files are reverted; a backup that cannot be removed is
+            # harmless (the next apply overwrites it) and is reported.
+            stale = set(txn.commit())
+    files = tuple(
+        FileStatus(
+            entry.target, path, _state(path, entry),
+            action + (" (backup not removed)" if _backup_path(path) in stale else ""),
+        )
+        for entry, path, action in results
+    )
+    return PatchReport(mineru_dir, version, files, cleaned)
 
 
 def make_manifest_entry(

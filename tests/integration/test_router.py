@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until
-from mineru_health.monitor import HealthSettings
+from mineru_health.settings import HealthSettings
 from mineru_health.testing.faults import write_plan
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from mineru_health.errors import ConfigError
-from mineru_health.monitor import HealthSettings, probe_urls
+from mineru_health.probe_cli import probe_urls
+from mineru_health.settings import HealthSettings
 
 HEALTHY = {
     "status": "healthy",

@@ -1,17 +1,22 @@
-// Router health configuration: defaults, presets and MINERU_ROUTER_HEALTH_*
-// environment variables, validated once at start-up.
+// Router and worker configuration: one table of every environment variable
+// (name, type, default, bounds, help, preset values), parsed and validated
+// once at start-up.
 //
-//   auto config = mineru_health::health_config_from_env(env);  // throws
-//   ConfigError
+//   auto router = mineru_health::health_config_from_env(env);  // ConfigError
+//   auto worker = mineru_health::worker_config_from_env(env);  // ConfigError
+//   for (const auto& v : mineru_health::config_variables()) print(v.name);
 //
-// Pure functions; thread-safe.
+// Pure functions over immutable tables; thread-safe. The *_from_env functions
+// and validate() also look at the file system (CA_FILE, AUDIT_PATH, RULES).
 #ifndef MINERU_HEALTH_CONFIG_H_
 #define MINERU_HEALTH_CONFIG_H_
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mineru_health {
@@ -27,6 +32,8 @@ class ConfigError : public std::invalid_argument {
   std::string variable_;
 };
 
+// MINERU_ROUTER_HEALTH_*: what mineru-router reads. Defaults are the
+// "production" preset.
 struct HealthConfig {
   double interval_s = 2.0;         // between probes of one worker
   double probe_timeout_s = 1.5;    // whole request; must be < interval_s
@@ -43,28 +50,107 @@ struct HealthConfig {
   std::size_t max_body_bytes = 64 * 1024;
   std::string audit_path;  // "" = stderr
   std::string ca_file;     // PEM CAs for HTTPS workers; "" = the system store
+  double main_port_timeout_s = 60.0;   // a local worker must open its port
+  double stable_window_s = 600.0;      // healthy this long = restart succeeded
+  double max_ejection_percent = 50.0;  // passive ejection cap, % of workers
+  int task_retries = 2;                // resubmissions of one task
+  double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
+  int retry_budget_min = 3;            // resubmissions always allowed
 };
 
+// MINERU_HEALTH_*: what a patched mineru-api worker reads.
+struct WorkerConfig {
+  std::optional<int> port;         // native /health port; nullopt = none
+  std::string bind = "127.0.0.1";  // IP literal the native endpoint binds
+  double loop_hang_s = 60.0;       // event loop silent this long = hung
+  double stall_s = 300.0;          // no task progress this long; 0 = off
+  bool exit_on_fatal = false;      // exit 75 after an engine death
+  double exit_grace_s = 5.0;       // 503s served before that exit
+  int retry_after_s = 30;          // Retry-After on refused submissions
+  bool expose_errors = false;      // /health shows exception messages
+  int error_budget = 3;            // fatal-looking errors per window
+  double error_budget_window_s = 60.0;
+  std::string rules_path;        // extra rules file; "" = built-in only
+  std::string fault_plan_path;   // tests only: fault injection plan
+  double fault_hang_s = 3600.0;  // tests only: how long a "hang" fault lasts
+};
+
+// Who reads a variable. kTooling: names under MINERU_HEALTH_ that the CLI,
+// the demo or the test harness read; a worker accepts them and ignores them.
+enum class ConfigComponent { kRouter, kWorker, kTooling };
+
+enum class ConfigType {
+  kSeconds,  // finite decimal number of seconds
+  kNumber,   // finite decimal number
+  kInteger,  // decimal integer, no sign, no fraction
+  kFlag,     // 1/0, true/false, yes/no, on/off (any case); "" = 0
+  kText,     // non-empty text
+  kPath,     // file path; "" = unset
+  kPort,     // "" = unset, else an integer 0..65535 (0 = any free port)
+  kAddress,  // IPv4 or IPv6 literal
+  kChoice,   // one of `choices`
+};
+
+// One documented environment variable: everything the parser, the
+// validator, the CLI and the README need, defined once.
 struct ConfigVariable {
-  std::string name;  // e.g. MINERU_ROUTER_HEALTH_INTERVAL_S
-  std::string default_value;
-  std::string meaning;
+  std::string name;   // e.g. MINERU_ROUTER_HEALTH_INTERVAL_S
+  std::string field;  // HealthConfig/WorkerConfig member; "" = none
+  ConfigComponent component = ConfigComponent::kRouter;
+  ConfigType type = ConfigType::kText;
+  std::string default_value;  // as an operator writes it; "" = unset
+  // Numeric bounds (kSeconds, kNumber, kInteger, kPort); nullopt otherwise.
+  std::optional<double> min_value;
+  std::optional<double> max_value;
+  bool max_exclusive = false;        // [min, max) instead of [min, max]
+  bool zero_disables = false;        // 0 is also accepted and means "off"
+  std::vector<std::string> choices;  // kChoice
+  std::string allowed;               // the rule in words, e.g. "0.001..86400"
+  std::string meaning;               // help text
+  bool test_only = false;
+  // Router variables: the value each preset gives it (preset name, text).
+  std::vector<std::pair<std::string, std::string>> preset_values;
 };
 
-// The documented variables, in README order.
+const char* to_string(ConfigComponent component);
+const char* to_string(ConfigType type);
+
+// The prefix every variable of `component` starts with:
+// "MINERU_ROUTER_HEALTH_" for the router, "MINERU_HEALTH_" otherwise.
+const char* env_prefix(ConfigComponent component);
+
+// Every variable: router first, then worker and tooling, in README order.
 std::vector<ConfigVariable> config_variables();
+
+// The variable that sets `field` of `component`'s struct; throws
+// std::out_of_range for an unknown field (a programmer error).
+const ConfigVariable& config_variable_for(ConfigComponent component,
+                                          const std::string& field);
 
 // Preset names: "fast", "production" (the defaults), "outage-tolerant".
 std::vector<std::string> preset_names();
 HealthConfig preset(const std::string& name);  // throws ConfigError
 
-// Reads MINERU_ROUTER_HEALTH_PRESET first, then each variable over it.
-// Unknown MINERU_ROUTER_HEALTH_* names are refused too (a typo must not pass).
+// Reads MINERU_ROUTER_HEALTH_PRESET first, then each variable over it, then
+// validate(). Unknown MINERU_ROUTER_HEALTH_* names are refused too (a typo
+// must not pass); other names are ignored.
 HealthConfig health_config_from_env(
     const std::map<std::string, std::string>& env);
 
-// Throws ConfigError naming the variable of the first broken rule.
+// Reads MINERU_HEALTH_* over the defaults, then validate(). Unknown
+// MINERU_HEALTH_* names are refused; tooling names are accepted and ignored.
+WorkerConfig worker_config_from_env(
+    const std::map<std::string, std::string>& env);
+
+// Throws ConfigError naming the variable of the first broken rule: bounds,
+// cross-field rules, then the file-system checks (CA_FILE a readable regular
+// file, AUDIT_PATH creatable and writable, RULES a readable regular file).
 void validate(const HealthConfig& config);
+void validate(const WorkerConfig& config);
+
+// The file-system check of one path variable (see validate()); a no-op for
+// "" and for variables without one.
+void check_path(const ConfigVariable& variable, const std::string& path);
 
 }  // namespace mineru_health
 

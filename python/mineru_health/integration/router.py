@@ -40,8 +40,10 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from mineru_health import _native, metrics
+from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
-from mineru_health.monitor import AuditLog, HealthMonitor, HealthSettings
+from mineru_health.monitor import HealthMonitor
+from mineru_health.settings import HealthSettings
 
 __all__ = ["HealingPoolMixin", "install", "install_app", "is_fatal_error"]
 

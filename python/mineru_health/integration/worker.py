@@ -53,6 +53,7 @@ from typing import Any
 from .. import liveness, metrics
 from ..classifier import default_rules
 from ..errors import ConfigError, HealthEndpointError
+from ..settings import WorkerSettings
 from ..worker import (
     FatalInfo,
     HealthEndpoint,
@@ -63,7 +64,6 @@ from ..worker import (
     worker_health,
 )
 from . import engine_calls
-from .worker_settings import PORT_ENV, WorkerSettings
 
 __all__ = [
     "EXIT_CODE",
@@ -610,7 +610,8 @@ def _start_endpoint(health: WorkerHealth, settings: WorkerSettings) -> None:
         endpoint = HealthEndpoint.start(health, port=settings.port, bind=settings.bind,
                                         expose_errors=settings.expose_errors)
     except HealthEndpointError as error:
-        raise ConfigError(f"{PORT_ENV}: {error}", variable=PORT_ENV) from error
+        variable = WorkerSettings.variable_name("port")
+        raise ConfigError(f"{variable}: {error}", variable=variable) from error
     _runtime.endpoint = endpoint
     _runtime.advertised_port = _advertise(endpoint)
     _log("INFO", f"native health endpoint on {endpoint.url} (/health, /livez, /readyz)")
