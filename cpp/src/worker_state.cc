@@ -112,9 +112,9 @@ void WorkerState::loop_tick() {
   last_tick_ns_.store(ticks(clock_.steady()), std::memory_order_release);
 }
 
-bool WorkerState::busy_locked() const {
-  return tasks_.processing > 0 || engine_calls_in_flight_ > 0;
-}
+// Only engine calls count: a task that is still preparing its pages (a cold
+// PDF-render pool, a huge document) is slow, not a stalled engine.
+bool WorkerState::busy_locked() const { return engine_calls_in_flight_ > 0; }
 
 void WorkerState::mark_busy_locked(SteadyTime now) {
   if (!busy_locked()) last_progress_ = now;
@@ -140,7 +140,6 @@ void WorkerState::progress() {
 void WorkerState::set_tasks(const TaskCounts& tasks,
                             const std::string& manager_error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (tasks.processing > 0) mark_busy_locked(clock_.steady());
   tasks_ = tasks;
   manager_error_ = manager_error;
 }

@@ -215,7 +215,7 @@ TEST(WorkerState, LoopLagIsBusyUntilTheHangLimit) {
   EXPECT_EQ(snap.phase, HealthPhase::kHealthy);
 }
 
-TEST(WorkerState, StallNeedsWorkInProgressAndNoProgress) {
+TEST(WorkerState, StallNeedsEngineCallsInFlightAndNoProgress) {
   FakeClock fake;
   WorkerState state(options(60, 300), fake.clock());
   state.set_service(service());
@@ -224,8 +224,13 @@ TEST(WorkerState, StallNeedsWorkInProgressAndNoProgress) {
   EXPECT_EQ(state.snapshot().phase, HealthPhase::kHealthy);
   EXPECT_FALSE(state.snapshot().seconds_since_progress.has_value());
 
-  // Work begins now: the idle hour does not count against it.
+  // A task preparing its pages is not an engine call: never a stall.
   state.set_tasks({0, 1, 0, 0}, "");
+  fake.advance(std::chrono::hours(1));
+  EXPECT_TRUE(state.snapshot().healthy);
+  EXPECT_FALSE(state.snapshot().seconds_since_progress.has_value());
+
+  // An engine call begins now: the idle hours do not count against it.
   state.engine_call_started();
   fake.advance(std::chrono::seconds(200));
   state.progress();  // one request answered
@@ -273,7 +278,7 @@ TEST(WorkerState, ZeroStallDisablesTheWatchdog) {
   FakeClock fake;
   WorkerState state(options(60, 0), fake.clock());
   state.set_service(service());
-  state.set_tasks({0, 3, 0, 0}, "");
+  state.engine_call_started();
   fake.advance(std::chrono::hours(24));
   EXPECT_TRUE(state.snapshot().healthy);
 }

@@ -10,8 +10,9 @@
 //   if (now.phase == mineru_health::HealthPhase::kLoopHung) { /* 503 */ }
 //
 // Busy is not broken: a loop blocked for less than `loop_hang` only shows as
-// lag; an engine counts as stalled only when work is in progress and nothing
-// completed for `stall`. A fatal record is sticky until reset().
+// lag; an engine counts as stalled only when engine calls are in flight and
+// none of them (nor any single engine request) completed for `stall`. A fatal
+// record is sticky until reset().
 //
 // Thread-safety: every method may be called from any thread at once.
 #ifndef MINERU_HEALTH_WORKER_STATE_H_
@@ -104,8 +105,8 @@ struct WorkerSnapshot {
   std::optional<double> loop_lag_s;  // null before the loop's first tick
   bool loop_hung = false;
   std::int64_t engine_calls_in_flight = 0;
-  // Seconds since the last completed engine call or task while work is in
-  // progress; null while idle.
+  // Seconds since the last completed engine call or request while engine
+  // calls are in flight; null while none is.
   std::optional<double> seconds_since_progress;
   TaskCounts tasks;
   std::optional<ServiceInfo> service;
