@@ -9,7 +9,7 @@ MINERU_VERSION="${MINERU_VERSION:-3.4.4}"
 PYTHON="${PYTHON:-python3.11}"
 
 apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
-              nlohmann-json3-dev libgtest-dev clang-format ninja-build
+              nlohmann-json3-dev libmicrohttpd-dev libgtest-dev clang-format ninja-build
               clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${apt_packages[@]}"; do

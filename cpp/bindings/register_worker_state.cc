@@ -1,9 +1,12 @@
-// Binds worker_state.h: the process-wide fatal record. Type conversion only.
+// Binds worker_state.h: the worker's fatal record, loop lag, engine progress
+// and task figures. Type conversion only.
 #include <pybind11/chrono.h>
+#include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -15,36 +18,123 @@ namespace py = pybind11;
 namespace mineru_health::bindings {
 
 void register_worker_state(py::module_& m) {
+  py::native_enum<HealthPhase>(m, "HealthPhase", "enum.Enum",
+                               "What a worker's /health says.")
+      .value("STARTING", HealthPhase::kStarting)
+      .value("HEALTHY", HealthPhase::kHealthy)
+      .value("UNHEALTHY", HealthPhase::kUnhealthy)
+      .value("LOOP_HUNG", HealthPhase::kLoopHung)
+      .value("FATAL", HealthPhase::kFatal)
+      .finalize();
+  m.def("to_string", py::overload_cast<HealthPhase>(&to_string),
+        py::arg("value"));
+
   py::class_<FatalRecord>(m, "FatalRecord",
                           "One fatal failure as recorded by the worker.")
       .def(py::init([](std::string error, std::string rule_id,
-                       std::string category, double unix_time) {
+                       std::string category, double unix_time,
+                       std::string exception_type) {
              return FatalRecord{std::move(error), std::move(rule_id),
-                                std::move(category), unix_time};
+                                std::move(category), unix_time,
+                                std::move(exception_type)};
            }),
            py::arg("error"), py::arg("rule_id"), py::arg("category"),
-           py::arg("unix_time"))
+           py::arg("unix_time"), py::arg("exception_type") = "")
       .def_readonly("error", &FatalRecord::error)
       .def_readonly("rule_id", &FatalRecord::rule_id)
       .def_readonly("category", &FatalRecord::category)
-      .def_readonly("unix_time", &FatalRecord::unix_time);
+      .def_readonly("unix_time", &FatalRecord::unix_time)
+      .def_readonly("exception_type", &FatalRecord::exception_type);
+
+  py::class_<TaskCounts>(m, "TaskCounts", "MinerU's task figures.")
+      .def(py::init([](std::int64_t queued, std::int64_t processing,
+                       std::int64_t completed, std::int64_t failed) {
+             return TaskCounts{queued, processing, completed, failed};
+           }),
+           py::arg("queued"), py::arg("processing"), py::arg("completed"),
+           py::arg("failed"))
+      .def_readonly("queued", &TaskCounts::queued)
+      .def_readonly("processing", &TaskCounts::processing)
+      .def_readonly("completed", &TaskCounts::completed)
+      .def_readonly("failed", &TaskCounts::failed);
+
+  py::class_<ServiceInfo>(m, "ServiceInfo",
+                          "The static part of MinerU's /health body.")
+      .def(py::init([](std::string version, std::int64_t protocol_version,
+                       std::int64_t max_concurrent_requests,
+                       std::int64_t processing_window_size,
+                       std::int64_t task_retention_seconds,
+                       std::int64_t task_cleanup_interval_seconds) {
+             return ServiceInfo{
+                 std::move(version),      protocol_version,
+                 max_concurrent_requests, processing_window_size,
+                 task_retention_seconds,  task_cleanup_interval_seconds};
+           }),
+           py::arg("version"), py::arg("protocol_version"),
+           py::arg("max_concurrent_requests"),
+           py::arg("processing_window_size"), py::arg("task_retention_seconds"),
+           py::arg("task_cleanup_interval_seconds"))
+      .def_readonly("version", &ServiceInfo::version)
+      .def_readonly("protocol_version", &ServiceInfo::protocol_version)
+      .def_readonly("max_concurrent_requests",
+                    &ServiceInfo::max_concurrent_requests)
+      .def_readonly("processing_window_size",
+                    &ServiceInfo::processing_window_size)
+      .def_readonly("task_retention_seconds",
+                    &ServiceInfo::task_retention_seconds)
+      .def_readonly("task_cleanup_interval_seconds",
+                    &ServiceInfo::task_cleanup_interval_seconds);
+
+  py::class_<WorkerStateOptions>(m, "WorkerStateOptions")
+      .def(py::init<>())
+      .def_readwrite("loop_hang", &WorkerStateOptions::loop_hang)
+      .def_readwrite("stall", &WorkerStateOptions::stall)
+      .def_readwrite("error_budget", &WorkerStateOptions::error_budget)
+      .def_readwrite("error_budget_window",
+                     &WorkerStateOptions::error_budget_window);
 
   py::class_<WorkerSnapshot>(m, "WorkerSnapshot",
-                             "A consistent copy of the worker state.")
+                             "Everything /health reports, at one instant.")
+      .def_readonly("phase", &WorkerSnapshot::phase)
       .def_readonly("healthy", &WorkerSnapshot::healthy)
       .def_readonly("fatal_count", &WorkerSnapshot::fatal_count)
       .def_readonly("task_local_count", &WorkerSnapshot::task_local_count)
+      .def_readonly("ambiguous_count", &WorkerSnapshot::ambiguous_count)
       .def_readonly("first_fatal", &WorkerSnapshot::first_fatal)
-      .def_readonly("last_fatal", &WorkerSnapshot::last_fatal);
+      .def_readonly("last_fatal", &WorkerSnapshot::last_fatal)
+      .def_readonly("loop_lag_s", &WorkerSnapshot::loop_lag_s)
+      .def_readonly("loop_hung", &WorkerSnapshot::loop_hung)
+      .def_readonly("engine_calls_in_flight",
+                    &WorkerSnapshot::engine_calls_in_flight)
+      .def_readonly("seconds_since_progress",
+                    &WorkerSnapshot::seconds_since_progress)
+      .def_readonly("tasks", &WorkerSnapshot::tasks)
+      .def_readonly("service", &WorkerSnapshot::service)
+      .def_readonly("manager_error", &WorkerSnapshot::manager_error)
+      .def_readonly("loop_hang_s", &WorkerSnapshot::loop_hang_s)
+      .def_readonly("stall_s", &WorkerSnapshot::stall_s);
 
-  py::class_<WorkerState>(m, "WorkerState",
-                          "Thread-safe: every method may be called at once.")
-      .def(py::init<>())
+  py::class_<WorkerState, std::shared_ptr<WorkerState>>(
+      m, "WorkerState", "Thread-safe: every method may be called at once.")
+      .def(py::init([](const WorkerStateOptions& options) {
+             return std::make_shared<WorkerState>(options);
+           }),
+           py::arg("options") = WorkerStateOptions{})
       .def("record_fatal", &WorkerState::record_fatal, py::arg("record"))
       .def("record_task_local", &WorkerState::record_task_local)
+      .def("record_ambiguous", &WorkerState::record_ambiguous,
+           py::arg("record"))
+      .def("loop_tick", &WorkerState::loop_tick)
+      .def("engine_call_started", &WorkerState::engine_call_started)
+      .def("engine_call_finished", &WorkerState::engine_call_finished)
+      .def("progress", &WorkerState::progress)
+      .def("set_tasks", &WorkerState::set_tasks, py::arg("tasks"),
+           py::arg("manager_error"))
+      .def("set_service", &WorkerState::set_service, py::arg("service"))
       .def("healthy", &WorkerState::healthy)
       .def("snapshot", &WorkerState::snapshot)
       .def("reset", &WorkerState::reset)
+      .def_property_readonly("options", &WorkerState::options)
       // The timeout is converted before the guard releases the GIL, so the
       // wait blocks no other Python thread.
       .def("wait_until_unhealthy", &WorkerState::wait_until_unhealthy,

@@ -1,5 +1,6 @@
-// WorkerState tests. Nothing here sleeps to wait for logic: waits either
-// time out on a short bound or are released by another thread's action.
+// WorkerState tests. Nothing here sleeps to wait for logic: the watchdogs
+// run on a fake clock, and waits either time out on a short bound or are
+// released by another thread's action.
 #include "mineru_health/worker_state.h"
 
 #include <gtest/gtest.h>
@@ -16,14 +17,39 @@ namespace {
 using std::chrono::milliseconds;
 
 FatalRecord record(const char* error, double when) {
-  return FatalRecord{error, "vllm.engine_dead", "engine_dead", when};
+  return FatalRecord{error, "vllm.engine_dead", "engine_dead", when,
+                     "vllm.v1.engine.exceptions.EngineDeadError"};
 }
+
+// A steady clock that only moves when told, and a fixed wall clock.
+class FakeClock {
+ public:
+  WorkerClock clock() {
+    return WorkerClock{[this] { return now_; }, [] { return 1700000000.0; }};
+  }
+  void advance(std::chrono::nanoseconds d) { now_ += d; }
+
+ private:
+  SteadyTime now_ = SteadyTime{} + std::chrono::hours(1);
+};
+
+WorkerStateOptions options(int hang_s, int stall_s) {
+  WorkerStateOptions o;
+  o.loop_hang = std::chrono::seconds(hang_s);
+  o.stall = std::chrono::seconds(stall_s);
+  return o;
+}
+
+ServiceInfo service() { return ServiceInfo{"3.4.4", 2, 3, 64, 86400, 300}; }
 
 TEST(WorkerState, StartsHealthy) {
   WorkerState state;
   EXPECT_TRUE(state.healthy());
   WorkerSnapshot snap = state.snapshot();
   EXPECT_TRUE(snap.healthy);
+  EXPECT_EQ(snap.phase, HealthPhase::kStarting);  // no service reported yet
+  EXPECT_FALSE(snap.loop_lag_s.has_value());
+  EXPECT_FALSE(snap.seconds_since_progress.has_value());
   EXPECT_EQ(snap.fatal_count, 0u);
   EXPECT_EQ(snap.task_local_count, 0u);
   EXPECT_FALSE(snap.first_fatal.has_value());
@@ -140,6 +166,182 @@ TEST(WorkerState, ConcurrentRecordsAreCounted) {
   EXPECT_EQ(unhealthy_seen_early.load(), 0);  // snapshots are consistent
   ASSERT_TRUE(snap.first_fatal.has_value());
   ASSERT_TRUE(snap.last_fatal.has_value());
+}
+
+TEST(WorkerState, PhaseFollowsServiceManagerAndFatal) {
+  FakeClock fake;
+  WorkerState state(options(60, 300), fake.clock());
+  EXPECT_EQ(state.snapshot().phase, HealthPhase::kStarting);
+  state.set_service(service());
+  EXPECT_EQ(state.snapshot().phase, HealthPhase::kHealthy);
+  state.set_tasks({1, 0, 5, 2}, "Task dispatcher is not running");
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_EQ(snap.phase, HealthPhase::kUnhealthy);
+  EXPECT_EQ(snap.tasks.completed, 5);
+  EXPECT_EQ(snap.manager_error, "Task dispatcher is not running");
+  state.set_tasks({1, 0, 5, 2}, "");
+  EXPECT_EQ(state.snapshot().phase, HealthPhase::kHealthy);
+  EXPECT_TRUE(state.record_fatal(record("EngineDeadError", 1)));
+  EXPECT_FALSE(state.record_fatal(record("again", 2)));  // not the first
+  EXPECT_EQ(state.snapshot().phase, HealthPhase::kFatal);
+}
+
+TEST(WorkerState, LoopLagIsBusyUntilTheHangLimit) {
+  FakeClock fake;
+  WorkerState state(options(60, 300), fake.clock());
+  state.set_service(service());
+  state.loop_tick();
+  fake.advance(std::chrono::milliseconds(250));
+  WorkerSnapshot snap = state.snapshot();
+  ASSERT_TRUE(snap.loop_lag_s.has_value());
+  EXPECT_DOUBLE_EQ(*snap.loop_lag_s, 0.25);
+  EXPECT_EQ(snap.phase, HealthPhase::kHealthy);
+
+  // Blocked for the whole limit: still busy, not hung.
+  fake.advance(std::chrono::seconds(60) - std::chrono::milliseconds(250));
+  snap = state.snapshot();
+  EXPECT_FALSE(snap.loop_hung);
+  EXPECT_EQ(snap.phase, HealthPhase::kHealthy);
+
+  fake.advance(std::chrono::milliseconds(1));
+  snap = state.snapshot();
+  EXPECT_TRUE(snap.loop_hung);
+  EXPECT_EQ(snap.phase, HealthPhase::kLoopHung);
+  EXPECT_TRUE(snap.healthy);  // a hung loop records nothing: it may resume
+
+  state.loop_tick();
+  snap = state.snapshot();
+  EXPECT_FALSE(snap.loop_hung);
+  EXPECT_EQ(snap.phase, HealthPhase::kHealthy);
+}
+
+TEST(WorkerState, StallNeedsEngineCallsInFlightAndNoProgress) {
+  FakeClock fake;
+  WorkerState state(options(60, 300), fake.clock());
+  state.set_service(service());
+  // Idle for an hour: an idle worker is never stalled.
+  fake.advance(std::chrono::hours(1));
+  EXPECT_EQ(state.snapshot().phase, HealthPhase::kHealthy);
+  EXPECT_FALSE(state.snapshot().seconds_since_progress.has_value());
+
+  // A task preparing its pages is not an engine call: never a stall.
+  state.set_tasks({0, 1, 0, 0}, "");
+  fake.advance(std::chrono::hours(1));
+  EXPECT_TRUE(state.snapshot().healthy);
+  EXPECT_FALSE(state.snapshot().seconds_since_progress.has_value());
+
+  // An engine call begins now: the idle hours do not count against it.
+  state.engine_call_started();
+  fake.advance(std::chrono::seconds(200));
+  state.progress();  // one request answered
+  fake.advance(std::chrono::seconds(299));
+  WorkerSnapshot snap = state.snapshot();
+  ASSERT_TRUE(snap.seconds_since_progress.has_value());
+  EXPECT_DOUBLE_EQ(*snap.seconds_since_progress, 299.0);
+  EXPECT_EQ(snap.engine_calls_in_flight, 1);
+  EXPECT_TRUE(snap.healthy);
+
+  fake.advance(std::chrono::seconds(2));
+  snap = state.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  EXPECT_EQ(snap.phase, HealthPhase::kFatal);
+  ASSERT_TRUE(snap.first_fatal.has_value());
+  EXPECT_EQ(snap.first_fatal->category, kStallCategory);
+  EXPECT_EQ(snap.first_fatal->rule_id, kStallRule);
+  EXPECT_DOUBLE_EQ(snap.first_fatal->unix_time, 1700000000.0);
+  EXPECT_TRUE(state.wait_until_unhealthy(milliseconds(0)));
+  // Evaluated again: recorded once.
+  EXPECT_EQ(state.snapshot().fatal_count, 1u);
+}
+
+TEST(WorkerState, EngineCallsAloneCountAsWork) {
+  FakeClock fake;
+  WorkerState state(options(60, 10), fake.clock());
+  state.set_service(service());
+  state.engine_call_started();
+  state.engine_call_started();
+  fake.advance(std::chrono::seconds(8));
+  state.engine_call_finished();  // progress, one still in flight
+  fake.advance(std::chrono::seconds(8));
+  EXPECT_TRUE(state.snapshot().healthy);
+  state.engine_call_finished();
+  fake.advance(std::chrono::hours(1));  // idle again
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_TRUE(snap.healthy);
+  EXPECT_EQ(snap.engine_calls_in_flight, 0);
+  // An unmatched finish never goes negative.
+  state.engine_call_finished();
+  EXPECT_EQ(state.snapshot().engine_calls_in_flight, 0);
+}
+
+TEST(WorkerState, ZeroStallDisablesTheWatchdog) {
+  FakeClock fake;
+  WorkerState state(options(60, 0), fake.clock());
+  state.set_service(service());
+  state.engine_call_started();
+  fake.advance(std::chrono::hours(24));
+  EXPECT_TRUE(state.snapshot().healthy);
+}
+
+TEST(WorkerState, AmbiguousErrorsEscalateWithinTheWindow) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.error_budget = 3;
+  o.error_budget_window = std::chrono::seconds(60);
+  WorkerState state(o, fake.clock());
+  const FatalRecord oom{"OutOfMemoryError: CUDA out of memory", "cuda.oom",
+                        "cuda_oom", 5, "torch.OutOfMemoryError"};
+  EXPECT_FALSE(state.record_ambiguous(oom));
+  fake.advance(std::chrono::seconds(50));
+  EXPECT_FALSE(state.record_ambiguous(oom));
+  fake.advance(std::chrono::seconds(20));  // the first one left the window
+  EXPECT_FALSE(state.record_ambiguous(oom));
+  EXPECT_TRUE(state.healthy());
+  fake.advance(std::chrono::seconds(5));
+  EXPECT_TRUE(state.record_ambiguous(oom));  // three within 60 s
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  EXPECT_EQ(snap.ambiguous_count, 4u);
+  ASSERT_TRUE(snap.first_fatal.has_value());
+  EXPECT_EQ(snap.first_fatal->category, kBudgetCategory);
+  EXPECT_EQ(snap.first_fatal->exception_type, "torch.OutOfMemoryError");
+  EXPECT_NE(snap.first_fatal->error.find("CUDA out of memory"),
+            std::string::npos);
+  EXPECT_FALSE(state.record_ambiguous(oom));  // already fatal
+}
+
+TEST(WorkerState, ZeroBudgetNeverEscalates) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.error_budget = 0;
+  WorkerState state(o, fake.clock());
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(state.record_ambiguous({}));
+  EXPECT_TRUE(state.healthy());
+}
+
+TEST(WorkerState, TicksFromManyThreadsWhileReading) {
+  WorkerState state;
+  state.set_service(service());
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    for (int i = 0; i < 20000 && !stop.load(); ++i) state.loop_tick();
+  });
+  for (int i = 0; i < 2000; ++i) {
+    WorkerSnapshot snap = state.snapshot();
+    if (snap.loop_lag_s) {
+      EXPECT_GE(*snap.loop_lag_s, 0.0);
+    }
+  }
+  stop = true;
+  ticker.join();
+}
+
+TEST(HealthPhase, Names) {
+  EXPECT_STREQ(to_string(HealthPhase::kStarting), "starting");
+  EXPECT_STREQ(to_string(HealthPhase::kHealthy), "healthy");
+  EXPECT_STREQ(to_string(HealthPhase::kUnhealthy), "unhealthy");
+  EXPECT_STREQ(to_string(HealthPhase::kLoopHung), "loop_hung");
+  EXPECT_STREQ(to_string(HealthPhase::kFatal), "fatal");
 }
 
 }  // namespace

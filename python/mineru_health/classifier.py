@@ -91,6 +91,7 @@ class Verdict:
     frame_index: int
     excerpt: str
     frame: Frame | None
+    ambiguous: bool = False
 
     @property
     def kind(self) -> Literal["fatal", "task_local"]:
@@ -250,7 +251,8 @@ def reload_rules(path: str | os.PathLike[str] | None = None) -> Rules:
     return fresh
 
 
-def classify(exc: BaseException, *, rules: Rules | None = None) -> Verdict:
+def classify(exc: BaseException, *, rules: Rules | None = None,
+             remote_engine: bool = False) -> Verdict:
     """Classifies ``exc`` and its whole chain (causes, contexts, group members)."""
     return (rules if rules is not None else default_rules()).classify(exc)
 

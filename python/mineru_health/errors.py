@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "HealthEndpointError",
     "MineruHealthError",
     "PatchError",
     "RulesError",
@@ -30,6 +31,10 @@ class RulesError(ConfigError):
                  errors: list[str] | None = None) -> None:
         super().__init__(message, variable=variable)
         self.errors = list(errors or [])
+
+
+class HealthEndpointError(MineruHealthError):
+    """The native health endpoint could not be served (address in use, bad address)."""
 
 
 class PatchError(MineruHealthError):

@@ -1,28 +1,46 @@
-"""Whether this worker's inference engine is still usable.
+"""Whether this worker can still serve, and the native endpoint that says so.
 
-    >>> health = WorkerHealth()
-    >>> verdict = health.record(exc)     # classifies, then records fatal or task-local
-    >>> health.healthy
-    False
+    >>> health = WorkerHealth(loop_hang_s=60.0, stall_s=300.0)
+    >>> outcome = health.record(exc)      # classifies, then records the outcome
+    >>> outcome.fatal, health.healthy
+    (True, False)
+    >>> endpoint = HealthEndpoint.start(health, port=9123)   # /health, /livez, /readyz
 
-The state lives in the native core so that a watcher thread can block in
-:meth:`WorkerHealth.wait_until_unhealthy` without holding the GIL.
+The state lives in the native core: the fatal record, the event loop's last
+tick, engine calls in flight and the last progress, MinerU's task figures.
+The endpoint answers from it on a native thread, so a worker whose event loop
+is busy (MinerU blocks it for seconds under load) answers at once, and a
+watcher thread can block in :meth:`WorkerHealth.wait_until_unhealthy`
+without holding the GIL.
 
 Thread-safety: every method may be called from any thread at once.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Self
 
 from . import _native
 from .classifier import Rules, Verdict, classify
+from .errors import HealthEndpointError
 
-__all__ = ["FatalInfo", "HealthSnapshot", "WorkerHealth", "describe_exception", "worker_health"]
+__all__ = [
+    "FatalInfo",
+    "HealthEndpoint",
+    "HealthSnapshot",
+    "Recorded",
+    "WorkerHealth",
+    "configure_worker_health",
+    "describe_exception",
+    "exception_type_name",
+    "worker_health",
+]
 
-#: Cap on the error text kept for /health; the full traceback goes to the log.
+#: Cap on the error text kept natively; the full traceback goes to the log.
 MAX_ERROR_CHARS = 2000
 
 
@@ -35,18 +53,31 @@ def describe_exception(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return _clean(text)
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """``module.Type`` of ``exc`` (just ``Type`` for builtins): safe to publish."""
+    cls = type(exc)
+    module = getattr(cls, "__module__", "") or ""
+    name = getattr(cls, "__qualname__", cls.__name__)
+    return name if module in ("", "builtins") else f"{module}.{name}"
+
+
+def _clean(text: str) -> str:
     # JSON and the native side want valid UTF-8: lone surrogates become U+FFFD.
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
 class FatalInfo:
-    """One recorded fatal failure."""
+    """One recorded fatal failure. ``error`` may quote a user's document."""
 
     error: str
     rule: str
     category: str
     unix_time: float
+    exception_type: str = ""
 
     @property
     def since(self) -> str:
@@ -57,80 +88,187 @@ class FatalInfo:
     def _from_native(cls, record: _native.FatalRecord | None) -> FatalInfo | None:
         if record is None:
             return None
-        return cls(record.error, record.rule_id, record.category, record.unix_time)
+        return cls(record.error, record.rule_id, record.category, record.unix_time,
+                   record.exception_type)
 
 
 @dataclass(frozen=True, slots=True)
 class HealthSnapshot:
-    """A consistent copy of the worker state."""
+    """A consistent copy of the worker state, evaluated at one instant.
 
+    ``phase`` is ``starting``, ``healthy`` (busy included), ``unhealthy``
+    (MinerU's own task manager says so), ``loop_hung`` or ``fatal``.
+    """
+
+    phase: str
     healthy: bool
     fatal_count: int
     task_local_count: int
+    ambiguous_count: int
     first_fatal: FatalInfo | None
     last_fatal: FatalInfo | None
+    loop_lag_s: float | None
+    loop_hung: bool
+    engine_calls_in_flight: int
+    seconds_since_progress: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What :meth:`WorkerHealth.record` decided for one failure.
+
+    ``fatal`` is true when the worker is now unusable because of this failure
+    (a fatal verdict, or an ambiguous one that exhausted the error budget);
+    ``first`` when this failure is the one that made it so.
+    """
+
+    verdict: Verdict
+    fatal: bool
+    first: bool
+    rule: str
+    category: str
 
 
 class WorkerHealth:
-    """The worker's fatal record: healthy until a fatal failure, then unhealthy until reset."""
+    """The worker's health record: healthy until a fatal failure, then unhealthy until reset.
+
+    ``loop_hang_s``: a loop blocked longer is hung (503); shorter blocks are
+    busy. ``stall_s``: work in progress with no engine progress for longer is
+    a stalled engine (fatal; 0 disables). ``error_budget`` ambiguous device
+    errors within ``error_budget_window_s`` are fatal (0 disables).
+    """
 
     __slots__ = ("_state",)
 
-    def __init__(self) -> None:
-        self._state = _native.WorkerState()
+    def __init__(
+        self,
+        *,
+        loop_hang_s: float = 60.0,
+        stall_s: float = 300.0,
+        error_budget: int = 3,
+        error_budget_window_s: float = 60.0,
+    ) -> None:
+        options = _native.WorkerStateOptions()
+        options.loop_hang = loop_hang_s
+        options.stall = stall_s
+        options.error_budget = error_budget
+        options.error_budget_window = error_budget_window_s
+        self._state = _native.WorkerState(options)
+
+    @property
+    def native(self) -> _native.WorkerState:
+        """The native state (for the endpoint, which shares it)."""
+        return self._state
 
     @property
     def healthy(self) -> bool:
+        """False once a fatal failure was recorded (a busy or hung loop is not one)."""
         return self._state.healthy()
 
     def snapshot(self) -> HealthSnapshot:
         snap = self._state.snapshot()
         return HealthSnapshot(
+            phase=_native.to_string(snap.phase),
             healthy=snap.healthy,
             fatal_count=snap.fatal_count,
             task_local_count=snap.task_local_count,
+            ambiguous_count=snap.ambiguous_count,
             first_fatal=FatalInfo._from_native(snap.first_fatal),
             last_fatal=FatalInfo._from_native(snap.last_fatal),
+            loop_lag_s=snap.loop_lag_s,
+            loop_hung=snap.loop_hung,
+            engine_calls_in_flight=snap.engine_calls_in_flight,
+            seconds_since_progress=snap.seconds_since_progress,
         )
 
+    def answer(self, path: str = "/health", *, expose_errors: bool = False) -> tuple[int, bytes]:
+        """(status, JSON body) exactly as the native endpoint answers ``path`` now."""
+        answer = _native.health_answer(path, self._state.snapshot(), expose_errors)
+        return answer.status, answer.body.encode("utf-8")
+
+    def body(self, path: str = "/health", *, expose_errors: bool = False) -> dict[str, Any]:
+        """The answer's JSON body as a dict."""
+        body: dict[str, Any] = json.loads(self.answer(path, expose_errors=expose_errors)[1])
+        return body
+
+    # -- failures ----------------------------------------------------------------
     def record(
         self,
-        failure: BaseException | Verdict,
+        failure: BaseException,
         *,
-        error: str | None = None,
         rules: Rules | None = None,
+        remote_engine: bool = False,
         unix_time: float | None = None,
-    ) -> Verdict:
-        """Classifies ``failure`` (unless it is already a verdict) and records the outcome.
-
-        ``error`` is the text kept for /health; by default the exception's
-        ``"Type: message"``, or the verdict's excerpt.
-        """
-        if isinstance(failure, Verdict):
-            verdict = failure
-            text = error if error is not None else verdict.excerpt
-        else:
-            verdict = classify(failure, rules=rules)
-            text = error if error is not None else describe_exception(failure)
-        if verdict.fatal:
-            self.record_fatal(text, rule=verdict.rule, category=verdict.category,
-                              unix_time=unix_time)
-        else:
-            self._state.record_task_local()
-        return verdict
-
-    def record_fatal(self, error: str, *, rule: str, category: str,
-                     unix_time: float | None = None) -> None:
-        """Records a fatal failure decided elsewhere (e.g. a liveness check)."""
+    ) -> Recorded:
+        """Classifies ``failure`` (its whole chain) and records the outcome."""
+        verdict = classify(failure, rules=rules, remote_engine=remote_engine)
+        error = describe_exception(failure)
+        exc_type = exception_type_name(failure)
         when = time.time() if unix_time is None else unix_time
-        clean = error.encode("utf-8", "replace").decode("utf-8")
-        self._state.record_fatal(_native.FatalRecord(clean, rule, category, when))
+        if verdict.fatal:
+            first = self._state.record_fatal(
+                _native.FatalRecord(error, verdict.rule, verdict.category, when, exc_type)
+            )
+            return Recorded(verdict, True, first, verdict.rule, verdict.category)
+        if verdict.ambiguous:
+            record = _native.FatalRecord(error, verdict.rule, verdict.category, when, exc_type)
+            if self._state.record_ambiguous(record):
+                budget = self._state.snapshot().first_fatal
+                assert budget is not None
+                return Recorded(verdict, True, True, budget.rule_id, budget.category)
+            return Recorded(verdict, False, False, verdict.rule, verdict.category)
+        self._state.record_task_local()
+        return Recorded(verdict, False, False, verdict.rule, verdict.category)
+
+    def record_fatal(
+        self,
+        error: str,
+        *,
+        rule: str,
+        category: str,
+        exception_type: str = "",
+        unix_time: float | None = None,
+    ) -> bool:
+        """Records a fatal failure decided elsewhere (a liveness check...); True if first."""
+        when = time.time() if unix_time is None else unix_time
+        record = _native.FatalRecord(_clean(error), rule, category, when, exception_type)
+        return self._state.record_fatal(record)
 
     def record_task_local(self) -> None:
         self._state.record_task_local()
 
+    # -- progress and figures (cheap: called from the event loop) -----------------
+    def loop_tick(self) -> None:
+        """The event loop is alive (called every 100 ms by a callback it runs)."""
+        self._state.loop_tick()
+
+    def engine_call_started(self) -> None:
+        self._state.engine_call_started()
+
+    def engine_call_finished(self) -> None:
+        self._state.engine_call_finished()
+
+    def progress(self) -> None:
+        """One engine request answered, or a task finished."""
+        self._state.progress()
+
+    def set_tasks(self, queued: int, processing: int, completed: int, failed: int,
+                  manager_error: str = "") -> None:
+        self._state.set_tasks(
+            _native.TaskCounts(queued, processing, completed, failed), _clean(manager_error)
+        )
+
+    def set_service(self, *, version: str, protocol_version: int, max_concurrent_requests: int,
+                    processing_window_size: int, task_retention_seconds: int,
+                    task_cleanup_interval_seconds: int) -> None:
+        self._state.set_service(
+            _native.ServiceInfo(version, protocol_version, max_concurrent_requests,
+                                processing_window_size, task_retention_seconds,
+                                task_cleanup_interval_seconds)
+        )
+
     def reset(self) -> None:
-        """Back to healthy with zero counters."""
+        """Back to starting with zero counters."""
         self._state.reset()
 
     def wait_until_unhealthy(self, timeout: float) -> bool:
@@ -140,13 +278,74 @@ class WorkerHealth:
     def __repr__(self) -> str:
         snap = self.snapshot()
         if snap.healthy:
-            return f"WorkerHealth(healthy, task_local_failures={snap.task_local_count})"
+            return (f"WorkerHealth({snap.phase}, loop_lag_s={snap.loop_lag_s}, "
+                    f"task_local_failures={snap.task_local_count})")
         first = snap.first_fatal
         assert first is not None
         return (
             f"WorkerHealth(unhealthy since {first.since}, rule={first.rule!r}, "
-            f"fatal_failures={snap.fatal_count})"
+            f"category={first.category!r}, fatal_failures={snap.fatal_count})"
         )
+
+
+class HealthEndpoint:
+    """The native ``/health``, ``/livez`` and ``/readyz`` of a worker, on a port of its own.
+
+    Served by a libmicrohttpd thread from the native state alone (never the
+    GIL or the event loop); bounded connections, idle timeout, small request
+    budget. Loopback by default.
+    """
+
+    __slots__ = ("_server",)
+
+    def __init__(self, server: _native.HealthServer) -> None:
+        self._server = server
+
+    @classmethod
+    def start(
+        cls,
+        health: WorkerHealth,
+        *,
+        port: int = 0,
+        bind: str = "127.0.0.1",
+        expose_errors: bool = False,
+    ) -> HealthEndpoint:
+        """Binds ``bind:port`` (0: ephemeral) and serves; raises :class:`HealthEndpointError`."""
+        options = _native.HealthServerOptions()
+        options.bind_address = bind
+        options.port = port
+        options.expose_errors = expose_errors
+        server, error = _native.HealthServer.start(health.native, options)
+        if server is None:
+            raise HealthEndpointError(error)
+        return cls(server)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.port)
+
+    @property
+    def bind_address(self) -> str:
+        return str(self._server.bind_address)
+
+    @property
+    def url(self) -> str:
+        host = self.bind_address
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"HealthEndpoint({self.url})"
 
 
 _process_health = WorkerHealth()
@@ -155,3 +354,10 @@ _process_health = WorkerHealth()
 def worker_health() -> WorkerHealth:
     """The process-wide instance the worker integration records into."""
     return _process_health
+
+
+def configure_worker_health(health: WorkerHealth) -> WorkerHealth:
+    """Makes ``health`` the process-wide instance (the worker integration, at start-up)."""
+    global _process_health
+    _process_health = health
+    return health

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, http_get, run_cli, wait_until
+from conftest import ManagedProcess, free_port, http_get, run_cli, wait_until
 from mineru_health.testing.faults import write_plan
 
 pytestmark = pytest.mark.integration
@@ -84,9 +84,11 @@ def test_engine_death_end_to_end(
     tmp_path: Path,
 ) -> None:
     plan = tmp_path / "fault-plan"
+    health_port = free_port()
     proc = mineru_api_factory(
         patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_API_MAX_CONCURRENT_REQUESTS": "1"},
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_API_MAX_CONCURRENT_REQUESTS": "1",
+             "MINERU_HEALTH_PORT": str(health_port)},
     )
     health = _health(proc)
     assert health.status_code == 200
@@ -118,19 +120,33 @@ def test_engine_death_end_to_end(
     statuses = [f["status"] for f in finals]
     assert "pending" not in statuses and "processing" not in statuses
     assert statuses.count("completed") <= 1  # only the call already in flight may finish
-    engine_errors = [f for f in finals if "EngineDeadError" in (f["error"] or "")]
-    assert engine_errors, (finals, proc.log_tail())
-    for final in finals:
-        if final["status"] == "failed":
-            assert "EngineDeadError" in final["error"]
+    failed = [f for f in finals if f["status"] == "failed"]
+    assert failed, (finals, proc.log_tail())
+    # One trigger (its own exception was the engine death), the others collateral:
+    # a generic error that names the rule, never another task's text.
+    triggers = [f for f in failed if f["verdict"]["role"] == "trigger"]
+    assert len(triggers) == 1, finals
+    assert "EngineCore encountered an issue" in triggers[0]["error"]  # its own text
+    assert triggers[0]["verdict"]["fatal"] is True
+    for final in failed:
+        assert final["engine_dead"] is True and final["verdict"]["engine_dead"] is True
+        if final is not triggers[0]:
+            assert final["verdict"]["role"] == "collateral"
+            assert "EngineCore" not in final["error"]
+            assert final["verdict"]["rule"] in final["error"]
     # The last two never reached the engine: failed while queued.
     assert finals[-1]["started_at"] is None
-    assert "inference engine of this worker died" in finals[-1]["error"]
+    assert "inference engine of this worker became unusable" in finals[-1]["error"]
 
     health = _health(proc)
     assert health.status_code == 503
     _assert_engine_dead_body(health.json())
-    assert "EngineDeadError" in health.json()["error"]
+    assert health.json()["exception_type"] == "vllm.v1.engine.exceptions.EngineDeadError"
+    assert "EngineCore" not in health.json()["error"]  # no task text unless opted in
+    native = http_get(f"http://127.0.0.1:{health_port}/health", 5.0)
+    assert native is not None and native.status_code == 503
+    assert native.json()["rule"] == health.json()["rule"]
+    assert native.json()["since"] == health.json()["since"]
     _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
     assert _status(proc.base_url, ids[0])["task_id"] == ids[0]  # status endpoints still work
     assert proc.poll() is None
@@ -205,7 +221,7 @@ def test_exit_on_fatal(
     write_plan(plan, "engine_dead")
     task_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
     final = _wait_terminal(proc, task_id)
-    assert final["status"] == "failed" and "EngineDeadError" in final["error"]
+    assert final["status"] == "failed" and final["verdict"]["role"] == "trigger"
     during_grace = http_get(f"{proc.base_url}/health", 2.0)
     assert during_grace is None or during_grace.status_code == 503
     assert proc.wait(60.0) == 75, proc.log_tail()
@@ -226,6 +242,93 @@ def test_hang_stops_answering(
     assert wait_until(lambda: http_get(f"{proc.base_url}/health", 1.0) is None, 20.0, 0.1)
     assert wait_until(lambda: (r := http_get(f"{proc.base_url}/health", 2.0)) is not None
                       and r.status_code == 200, 60.0, 0.2), proc.log_tail()
+
+
+def _native_health(port: int) -> httpx.Response | None:
+    return http_get(f"http://127.0.0.1:{port}/health", 5.0)
+
+
+def test_native_endpoint_tells_busy_from_hung(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    port = free_port()
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
+             "MINERU_HEALTH_LOOP_HANG_S": "4"},
+    )
+    assert _health(proc).json()["native_health_port"] == port
+    native = _native_health(port)
+    assert native is not None and native.status_code == 200
+    assert native.json()["loop_hung"] is False and native.json()["loop_lag_s"] < 4
+
+    # Busy: the loop is blocked for less than the hang limit. The main port
+    # answers nothing meanwhile; the native endpoint answers 200 with the lag.
+    write_plan(plan, "hang 3")
+
+    def busy() -> dict[str, Any] | None:
+        answer = _native_health(port)
+        assert answer is not None and answer.status_code == 200, answer
+        body: dict[str, Any] = answer.json()
+        return body if body["loop_lag_s"] >= 1.5 else None
+
+    body = wait_until(busy, 30.0, 0.1)
+    assert body and body["status"] == "healthy" and not body["loop_hung"], proc.log_tail()
+    assert http_get(f"{proc.base_url}/health", 0.5) is None
+    assert wait_until(lambda: _health(proc).status_code == 200, 30.0, 0.2)
+
+    # Hung: blocked past the limit. 503 with loop_hung; healthy again once it resumes.
+    write_plan(plan, "hang 8")
+
+    def hung() -> dict[str, Any] | None:
+        answer = _native_health(port)
+        assert answer is not None, "the native endpoint must answer while the loop is hung"
+        body: dict[str, Any] = answer.json()
+        return body if answer.status_code == 503 else None
+
+    body = wait_until(hung, 30.0, 0.1)
+    assert body and body["loop_hung"] is True and body["engine_dead"] is False, proc.log_tail()
+    live = http_get(f"http://127.0.0.1:{port}/livez", 5.0)
+    assert live is not None and live.status_code == 503
+    assert wait_until(lambda: (r := _native_health(port)) is not None and r.status_code == 200,
+                      30.0, 0.2), proc.log_tail()
+
+
+def test_engine_stall_is_fatal_and_fails_its_tasks(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    port = free_port()
+    stall_s = 4.0
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
+             "MINERU_HEALTH_STALL_S": str(stall_s)},
+    )
+    write_plan(plan, "engine_stall")
+    ids = [_submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"] for _ in range(3)]
+    assert wait_until(lambda: (r := _native_health(port)) is not None
+                      and r.json()["engine_calls_in_flight"] > 0, 60.0, 0.1), proc.log_tail()
+    # 503 within the stall time plus the watcher's second, while the HTTP server stays up.
+    stalled = wait_until(lambda: (r := _native_health(port)) is not None
+                         and r.status_code == 503, stall_s + 30.0, 0.1)
+    assert stalled, proc.log_tail()
+    body = _native_health(port)
+    assert body is not None
+    assert body.json()["category"] == "engine_stalled" and body.json()["engine_dead"] is True
+    finals = [_wait_terminal(proc, task_id) for task_id in ids]
+    assert [f["status"] for f in finals] == ["failed"] * 3, finals
+    for final in finals:
+        assert final["verdict"]["role"] == "collateral"
+        assert final["verdict"]["category"] == "engine_stalled"
+    assert _health(proc).status_code == 503
 
 
 def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:

@@ -84,10 +84,16 @@ def test_worker_probes_follow_the_documented_semantics(workload: dict[str, Any])
     startup = container["startupProbe"]
     readiness = container["readinessProbe"]
     liveness = container["livenessProbe"]
-    port_names = {port["name"] for port in container["ports"]}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    # Every probe asks the native endpoint, never MinerU's (busy) event loop.
+    assert ports["health"] == int(env["MINERU_HEALTH_PORT"])
+    assert env["MINERU_HEALTH_BIND"] == "0.0.0.0"  # the kubelet probes the pod IP
+    assert startup["httpGet"]["path"] == "/readyz"
+    assert readiness["httpGet"]["path"] == "/readyz"
+    assert liveness["httpGet"]["path"] == "/livez"
     for probe in (startup, readiness, liveness):
-        assert probe["httpGet"]["path"] == "/health"
-        assert probe["httpGet"]["port"] in port_names
+        assert probe["httpGet"]["port"] == "health"
         # A probe that may outlast its period overlaps the next one.
         assert probe["timeoutSeconds"] < probe["periodSeconds"]
     # Out of the Service on the first 503, before any restart.
@@ -104,7 +110,8 @@ def test_worker_probes_follow_the_documented_semantics(workload: dict[str, Any])
 
 def test_both_worker_layouts_share_one_pod_spec() -> None:
     api, pool = (containers(doc)[0] for doc in worker_workloads())
-    for key in ("image", "command", "args", "startupProbe", "readinessProbe", "livenessProbe"):
+    for key in ("image", "command", "args", "ports", "env", "startupProbe", "readinessProbe",
+                "livenessProbe"):
         assert api[key] == pool[key], key
 
 
@@ -230,6 +237,8 @@ def test_compose_workers_exit_on_fatal_and_restart_on_exit() -> None:
         assert svc["restart"] == "unless-stopped"
         assert str(svc["environment"]["MINERU_HEALTH_EXIT_ON_FATAL"]) == "1"
         check = svc["healthcheck"]
+        port = str(svc["environment"]["MINERU_HEALTH_PORT"])
+        assert f"127.0.0.1:{port}/livez" in " ".join(check["test"])  # the native endpoint
         seconds = {k: int(str(check[k]).rstrip("s")) for k in ("interval", "timeout")}
         assert seconds["timeout"] < seconds["interval"]
         for volume in svc.get("volumes", []):

@@ -6,7 +6,6 @@ import asyncio
 import sys
 import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mineru_health.testing import faults
@@ -97,25 +96,43 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert injector is not None and injector.hang_s == 7.0
 
 
-def test_install_wraps_the_engine_call_once(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[Any] = []
+def test_plan_words_and_arguments() -> None:
+    assert faults.parse_plan("engine_dead") == ("engine_dead", None)
+    assert faults.parse_plan(" hang 2.5 \n") == ("hang", 2.5)
+    assert faults.parse_plan("hang") == ("hang", None)
+    for bad in ("", "explode", "engine_dead 3", "hang soon", "hang -1", "hang 1e9", "hang 1 2"):
+        assert faults.parse_plan(bad) is None, bad
 
-    class MinerUClient:
-        async def aio_batch_two_step_extract(self, images: list[Any]) -> list[Any]:
-            calls.append(images)
-            return ["ok"]
 
-    fake = types.ModuleType("mineru_vl_utils")
-    fake.MinerUClient = MinerUClient  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "mineru_vl_utils", fake)
+def test_timed_hang_sleeps_for_its_own_time(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
     plan = tmp_path / "plan"
-    injector = FaultInjector(plan)
-    injector.install()
-    injector.install()
-    client = MinerUClient()
-    assert asyncio.run(client.aio_batch_two_step_extract([1])) == ["ok"]
-    write_plan(plan, "engine_dead")
-    with pytest.raises(Exception, match="EngineCore encountered an issue"):
-        asyncio.run(client.aio_batch_two_step_extract([2]))
-    assert calls == [[1]]
+    injector = FaultInjector(plan, hang_s=3600)
+    write_plan(plan, "hang 4")
+    assert injector.poll() == "hang"
+    assert slept == [4.0]
+
+
+def test_engine_stall_never_returns_until_its_bound(tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    injector = FaultInjector(plan, hang_s=0.05)
+    write_plan(plan, "engine_stall")
+    injector.before_engine_call()  # waits hang_s (bounded here), raises nothing
+    assert injector.engine_stall
+
+    async def call() -> None:
+        await injector.before_engine_call_async()
+
+    async def stalled() -> bool:
+        slow = FaultInjector(plan, hang_s=3600)
+        slow.engine_stall = True
+        try:
+            await asyncio.wait_for(slow.before_engine_call_async(), timeout=0.05)
+        except TimeoutError:
+            return True
+        return False
+
+    asyncio.run(call())
+    assert asyncio.run(stalled())

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.request
 from datetime import datetime
 
+import pytest
+from mineru_health.errors import HealthEndpointError
 from mineru_health.testing.faults import make_engine_dead_error
-from mineru_health.worker import WorkerHealth, describe_exception, worker_health
+from mineru_health.worker import HealthEndpoint, WorkerHealth, describe_exception, worker_health
 
 
 def test_starts_healthy() -> None:
@@ -14,7 +18,8 @@ def test_starts_healthy() -> None:
     assert health.healthy
     snap = health.snapshot()
     assert snap.healthy and snap.fatal_count == 0 and snap.first_fatal is None
-    assert "healthy" in repr(health)
+    assert snap.phase == "starting"  # MinerU has not reported its service yet
+    assert "starting" in repr(health)
 
 
 def test_task_local_failures_are_counted_only() -> None:
@@ -53,13 +58,58 @@ def test_first_fatal_is_kept_last_is_updated() -> None:
     assert health.healthy and health.snapshot().fatal_count == 0
 
 
-def test_record_a_verdict_directly() -> None:
+def test_record_says_whether_it_made_the_worker_unhealthy() -> None:
     health = WorkerHealth()
-    verdict = health.record(make_engine_dead_error())
-    other = WorkerHealth()
-    other.record(verdict, error="given text")
-    first = other.snapshot().first_fatal
-    assert first is not None and first.error == "given text"
+    first = health.record(make_engine_dead_error())
+    assert first.fatal and first.first and first.rule == first.verdict.rule
+    again = health.record(make_engine_dead_error())
+    assert again.fatal and not again.first
+    local = health.record(ValueError("corrupt"))
+    assert not local.fatal and not local.first
+    snap = health.snapshot()
+    assert snap.first_fatal is not None
+    assert snap.first_fatal.exception_type == "vllm.v1.engine.exceptions.EngineDeadError"
+
+
+def _serving(health: WorkerHealth) -> None:
+    health.set_service(version="3.4.4", protocol_version=2, max_concurrent_requests=3,
+                       processing_window_size=64, task_retention_seconds=86400,
+                       task_cleanup_interval_seconds=300)
+    health.set_tasks(1, 2, 3, 4)
+    health.loop_tick()
+
+
+def test_answers_are_mineru_bodies_plus_our_fields() -> None:
+    health = WorkerHealth()
+    status, _ = health.answer("/health")
+    assert status == 503  # starting
+    _serving(health)
+    assert health.snapshot().phase == "healthy"
+    body = health.body("/health")
+    assert body["status"] == "healthy"
+    assert (body["queued_tasks"], body["processing_tasks"], body["completed_tasks"],
+            body["failed_tasks"]) == (1, 2, 3, 4)
+    assert body["max_concurrent_requests"] == 3 and body["loop_hung"] is False
+    assert body["engine_calls_in_flight"] == 0 and body["engine_dead"] is False
+    health.record(make_engine_dead_error())
+    assert health.answer("/livez")[0] == 503
+    hidden = health.body("/health")
+    shown = health.body("/health", expose_errors=True)
+    assert "EngineCore" not in hidden["error"] and "EngineCore" in shown["error"]
+
+
+def test_endpoint_serves_the_same_answer_off_the_loop() -> None:
+    health = WorkerHealth()
+    _serving(health)
+    with HealthEndpoint.start(health, port=0) as endpoint:
+        assert endpoint.port > 0 and endpoint.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{endpoint.url}/health", timeout=10) as response:
+            assert response.status == 200
+            assert json.loads(response.read())["status"] == "healthy"
+        with pytest.raises(HealthEndpointError, match=str(endpoint.port)):
+            HealthEndpoint.start(WorkerHealth(), port=endpoint.port)
+    with pytest.raises(HealthEndpointError, match="not an IPv4 or IPv6"):
+        HealthEndpoint.start(health, bind="localhost")
 
 
 def test_lone_surrogates_are_stored_as_valid_text() -> None:

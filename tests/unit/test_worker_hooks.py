@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,7 @@ class _Manager:
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
     worker_health().reset()
+    hooks._runtime.acted_on_fatal = False
     saved_checks = dict(liveness._checks)
     liveness._checks.clear()
     liveness.clear_cache()
@@ -51,6 +53,7 @@ def _fresh_state() -> Iterator[None]:
     liveness._checks.update(saved_checks)
     liveness.clear_cache()
     hooks._runtime.apps.clear()
+    hooks._runtime.acted_on_fatal = False
 
 
 def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
@@ -73,16 +76,23 @@ def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
         await manager.queue.put("not-dispatched")
         await asyncio.wait_for(started.wait(), 10)
 
-        failing = _Task("failing", "failed")
-        verdict = hooks.on_task_failed(manager, failing, make_engine_dead_error())
-        assert verdict is not None and verdict.fatal
-        assert failing.error is not None and failing.error.startswith("EngineDeadError:")
+        failing = _Task("failing", "processing")
+        outcome = await hooks.on_task_failed(manager, failing, make_engine_dead_error())
+        assert outcome is not None and outcome.fatal and outcome.first
+        assert failing.status == "processing"  # MinerU marks its own task failed afterwards
+        assert failing._mineru_health_verdict == {  # type: ignore[attr-defined]
+            "fatal": True, "engine_dead": True, "role": "trigger", "rule": outcome.rule,
+            "category": outcome.category, "ambiguous": False, "remote_engine": False,
+        }
         assert manager.last_worker_error is not None
-        assert "EngineDeadError" in manager.last_worker_error
+        assert outcome.rule in manager.last_worker_error
         for name in ("running", "queued1", "queued2", "not-dispatched"):
             task = manager.tasks[name]
             assert task.status == "failed", name
             assert task.error is not None and "inference engine" in task.error
+            assert "EngineCore" not in task.error  # never another task's text
+            assert task._mineru_health_verdict["role"] == "collateral"  # type: ignore[attr-defined]
+            assert task._mineru_health_verdict["engine_dead"] is True  # type: ignore[attr-defined]
             assert task.completed_at
             assert manager.task_events[name].is_set()
         assert manager.manager_wakeup.is_set()
@@ -101,8 +111,9 @@ def test_task_local_failure_touches_nothing_else() -> None:
         manager.tasks["other"] = _Task("other")
         failing = _Task("failing", "failed")
         failing.error = "MinerU's text"
-        verdict = hooks.on_task_failed(manager, failing, ValueError("corrupt"))
-        assert verdict is not None and not verdict.fatal
+        outcome = await hooks.on_task_failed(manager, failing, ValueError("corrupt"))
+        assert outcome is not None and not outcome.fatal
+        assert failing._mineru_health_verdict["engine_dead"] is False  # type: ignore[attr-defined]
         assert failing.error == "MinerU's text"
         assert manager.tasks["other"].status == "pending"
         assert manager.last_worker_error is None
@@ -121,7 +132,8 @@ def test_hook_never_raises() -> None:
         def __setattr__(self, name: str, value: Any) -> None:
             raise RuntimeError("read-only")
 
-    assert hooks.on_task_failed(Hostile(), None, make_engine_dead_error()) is None
+    outcome = asyncio.run(hooks.on_task_failed(Hostile(), None, make_engine_dead_error()))
+    assert outcome is not None and outcome.fatal  # recorded, although the manager is hostile
 
 
 def _app() -> FastAPI:
@@ -166,9 +178,12 @@ def test_gate_reports_a_dead_engine_and_refuses_work() -> None:
     body = response.json()
     assert body["status"] == "unhealthy" and body["engine_dead"] is True
     assert body["rule"] and body["category"]
-    assert body["since"] == "2023-11-14T22:13:20+00:00"
-    assert body["error"].startswith("EngineDeadError:")
-    assert set(body) >= {"version", "error", "rule", "category", "since", "engine_dead"}
+    assert body["since"] == "2023-11-14T22:13:20.000000+00:00"
+    assert body["exception_type"] == "vllm.v1.engine.exceptions.EngineDeadError"
+    # The message can quote a user's document: not published unless opted in.
+    assert "EngineCore" not in body["error"]
+    status, native = worker_health().answer("/health")
+    assert (status, json.loads(native)) == (503, body)
     for path in ("/tasks", "/file_parse", "/tasks/"):
         refused = asyncio.run(_request(app, "POST", path))
         assert refused.status_code == 503
@@ -176,6 +191,17 @@ def test_gate_reports_a_dead_engine_and_refuses_work() -> None:
         assert "engine" in refused.json()["message"]
     # Status and result endpoints stay reachable.
     assert asyncio.run(_request(app, "GET", "/tasks/some-id")).status_code == 404
+
+
+def test_gate_advertises_the_native_port() -> None:
+    app = _app()
+    hooks._runtime.advertised_port = 9123
+    try:
+        response = asyncio.run(_request(app, "GET", "/health"))
+    finally:
+        hooks._runtime.advertised_port = None
+    assert response.json() == {"status": "healthy", "native_health_port": 9123}
+    assert int(response.headers["content-length"]) == len(response.content)
 
 
 def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
@@ -187,14 +213,14 @@ def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
         manager.task_events["waiting"] = asyncio.Event()
         app.state.task_manager = manager
         liveness.register("fake-engine", lambda: (False, "engine handle errored"))
-        response = await _request(app, "GET", "/health")
+        assert hooks._check_liveness(worker_health())  # the liveness thread's step
+        hooks._act_on_fatal()  # the loop watcher's step
         assert manager.tasks["waiting"].status == "failed"
         assert manager.last_worker_error is not None
-        return response
+        return await _request(app, "GET", "/health")
 
     response = asyncio.run(scenario())
     assert response.status_code == 503
     body = response.json()
     assert body["rule"] == "liveness:fake-engine"
     assert body["category"] == "engine_dead"
-    assert "engine handle errored" in body["error"]

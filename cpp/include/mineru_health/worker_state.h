@@ -1,55 +1,188 @@
-// Worker state: the process-wide record of whether this worker's inference
-// engine is still usable.
+// Worker state: the process-wide record of whether this worker can still
+// serve — its fatal record, event-loop lag, engine progress and the task
+// figures MinerU's /health reports — kept natively so that the health
+// endpoint thread can answer without the GIL or the event loop.
 //
-//   mineru_health::WorkerState state;
-//   state.record_fatal({"EngineDeadError: ...", "vllm-engine-dead",
-//   "engine_dead", now}); if (!state.healthy()) { /* answer 503 */ }
+//   mineru_health::WorkerState state(options);
+//   state.loop_tick();                       // event loop, every 100 ms
+//   state.engine_call_started(); ... state.engine_call_finished();
+//   mineru_health::WorkerSnapshot now = state.snapshot();
+//   if (now.phase == mineru_health::HealthPhase::kLoopHung) { /* 503 */ }
+//
+// Busy is not broken: a loop blocked for less than `loop_hang` only shows as
+// lag; an engine counts as stalled only when engine calls are in flight and
+// none of them (nor any single engine request) completed for `stall`. A fatal
+// record is sticky until reset().
 //
 // Thread-safety: every method may be called from any thread at once.
 #ifndef MINERU_HEALTH_WORKER_STATE_H_
 #define MINERU_HEALTH_WORKER_STATE_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 
 namespace mineru_health {
 
+// One fatal failure. `exception_type` and the rule are safe to publish;
+// `error` may quote a user's document and is shown only where the operator
+// opted in (see health_server.h).
 struct FatalRecord {
-  std::string error;  // short description, e.g. "EngineDeadError: ..."
-  std::string rule_id;
-  std::string category;
-  double unix_time = 0;  // seconds since the epoch, as given by the caller
+  std::string error;           // "Type: message", or why (stall, budget)
+  std::string rule_id;         // e.g. "vllm.engine_dead", "watchdog.stall"
+  std::string category;        // e.g. "engine_dead", "engine_stalled"
+  double unix_time = 0;        // seconds since the epoch
+  std::string exception_type;  // "module.Type", "" when not an exception
 };
 
+// MinerU's task figures, pushed from the event loop.
+struct TaskCounts {
+  std::int64_t queued = 0;
+  std::int64_t processing = 0;
+  std::int64_t completed = 0;
+  std::int64_t failed = 0;
+};
+
+// The static part of MinerU's /health body, reported once the task manager
+// has started.
+struct ServiceInfo {
+  std::string version;
+  std::int64_t protocol_version = 0;
+  std::int64_t max_concurrent_requests = 0;
+  std::int64_t processing_window_size = 1;
+  std::int64_t task_retention_seconds = 0;
+  std::int64_t task_cleanup_interval_seconds = 0;
+};
+
+enum class HealthPhase {
+  kStarting,   // the task manager has not reported in yet
+  kHealthy,    // serving (possibly busy: see loop_lag_s)
+  kUnhealthy,  // MinerU's own task manager says so (dispatcher died...)
+  kLoopHung,   // the event loop has been blocked longer than loop_hang
+  kFatal,      // the engine is dead, stalled or over its error budget
+};
+
+const char* to_string(HealthPhase phase);
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct WorkerClock {
+  std::function<SteadyTime()> steady = std::chrono::steady_clock::now;
+  std::function<double()> unix_seconds;  // null: the system clock
+};
+
+struct WorkerStateOptions {
+  std::chrono::nanoseconds loop_hang = std::chrono::seconds(60);
+  // Zero disables the stall watchdog.
+  std::chrono::nanoseconds stall = std::chrono::seconds(300);
+  // `error_budget` ambiguous errors within `error_budget_window` make the
+  // worker fatal (category "error_budget"); zero disables escalation.
+  int error_budget = 3;
+  std::chrono::nanoseconds error_budget_window = std::chrono::seconds(60);
+};
+
+// Categories and rule ids recorded by the state itself.
+inline constexpr const char* kStallRule = "watchdog.engine_stalled";
+inline constexpr const char* kStallCategory = "engine_stalled";
+inline constexpr const char* kBudgetRule = "watchdog.error_budget";
+inline constexpr const char* kBudgetCategory = "error_budget";
+
+// Everything /health reports, taken at one instant.
 struct WorkerSnapshot {
-  bool healthy = true;
+  HealthPhase phase = HealthPhase::kStarting;
+  bool healthy = true;  // no fatal record (busy and hung loops are healthy)
   std::uint64_t fatal_count = 0;
   std::uint64_t task_local_count = 0;
+  std::uint64_t ambiguous_count = 0;
   std::optional<FatalRecord> first_fatal;
   std::optional<FatalRecord> last_fatal;
+  std::optional<double> loop_lag_s;  // null before the loop's first tick
+  bool loop_hung = false;
+  std::int64_t engine_calls_in_flight = 0;
+  // Seconds since the last completed engine call or request while engine
+  // calls are in flight; null while none is.
+  std::optional<double> seconds_since_progress;
+  TaskCounts tasks;
+  std::optional<ServiceInfo> service;
+  std::string manager_error;  // MinerU's own reason, "" when it is fine
+  double loop_hang_s = 0;
+  double stall_s = 0;
 };
 
 class WorkerState {
  public:
-  // Records a fatal failure; the first one is kept until reset().
-  void record_fatal(FatalRecord record);
+  explicit WorkerState(WorkerStateOptions options = {}, WorkerClock clock = {});
+  WorkerState(const WorkerState&) = delete;
+  WorkerState& operator=(const WorkerState&) = delete;
+
+  // Records a fatal failure; the first one is kept until reset(). Returns
+  // true when this record made the worker unhealthy.
+  bool record_fatal(FatalRecord record);
   void record_task_local();
+  // An ambiguous device error (a standalone out-of-memory...): task-local
+  // unless it is the error_budget-th within the window, which records a
+  // fatal failure. Returns true when it did.
+  bool record_ambiguous(const FatalRecord& record);
+
+  // The event loop is alive: called from a callback it runs every 100 ms.
+  // Lock-free, so the loop never waits on a reader.
+  void loop_tick();
+  // Engine calls (a batch or window of pages) and finer progress (one
+  // request answered, a task finished).
+  void engine_call_started();
+  void engine_call_finished();
+  void progress();
+  // From the event loop: MinerU's figures and its own health verdict.
+  void set_tasks(const TaskCounts& tasks, const std::string& manager_error);
+  void set_service(const ServiceInfo& service);
+
   bool healthy() const;
-  WorkerSnapshot snapshot() const;
-  // Back to healthy with zero counters (a test, or an engine rebuilt in place).
+  // Evaluates the watchdogs at this instant (a stall records a fatal
+  // failure) and returns a consistent copy.
+  WorkerSnapshot snapshot();
+  // Back to starting with zero counters (a test, or an engine rebuilt).
   void reset();
   // Blocks until the worker is unhealthy or `timeout` passes; true if
   // unhealthy. Callers from Python must release the GIL around it.
   bool wait_until_unhealthy(std::chrono::milliseconds timeout) const;
 
+  const WorkerStateOptions& options() const { return options_; }
+
  private:
+  double unix_now() const;
+  bool record_fatal_locked(FatalRecord record);
+  void mark_busy_locked(SteadyTime now);
+  bool busy_locked() const;
+
+  const WorkerStateOptions options_;
+  const WorkerClock clock_;
+
+  // Nanoseconds since the steady clock's epoch of the last tick.
+  static constexpr std::int64_t kNoTick = INT64_MIN;
+  std::atomic<std::int64_t> last_tick_ns_{kNoTick};
+
   mutable std::mutex mutex_;
   mutable std::condition_variable became_unhealthy_;
-  WorkerSnapshot state_;
+  bool healthy_ = true;
+  std::uint64_t fatal_count_ = 0;
+  std::uint64_t task_local_count_ = 0;
+  std::uint64_t ambiguous_count_ = 0;
+  std::optional<FatalRecord> first_fatal_;
+  std::optional<FatalRecord> last_fatal_;
+  std::deque<SteadyTime> recent_ambiguous_;
+  std::int64_t engine_calls_in_flight_ = 0;
+  // Last completed engine call or task, or when work began after idling:
+  // an idle worker's old progress must not count against the next task.
+  SteadyTime last_progress_{};
+  TaskCounts tasks_;
+  std::optional<ServiceInfo> service_;
+  std::string manager_error_;
 };
 
 }  // namespace mineru_health

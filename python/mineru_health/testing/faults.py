@@ -2,36 +2,42 @@
 
 No GPU or vLLM is needed. The worker integration installs this only when
 ``MINERU_HEALTH_FAULT_PLAN=<path>`` is set (a literal ``{port}`` in it becomes the
-worker's listening port). The plan file holds one word; the
-worker consumes (deletes) it and then behaves as follows:
+worker's listening port). The plan file holds one word, some with an argument;
+the worker consumes (deletes) it and then behaves as follows:
 
 ``engine_dead``
     from then on every engine call in this process raises vLLM's
     ``EngineDeadError`` (same module path, class name, base and message).
 ``task_local``
     the next engine call raises one ``ValueError``, like a corrupt document.
-``hang``
-    the event loop thread sleeps (``MINERU_HEALTH_FAULT_HANG_S``, default
-    3600 s): ``/health`` and everything else stop answering.
+``engine_stall``
+    from then on every engine call waits and never returns (for
+    ``MINERU_HEALTH_FAULT_HANG_S``, default 3600 s): the engine makes no
+    progress while the HTTP server stays responsive.
+``hang`` / ``hang <seconds>``
+    the event loop thread sleeps (``<seconds>``, else ``MINERU_HEALTH_FAULT_HANG_S``,
+    default 3600 s): the main port answers nothing meanwhile, as when MinerU
+    blocks its loop; the native health endpoint keeps answering.
 ``engine_dead_idle``
     a fake engine handle whose ``errored`` is true is added to MinerU's
     ``ModelSingleton``, so the liveness check finds a dead engine without any
     task running.
 
-Engine calls are ``mineru_vl_utils.MinerUClient.aio_batch_two_step_extract``,
-the call in MinerU's VLM parse path through which a real EngineDeadError
-surfaces. Write plans with :func:`write_plan` (atomic rename), so that the
-worker never reads half a word.
+Engine calls are the call sites :mod:`mineru_health.integration.engine_calls`
+tracks (``MinerUClient.aio_batch_two_step_extract`` and its siblings, the
+pipeline's ``BatchAnalyze``): the calls through which a real EngineDeadError
+surfaces and in which a stalled engine never returns. Write plans with
+:func:`write_plan` (atomic rename), so that the worker never reads half a word.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +49,15 @@ __all__ = [
     "FaultInjector",
     "engine_dead_error_class",
     "make_engine_dead_error",
+    "parse_plan",
     "write_plan",
 ]
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
-PLAN_WORDS = ("engine_dead", "task_local", "hang", "engine_dead_idle")
+PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle")
+#: Words that take a number of seconds after a space.
+_TIMED_WORDS = ("hang",)
 
 #: vLLM's module, class name and fixed message for a dead EngineCore (vLLM v1).
 VLLM_EXCEPTIONS_MODULE = "vllm.v1.engine.exceptions"
@@ -92,10 +101,31 @@ def make_engine_dead_error() -> Exception:
     return engine_dead_error_class()(ENGINE_DEAD_MESSAGE)
 
 
+def parse_plan(text: str) -> tuple[str, float | None] | None:
+    """(word, seconds or None) of a plan text; None when it is not a valid plan."""
+    parts = text.split()
+    if not parts or parts[0] not in PLAN_WORDS or len(parts) > 2:
+        return None
+    if len(parts) == 1:
+        return parts[0], None
+    if parts[0] not in _TIMED_WORDS:
+        return None
+    try:
+        seconds = float(parts[1])
+    except ValueError:
+        return None
+    if not 0.0 <= seconds <= 86400.0:
+        return None
+    return parts[0], seconds
+
+
 def write_plan(path: str | os.PathLike[str], word: str) -> None:
     """Writes a plan atomically (temporary file + rename)."""
-    if word not in PLAN_WORDS:
-        raise ValueError(f"unknown fault plan {word!r}; expected one of {', '.join(PLAN_WORDS)}")
+    if parse_plan(word) is None:
+        raise ValueError(
+            f"unknown fault plan {word!r}; expected one of {', '.join(PLAN_WORDS)} "
+            f"({', '.join(_TIMED_WORDS)} may be followed by seconds)"
+        )
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(word + "\n", encoding="utf-8")
@@ -143,6 +173,7 @@ class FaultInjector:
         self.hang_s = hang_s
         self._lock = threading.Lock()
         self.engine_dead = False
+        self.engine_stall = False
         self.task_local_pending = 0
         self.applied: list[str] = []
 
@@ -164,7 +195,7 @@ class FaultInjector:
         """Consumes the plan file if present and applies it; returns the word applied."""
         with self._lock:
             try:
-                word = self.plan_path.read_text(encoding="utf-8").strip()
+                text = self.plan_path.read_text(encoding="utf-8").strip()
             except FileNotFoundError:
                 return None
             except OSError as error:
@@ -174,24 +205,28 @@ class FaultInjector:
                 self.plan_path.unlink()
             except FileNotFoundError:
                 pass
-            if word not in PLAN_WORDS:
-                _log.warning("ignoring unknown fault plan %r in %s", word, self.plan_path)
+            plan = parse_plan(text)
+            if plan is None:
+                _log.warning("ignoring unknown fault plan %r in %s", text, self.plan_path)
                 return None
+            word, seconds = plan
             self.applied.append(word)
             if word == "engine_dead":
                 self.engine_dead = True
+            elif word == "engine_stall":
+                self.engine_stall = True
             elif word == "task_local":
                 self.task_local_pending += 1
             elif word == "engine_dead_idle":
                 self._add_dead_engine_handle()
-        _log.warning("fault plan applied: %s", word)
+        _log.warning("fault plan applied: %s", text)
         if word == "hang":
             # Called on the event loop thread: nothing else runs until this returns.
-            time.sleep(self.hang_s)
+            time.sleep(self.hang_s if seconds is None else seconds)
         return word
 
-    def before_engine_call(self) -> None:
-        """Raises the planned failure, if any, in place of an engine call."""
+    def _raise_planned(self) -> bool:
+        """Raises the planned failure, if any; True when the call must stall instead."""
         self.poll()
         with self._lock:
             if self.engine_dead:
@@ -199,6 +234,17 @@ class FaultInjector:
             if self.task_local_pending:
                 self.task_local_pending -= 1
                 raise ValueError(TASK_LOCAL_MESSAGE)
+            return self.engine_stall
+
+    def before_engine_call(self) -> None:
+        """In a synchronous engine call: raises or stalls as planned."""
+        if self._raise_planned():
+            threading.Event().wait(self.hang_s)
+
+    async def before_engine_call_async(self) -> None:
+        """In an asynchronous engine call: raises or stalls as planned."""
+        if self._raise_planned():
+            await asyncio.sleep(self.hang_s)
 
     def _add_dead_engine_handle(self) -> None:
         module = sys.modules.get("mineru.backend.vlm.vlm_analyze")
@@ -209,21 +255,3 @@ class FaultInjector:
         singleton = module.ModelSingleton
         with singleton._lock:
             singleton._models[FAKE_ENGINE_KEY] = _FakePredictor()
-
-    def install(self) -> None:
-        """Wraps ``MinerUClient.aio_batch_two_step_extract`` (once per process)."""
-        from mineru_vl_utils import MinerUClient  # type: ignore[import-untyped]
-
-        current = MinerUClient.aio_batch_two_step_extract
-        if getattr(current, "__mineru_health_fault__", None) is not None:
-            return
-        original: Callable[..., Awaitable[Any]] = current
-        injector = self
-
-        async def aio_batch_two_step_extract(client: Any, *args: Any, **kwargs: Any) -> Any:
-            injector.before_engine_call()
-            return await original(client, *args, **kwargs)
-
-        aio_batch_two_step_extract.__mineru_health_fault__ = self  # type: ignore[attr-defined]
-        aio_batch_two_step_extract.__wrapped__ = original  # type: ignore[attr-defined]
-        MinerUClient.aio_batch_two_step_extract = aio_batch_two_step_extract

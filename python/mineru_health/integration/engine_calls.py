@@ -1,0 +1,216 @@
+"""Tracks MinerU's engine calls, so the native state knows whether the engine makes progress.
+
+Two kinds of call site are wrapped, each once per process:
+
+* **Engine calls**, one batch or window of pages each: ``MinerUClient``'s
+  ``(aio_)batch_two_step_extract`` and ``(aio_)batch_extract_with_layout``
+  (VLM and hybrid backends) and the pipeline backend's ``BatchAnalyze.__call__``.
+  Each is counted in flight while it runs; its end (success or failure) is
+  progress. The fault plan (tests, demo) is consulted here, where a real
+  engine would raise or stall.
+* **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
+  the concrete ``mineru_vl_utils`` VLM clients. Their end is progress too, so a
+  long window on a slow device is not mistaken for a stall.
+
+Modules are wrapped when they are imported (most are imported lazily by
+MinerU, e.g. the pipeline backend only on its first task), through a small
+post-import hook; nothing here imports a backend by itself.
+
+Thread-safety: the wrappers run on any thread; install() runs once, at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from ..worker import WorkerHealth
+
+__all__ = ["ENGINE_CALL_SITES", "REQUEST_SITES", "install", "on_import"]
+
+#: (module, class, methods) whose calls are engine calls.
+ENGINE_CALL_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "mineru_vl_utils.mineru_client",
+        "MinerUClient",
+        (
+            "aio_batch_two_step_extract",
+            "batch_two_step_extract",
+            "aio_batch_extract_with_layout",
+            "batch_extract_with_layout",
+        ),
+    ),
+    ("mineru.backend.pipeline.batch_analyze", "BatchAnalyze", ("__call__",)),
+)
+
+_VLM_CLIENTS = "mineru_vl_utils.vlm_client."
+#: (module, class, methods) whose calls are single engine requests (progress only).
+REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (f"{_VLM_CLIENTS}{module}", cls, ("predict", "aio_predict"))
+    for module, cls in (
+        ("http_client", "HttpVlmClient"),
+        ("vllm_async_engine_client", "VllmAsyncEngineVlmClient"),
+        ("vllm_engine_client", "VllmEngineVlmClient"),
+        ("lmdeploy_engine_client", "LmdeployEngineVlmClient"),
+        ("transformers_client", "TransformersVlmClient"),
+        ("mlx_client", "MlxVlmClient"),
+        ("llama_cpp_engine_client", "LlamaCppEngineVlmClient"),
+    )
+)
+
+_MARK = "__mineru_health_tracked__"
+
+# --- a post-import hook --------------------------------------------------------------------
+
+_hooks_lock = threading.Lock()
+_hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then the callbacks registered for the module."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        with _hooks_lock:
+            callbacks = _hooks.pop(module.__name__, [])
+        for callback in callbacks:
+            callback(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        with _hooks_lock:
+            if fullname not in _hooks:
+                return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
+
+
+def on_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Calls ``callback(module)`` now if the module is loaded, else right after its import."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        callback(module)
+        return
+    with _hooks_lock:
+        _hooks.setdefault(module_name, []).append(callback)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+
+
+# --- wrappers ---------------------------------------------------------------------------------
+
+
+def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth],
+                 faults: Callable[[], Any]) -> Callable[..., Any]:
+    if _is_coroutine_function(original):
+
+        @functools.wraps(original)
+        async def tracked_async(*args: Any, **kwargs: Any) -> Any:
+            state = health()
+            state.engine_call_started()
+            try:
+                injector = faults()
+                if injector is not None:
+                    await injector.before_engine_call_async()
+                return await original(*args, **kwargs)
+            finally:
+                state.engine_call_finished()
+
+        return tracked_async
+
+    @functools.wraps(original)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        state = health()
+        state.engine_call_started()
+        try:
+            injector = faults()
+            if injector is not None:
+                injector.before_engine_call()
+            return original(*args, **kwargs)
+        finally:
+            state.engine_call_finished()
+
+    return tracked
+
+
+def _engine_request(original: Callable[..., Any],
+                    health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+    if _is_coroutine_function(original):
+
+        @functools.wraps(original)
+        async def request_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                health().progress()
+
+        return request_async
+
+    @functools.wraps(original)
+    def request(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            health().progress()
+
+    return request
+
+
+def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
+
+
+def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
+                make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        return
+    for name in methods:
+        current = cls.__dict__.get(name)
+        if current is None or getattr(current, _MARK, False):
+            continue
+        wrapped = make(current)
+        setattr(wrapped, _MARK, True)
+        setattr(cls, name, wrapped)
+
+
+def install(health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:
+    """Wraps every call site above, now or when its module is imported (idempotent)."""
+    for module_name, class_name, methods in ENGINE_CALL_SITES:
+        on_import(
+            module_name,
+            functools.partial(_wrap_class, class_name=class_name, methods=methods,
+                              make=lambda fn: _engine_call(fn, health, faults)),
+        )
+    for module_name, class_name, methods in REQUEST_SITES:
+        on_import(
+            module_name,
+            functools.partial(_wrap_class, class_name=class_name, methods=methods,
+                              make=lambda fn: _engine_request(fn, health)),
+        )

@@ -1,0 +1,105 @@
+"""Engine call tracking: the post-import hook, in-flight counts, progress and the fault plan."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mineru_health.integration import engine_calls
+from mineru_health.testing.faults import FaultInjector, write_plan
+
+
+def _package(tmp_path: Path, name: str, source: str) -> None:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+
+
+@pytest.fixture
+def importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_on_import_runs_now_or_after_the_import(importable: Path) -> None:
+    seen: list[str] = []
+    _package(importable, "mh_late_module", "VALUE = 1\n")
+    engine_calls.on_import("mh_late_module", lambda m: seen.append(f"late:{m.VALUE}"))
+    assert seen == []
+    importlib.import_module("mh_late_module")
+    assert seen == ["late:1"]
+    engine_calls.on_import("mh_late_module", lambda m: seen.append("now"))
+    assert seen == ["late:1", "now"]
+    sys.modules.pop("mh_late_module", None)
+
+
+class _Health:
+    """Stands in for WorkerHealth: counts what the wrappers report."""
+
+    def __init__(self) -> None:
+        self.started = self.finished = self.progress_calls = 0
+
+    def engine_call_started(self) -> None:
+        self.started += 1
+
+    def engine_call_finished(self) -> None:
+        self.finished += 1
+
+    def progress(self) -> None:
+        self.progress_calls += 1
+
+
+def test_engine_calls_are_counted_and_faults_consulted(tmp_path: Path) -> None:
+    class Client:
+        def __init__(self) -> None:
+            self.seen: list[Any] = []
+
+        async def aio_batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            self.seen.append(images)
+            return ["ok"]
+
+        def batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            self.seen.append(images)
+            return ["sync"]
+
+    module = type(sys)("fake_mineru_client")
+    module.MinerUClient = Client  # type: ignore[attr-defined]
+    health = _Health()
+    plan = tmp_path / "plan"
+    injector = FaultInjector(plan)
+    make = lambda fn: engine_calls._engine_call(fn, lambda: health, lambda: injector)
+    methods = ("aio_batch_two_step_extract", "batch_two_step_extract", "missing")
+    engine_calls._wrap_class(module, "MinerUClient", methods, make)
+    engine_calls._wrap_class(module, "MinerUClient", methods, make)  # idempotent
+    client = Client()
+    assert asyncio.run(client.aio_batch_two_step_extract([1])) == ["ok"]
+    assert client.batch_two_step_extract([2]) == ["sync"]
+    assert (health.started, health.finished) == (2, 2)
+    write_plan(plan, "engine_dead")
+    with pytest.raises(Exception, match="EngineCore encountered an issue"):
+        asyncio.run(client.aio_batch_two_step_extract([3]))
+    assert client.seen == [[1], [2]]
+    assert (health.started, health.finished) == (3, 3)  # a failed call still ends
+
+
+def test_requests_are_progress_only() -> None:
+    class VlmClient:
+        async def aio_predict(self, image: Any) -> str:
+            return "text"
+
+        def predict(self, image: Any) -> str:
+            raise RuntimeError("server said no")
+
+    module = type(sys)("fake_vlm_client")
+    module.HttpVlmClient = VlmClient  # type: ignore[attr-defined]
+    health = _Health()
+    engine_calls._wrap_class(module, "HttpVlmClient", ("predict", "aio_predict"),
+                             lambda fn: engine_calls._engine_request(fn, lambda: health))
+    client = VlmClient()
+    assert asyncio.run(client.aio_predict(None)) == "text"
+    with pytest.raises(RuntimeError):
+        client.predict(None)
+    assert health.progress_calls == 2 and health.started == 0
