@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib.util import find_spec
+from importlib import import_module
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -334,8 +334,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0.1 <= args.rate <= 20:
         print("mineru-health demo: --rate must be between 0.1 and 20", file=sys.stderr)
         return EXIT_SETUP_FAILED
-    # The demo's HTTP client, and what makes its test PDF.
-    missing = [name for name in ("httpx", "reportlab", "PIL") if find_spec(name) is None]
+    missing = []
+    # The demo's HTTP client, and what makes its test PDF (the demo extra).
+    for name in ("httpx", "reportlab", "PIL"):
+        try:
+            import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         print(
             f"mineru-health demo needs {', '.join(missing)} (pip install 'mineru-health[demo]')",

@@ -106,7 +106,10 @@ class NoRestart:
     """One task fails; the router leaves the worker in rotation and restarts nothing."""
 
     expect: ClassVar[str] = "no_restart"
-    settle_s: ClassVar[float] = 8.0  # a few probe intervals: a wrong decision would show by now
+
+    def __init__(self, settle_s: float = 8.0) -> None:
+        # A few probe intervals after the failure: a wrong decision would show by then.
+        self.settle_s = settle_s
 
     async def judge(self, ctx: DemoContext) -> Verdict:
         m = ctx.marks
