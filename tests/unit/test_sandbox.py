@@ -144,16 +144,33 @@ def test_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
     procs.stop_all()  # twice is fine
 
 
+# A parent whose child (own session, as a router's worker) shares its stdin
+# pipe, ignores SIGTERM and exits on EOF, as MinerU's workers do with
+# MINERU_API_SHUTDOWN_ON_STDIN_EOF=1 even when their router was killed.
+EOF_PARENT = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+EOF_CHILD = r"""
+import pathlib, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sys.stdin.read()
+pathlib.Path(sys.argv[1]).write_text("eof")
+"""
+
+
 def test_stdin_pipe_is_closed_on_stop(tmp_path: Path) -> None:
-    # Exits by itself on EOF, like MinerU's workers with MINERU_API_SHUTDOWN_ON_STDIN_EOF=1.
-    reader = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
-             "print('ready', flush=True); sys.stdin.read(); print('eof', flush=True)"
+    marker = tmp_path / "eof"
     procs = sandbox.Processes()
-    proc = procs.start("reader", [sys.executable, "-c", reader], env=dict(os.environ),
-                       log_path=tmp_path / "reader.log", stdin_pipe=True)
-    assert sandbox.wait_until(lambda: "ready" in proc.log(), WAIT_S)
-    procs.stop_all(grace_s=0.5)
-    assert proc.returncode == 0 and "eof" in proc.log()
+    parent = procs.start("parent", [sys.executable, "-c", EOF_PARENT, EOF_CHILD, str(marker)],
+                         env=dict(os.environ), log_path=tmp_path / "parent.log", stdin_pipe=True)
+    child_pid = sandbox.wait_until(lambda: parent.log().strip(), WAIT_S)
+    assert child_pid, parent.log_tail()
+    procs.stop_all(grace_s=5.0)
+    assert not alive(int(child_pid))
+    assert marker.read_text() == "eof"  # it left on EOF, not by a signal
 
 
 def test_wait_and_log_of_a_short_process(tmp_path: Path) -> None:
