@@ -132,6 +132,27 @@ def test_stop_all_reaps_children_and_their_own_sessions(tmp_path: Path) -> None:
     assert sandbox.wait_until(lambda: not alive(child), WAIT_S), "grandchild left running"
 
 
+# A parent that leaves a helper behind in its session and exits at once, as a
+# worker does with os._exit(75) after an engine death (MinerU's
+# multiprocessing helpers stay).
+LEAVER = r"""
+import os, subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(helper.pid, flush=True)
+os._exit(75)
+"""
+
+
+def test_stop_all_reaps_what_an_exited_child_left_in_its_session(tmp_path: Path) -> None:
+    with sandbox.Processes() as procs:
+        leaver = procs.start("leaver", [sys.executable, "-c", LEAVER], env=dict(os.environ),
+                             log_path=tmp_path / "leaver.log")
+        assert leaver.wait(WAIT_S) == 75  # reaped here, before any stop
+        helper = int(leaver.log().strip())
+        assert alive(helper)
+    assert sandbox.wait_until(lambda: not alive(helper), WAIT_S), "helper left running"
+
+
 def test_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
                "print('ready', flush=True); time.sleep(600)"

@@ -11,30 +11,28 @@
 
 MinerU runs under ``MINERU_HEALTH_MINERU_PYTHON`` (default: this
 interpreter), with the patched copy first on ``PYTHONPATH``. Processes start
-in their own session, so a stop signals the whole group; the ones they start
-(a router's workers, in sessions of their own) are recorded while they run
-and reaped by ``stop_all`` as well. ``make_pdf`` needs reportlab and Pillow
+in their own session and are always reaped, with what they started
+(``processes.py``, re-exported here). ``make_pdf`` needs reportlab and Pillow
 (the ``test`` and ``demo`` extras). Nothing here is thread-safe; use one
 ``Processes`` from one thread at a time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
+
+from .processes import ManagedProcess, Processes
 
 __all__ = [
     "HOST",
@@ -294,198 +292,3 @@ def _draw_noise(
         x = margin + column * cell_w
         y = height - margin - 24 - (row + 1) * cell_h
         pdf.drawImage(reader(noise), x, y, width=side, height=side)
-
-
-# --- processes -----------------------------------------------------------------------------------
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of a living ``pid`` (field 22 of /proc/<pid>/stat), to detect pid reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces; fields after it are plain.
-    fields = stat.rsplit(")", 1)[-1].split()
-    if len(fields) <= 19 or fields[0] == "Z":
-        return None  # a zombie has exited: nothing left to stop
-    return fields[19]
-
-
-def _children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                found.extend(int(x) for x in (task / "children").read_text().split())
-    return found
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    """Signals ``pid``'s process group when it leads one, else ``pid`` alone."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-    except PermissionError:
-        pass
-
-
-class ManagedProcess:
-    """One child process with its output in a log file; stopped by its ``Processes``."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path,
-                 log_file: IO[bytes]) -> None:
-        self.name = name
-        self.popen = popen
-        self.log_path = log_path
-        self._log_file = log_file
-        self.base_url = ""
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def wait(self, timeout_s: float) -> int | None:
-        """The exit code, or None if still running after ``timeout_s``."""
-        try:
-            return self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def log(self) -> str:
-        with contextlib.suppress(ValueError):  # closed after stop: the file is complete
-            self._log_file.flush()
-        try:
-            return self.log_path.read_bytes().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log()[-chars:]
-
-    def __repr__(self) -> str:
-        state = "running" if self.popen.poll() is None else f"exited {self.popen.returncode}"
-        return f"ManagedProcess({self.name!r}, pid={self.pid}, {state})"
-
-
-class Processes:
-    """Children started in sessions of their own, and every descendant seen; all reaped by ``stop_all``.
-
-    A usable context manager: leaving the ``with`` block calls ``stop_all``.
-    """
-
-    def __init__(self) -> None:
-        self._procs: list[ManagedProcess] = []
-        # Descendants seen while running (a router's workers): pid -> start time.
-        self._descendants: dict[int, str] = {}
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop_all()
-
-    def start(
-        self,
-        name: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        log_path: Path,
-        cwd: Path | None = None,
-        stdin_pipe: bool = False,
-    ) -> ManagedProcess:
-        """Starts ``argv`` with stdout and stderr appended to ``log_path``.
-
-        ``stdin_pipe``: stdin is a pipe that ``stop_all`` closes (MinerU's
-        workers exit on its EOF with ``MINERU_API_SHUTDOWN_ON_STDIN_EOF=1``,
-        even when their router was killed); otherwise /dev/null.
-        """
-        log_file = open(log_path, "ab")  # noqa: SIM115 -- closed in stop_all
-        try:
-            popen = subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                cwd=cwd,
-                stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except BaseException:
-            log_file.close()
-            raise
-        proc = ManagedProcess(name, popen, log_path, log_file)
-        self._procs.append(proc)
-        return proc
-
-    def record_descendants(self, proc: ManagedProcess | None = None) -> None:
-        """Remembers the living descendants of ``proc`` (default: of every child) for reaping."""
-        roots = [proc] if proc is not None else self._procs
-        pending = [p.pid for p in roots if p.poll() is None]
-        seen: set[int] = set()
-        while pending:
-            pid = pending.pop()
-            for child in _children_of(pid):
-                if child in seen:
-                    continue
-                seen.add(child)
-                start = _start_time(child)
-                if start is not None:
-                    self._descendants.setdefault(child, start)
-                pending.append(child)
-
-    def stop_all(self, grace_s: float = 15.0) -> None:
-        """SIGTERM every group, wait (bounded), close stdin pipes, SIGKILL what is left.
-
-        Then the same for recorded descendants still alive (same pid and start
-        time). Safe to call twice.
-        """
-        self.record_descendants()
-        for proc in reversed(self._procs):
-            if proc.poll() is None:
-                _signal(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in reversed(self._procs):
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.popen.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.popen.stdin.close()
-        for proc in self._procs:
-            if proc.poll() is None:
-                _signal(proc.pid, signal.SIGKILL)
-                proc.wait(5.0)
-        self._reap_descendants()
-        for proc in self._procs:
-            with contextlib.suppress(OSError):
-                proc._log_file.close()
-
-    def _reap_descendants(self) -> None:
-        def alive() -> list[int]:
-            return [p for p, start in self._descendants.items() if _start_time(p) == start]
-
-        leftovers = alive()
-        for pid in leftovers:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while leftovers and time.monotonic() < deadline:
-            time.sleep(0.1)
-            leftovers = alive()
-        for pid in leftovers:
-            _signal(pid, signal.SIGKILL)
-        self._descendants.clear()
