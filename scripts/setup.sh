@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for mineru-health: system libraries,
-# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test extras).
+# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test and demo extras).
 # Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +42,5 @@ fi
 echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0"
-.venv/bin/pip install -q --no-build-isolation ".[test]"
+.venv/bin/pip install -q --no-build-isolation ".[test,demo]"
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

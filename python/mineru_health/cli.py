@@ -196,10 +196,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo  # type: ignore[attr-defined, unused-ignore]
+    from .demo import main as demo_main
 
-    result = demo.main(list(args.demo_args))
-    return int(result) if isinstance(result, int) else EXIT_OK
+    return demo_main(list(args.demo_args))
 
 
 # --- parser ----------------------------------------------------------------------------------

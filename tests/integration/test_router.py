@@ -7,7 +7,8 @@ worker leaves rotation, is restarted on a new URL and comes back healthy,
 that tasks submitted meanwhile complete on the other worker, that every task
 reaches a terminal state, and the audit actions and their order. A worker
 that hangs (plan `hang`, aimed at one worker with `{port}`) is taken out by
-probe timeouts alone and restarted.
+probe timeouts alone and restarted. Through start, ejection, restart and
+recovery, every worker's state in ``/metrics`` agrees with ``/health``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until
 from mineru_health.settings import HealthSettings
 from mineru_health.testing.faults import write_plan
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +70,65 @@ def _wait_restarted(proc: ManagedProcess, server_id: str, old_url: str) -> None:
         _servers(proc.base_url),
         proc.log_tail(),
     )
+
+
+def _metric_samples(base: str, name: str) -> list[Any]:
+    response = http_get(f"{base}/metrics", 5.0)
+    assert response is not None and response.status_code == 200
+    return [
+        sample
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def _metric_view(base: str) -> dict[str, tuple[str, int]]:
+    """(state, consecutive failures) of every worker, as /metrics shows them."""
+    states = {
+        s.labels["worker"]: s.labels["state"]
+        for s in _metric_samples(base, "mineru_router_worker_state")
+        if s.value == 1
+    }
+    failures = {
+        s.labels["worker"]: int(s.value)
+        for s in _metric_samples(base, "mineru_router_worker_consecutive_failures")
+    }
+    return {worker: (state, failures.get(worker, -1)) for worker, state in states.items()}
+
+
+def _agreed_states(base: str) -> dict[str, str]:
+    """Every worker's state once /health, /metrics and /health again are read at one settled moment.
+
+    A transition between the reads shows as two different /health answers:
+    then it looks again (bounded). With /health unchanged around it, /metrics
+    must say the same, and MinerU's ``healthy`` must be the policy's rotation.
+    """
+    seen: list[Any] = []
+
+    def settled() -> dict[str, str] | None:
+        before = _servers(base)
+        metric_view = _metric_view(base)
+        after = _servers(base)
+
+        def view(servers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+            return {
+                sid: (s["state"], s["consecutive_failures"], s["healthy"], s["in_rotation"])
+                for sid, s in servers.items()
+            }
+
+        seen[:] = [view(before), metric_view, view(after)]
+        if not before or view(before) != view(after):
+            return None
+        assert metric_view == {sid: v[:2] for sid, v in view(before).items()}, seen
+        for sid, (state, _failures, healthy, in_rotation) in view(before).items():
+            assert healthy == in_rotation == (state == "healthy"), (sid, seen)
+        return {sid: v[0] for sid, v in view(before).items()}
+
+    states = wait_until(settled, 30.0, 0.1)
+    assert states, f"/health never settled around a /metrics scrape: {seen}"
+    result: dict[str, str] = states
+    return result
 
 
 class RouterClient:
@@ -314,3 +375,78 @@ def test_hung_worker_is_ejected_and_restarted(
     actions = [json.loads(line)["action"] for line in audit_path.read_text().splitlines()]
     assert actions[0] == "ejected" and "auto_restart_success" in actions, actions
     assert "timed out" in json.loads(audit_path.read_text().splitlines()[0])["reason"]
+
+
+def test_metrics_agree_with_health_through_a_restart(
+    process_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    mineru_health_path: str,
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    proc = _start_router(
+        process_factory,
+        patched_mineru_site,
+        mineru_python,
+        mineru_health_path,
+        tmp_path,
+        {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(tmp_path / "audit.jsonl"),
+            "MINERU_HEALTH_FAULT_PLAN": str(plan),
+        },
+    )
+    base = proc.base_url
+
+    # Start: in rotation is "healthy" in /metrics too.
+    _wait_both_in_rotation(proc)
+    first_urls = {sid: s["base_url"] for sid, s in _servers(base).items()}
+    assert set(_agreed_states(base).values()) == {"healthy"}
+
+    # Ejection: a task meets the dead engine.
+    client = RouterClient(base, tiny_pdf, fake_vlm_url)
+    write_plan(plan, "engine_dead")
+    assert wait_until(lambda: not plan.exists(), 60.0, 0.1), "no worker consumed the fault plan"
+    statuses = []
+    for _ in range(MAX_PROBE_TASKS):
+        statuses.append(client.run()["status"])
+        if statuses[-1] == "failed":
+            break
+    assert "failed" in statuses, "no task reached the dead engine"
+
+    def dead_worker() -> str | None:
+        out = [sid for sid, s in _servers(base).items() if not s["in_rotation"]]
+        return out[0] if len(out) == 1 else None
+
+    dead = wait_until(dead_worker, 30.0, 0.05)
+    assert dead, _servers(base)
+    (other,) = [sid for sid in first_urls if sid != dead]
+    states = _agreed_states(base)
+    assert states[other] == "healthy" and states[dead] != "healthy", states
+
+    # Restart: the new process boots for seconds, long enough to be seen.
+    assert wait_until(
+        lambda: _servers(base)[dead]["state"] == "restarting", RESTART_TIMEOUT_S, 0.1
+    ), _servers(base)
+    states = _agreed_states(base)
+    assert states[dead] in ("restarting", "healthy"), states
+
+    # Recovery.
+    _wait_restarted(proc, dead, first_urls[dead])
+    assert _agreed_states(base) == {dead: "healthy", other: "healthy"}
+
+    def counted(name: str, label: str) -> dict[str, float]:
+        return {
+            s.labels[label]: s.value
+            for s in _metric_samples(base, name)
+            if s.labels["worker"] == dead and s.value
+        }
+
+    assert counted("mineru_router_restarts_total", "outcome") == {"succeeded": 1}
+    ejections = counted("mineru_router_ejections_total", "reason")
+    # The failed task's status or the engine_dead probe, whichever came first.
+    assert sum(ejections.values()) == 1, ejections
+    assert set(ejections) <= {"passive_failure", "engine_dead"}, ejections

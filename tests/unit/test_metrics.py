@@ -1,14 +1,16 @@
-"""mineru_health.metrics: scrape the text exposition and check the documented names."""
+"""mineru_health.metrics (worker and router sides): scrape the text exposition, check names."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from mineru_health import metrics
+from mineru_health import _native, metrics
+from mineru_health.metrics import router, worker
+from mineru_health.monitor import HealthMonitor, HealthSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,11 +49,13 @@ def exposed_name(name: str) -> str:
 
 
 def test_documented_names_follow_conventions() -> None:
+    modules = {"worker": worker, "router": router}
     for role, names in metrics.METRIC_NAMES.items():
         for name in names:
             assert name.startswith(f"mineru_{role}_"), name
             assert name == name.lower()
-            assert name in (metrics.__doc__ or ""), f"{name} missing from the module docstring"
+            doc = modules[role].__doc__ or ""
+            assert name in doc, f"{name} missing from the {role} module docstring"
 
 
 def test_every_documented_name_is_in_operations_doc() -> None:
@@ -74,11 +78,11 @@ def test_worker_side_exposes_only_worker_families() -> None:
 
 
 def test_router_side_exposes_only_router_families() -> None:
-    metrics.set_worker_state("local-gpu-0", "starting")
-    metrics.observe_probe("local-gpu-0", 0.01, "healthy")
-    metrics.record_audit("local-gpu-0", "ejected", reason_kind="timeout")
-    metrics.record_audit("local-gpu-0", "auto_restart_success")
-    metrics.record_audit("local-gpu-0", "auto_restart_gave_up")
+    router.bind_worker_statuses(lambda: [status("local-gpu-0", _native.WorkerPhase.STARTING)])
+    router.observe_probe("local-gpu-0", 0.01, "healthy")
+    router.record_audit("local-gpu-0", "ejected", reason_kind="timeout")
+    router.record_audit("local-gpu-0", "auto_restart_success")
+    router.record_audit("local-gpu-0", "auto_restart_gave_up")
     names = family_names()
     for name in metrics.METRIC_NAMES["router"]:
         assert exposed_name(name) in names, name
@@ -124,72 +128,103 @@ def test_empty_rule_and_category_are_labelled_unknown() -> None:
     assert value("mineru_worker_fatal_errors_total", rule="unknown", category="unknown") == 1
 
 
-# --- router side --------------------------------------------------------------
+# --- router side: state read from the poller at scrape time ---------------------------
 
 
 def states_of(worker: str) -> dict[str, float]:
     return {
         state: value("mineru_router_worker_state", worker=worker, state=state) or 0.0
-        for state in metrics.WORKER_STATES
+        for state in router.WORKER_STATES
     }
 
 
-def test_worker_state_is_one_hot() -> None:
-    metrics.set_worker_state("w1", "healthy", consecutive_failures=0)
-    assert states_of("w1") == {s: (1.0 if s == "healthy" else 0.0) for s in metrics.WORKER_STATES}
-    metrics.set_worker_state("w1", "restart_scheduled", consecutive_failures=3)
+def status(worker: str, phase: Any, failures: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(id=worker, phase=phase, consecutive_failures=failures)
+
+
+def test_names_come_from_the_native_enums() -> None:
+    assert router.WORKER_STATES == tuple(_native.to_string(p) for p in _native.WorkerPhase)
+    assert "restart_scheduled" in router.WORKER_STATES
+    assert router.AUDIT_ACTIONS == tuple(_native.to_string(a) for a in _native.AuditAction)
+    assert "auto_restart_success" in router.AUDIT_ACTIONS
+    assert {"engine_dead", "timeout", "process_exit", "passive_failure", "other"} <= set(
+        router.EJECTION_REASONS
+    )
+    assert "healthy" not in router.EJECTION_REASONS
+
+
+def test_state_is_read_at_scrape_time_and_one_hot() -> None:
+    fleet = [status("w1", _native.WorkerPhase.HEALTHY)]
+    router.bind_worker_statuses(lambda: fleet)
+    assert states_of("w1") == {s: (1.0 if s == "healthy" else 0.0) for s in router.WORKER_STATES}
+    assert value("mineru_router_worker_consecutive_failures", worker="w1") == 0
+    # Nothing is pushed: the next scrape sees whatever the source says now.
+    fleet[0] = status("w1", _native.WorkerPhase.RESTART_SCHEDULED, 3)
     got = states_of("w1")
     assert got["restart_scheduled"] == 1 and sum(got.values()) == 1
     assert value("mineru_router_worker_consecutive_failures", worker="w1") == 3
     # Every phase series exists, so "== 0" queries work too.
     assert all(
         ("mineru_router_worker_state", (("state", s), ("worker", "w1"))) in scrape()
-        for s in metrics.WORKER_STATES
+        for s in router.WORKER_STATES
+    )
+    # A worker that left the source leaves the exposition with it.
+    fleet.clear()
+    assert not any(("worker", "w1") in labels for _, labels in scrape())
+
+
+def test_unbound_state_families_exist_without_samples() -> None:
+    router.ensure_families()
+    assert {"mineru_router_worker_state", "mineru_router_worker_consecutive_failures"} <= (
+        family_names()
+    )
+    assert not [key for key in scrape() if key[0] == "mineru_router_worker_state"]
+
+
+def test_rebinding_replaces_the_source() -> None:
+    router.bind_worker_statuses(lambda: [status("old", _native.WorkerPhase.HEALTHY)])
+    router.bind_worker_statuses(lambda: [status("new", _native.WorkerPhase.GAVE_UP)])
+    assert states_of("new")["gave_up"] == 1
+    assert not any(("worker", "old") in labels for _, labels in scrape())
+    router.bind_worker_statuses(None)
+    assert not any(("worker", "new") in labels for _, labels in scrape())
+
+
+def test_a_broken_source_never_breaks_the_scrape(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> list[Any]:
+        raise RuntimeError("poller gone")
+
+    router.bind_worker_statuses(broken)
+    metrics.set_worker_healthy(True)
+    assert value("mineru_worker_healthy") == 1  # the rest of the scrape is intact
+    assert "reading worker statuses" in caplog.text
+    router.bind_worker_statuses(lambda: [object(), status("ok", _native.WorkerPhase.FAILED)])
+    assert states_of("ok")["failed"] == 1  # a malformed entry is left out, not fatal
+
+
+def test_state_follows_a_real_poller_without_any_push() -> None:
+    settings = HealthSettings.preset("fast")
+    monitor = HealthMonitor(settings)
+    monitor.add_worker("local-gpu-0", "", restartable=True)  # no URL: never probed
+    router.bind_worker_statuses(monitor.statuses)
+    assert states_of("local-gpu-0")["starting"] == 1
+    monitor.report_process_exit("local-gpu-0", "worker process 1 exited with code 1")
+    native = monitor.status("local-gpu-0")
+    assert native is not None
+    assert states_of("local-gpu-0")[_native.to_string(native.phase)] == 1
+    assert states_of("local-gpu-0")["starting"] == 0
+    assert value("mineru_router_worker_consecutive_failures", worker="local-gpu-0") == float(
+        native.consecutive_failures
     )
 
 
-class FakePhase(enum.Enum):
-    kRestartScheduled = 4
-    kGaveUp = 6
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ("gave_up", "gave_up"),
-        (FakePhase.kRestartScheduled, "restart_scheduled"),
-        (FakePhase.kGaveUp, "gave_up"),
-        ("RESTARTING", "restarting"),
-    ],
-)
-def test_state_accepts_names_and_enum_members(given: object, expected: str) -> None:
-    metrics.set_worker_state("w", given)
-    assert states_of("w")[expected] == 1
-
-
-def test_unknown_state_is_ignored() -> None:
-    metrics.set_worker_state("w", "healthy")
-    metrics.set_worker_state("w", "exploded")
-    assert states_of("w")["healthy"] == 1
-
-
-@dataclass
-class Status:
-    id: str
-    phase: str
-    consecutive_failures: int
-
-
-def test_update_worker_status_takes_a_status_object() -> None:
-    metrics.update_worker_status(Status("remote-1", "unhealthy", 2))
-    assert states_of("remote-1")["unhealthy"] == 1
-    assert value("mineru_router_worker_consecutive_failures", worker="remote-1") == 2
+# --- router side: events ------------------------------------------------------
 
 
 def test_probe_histogram_and_status_counter() -> None:
-    metrics.observe_probe("w", 0.004, "healthy", unix_time=1000.0)
-    metrics.observe_probe("w", 1.5, "timeout", unix_time=1002.0)
-    metrics.observe_probe("w", 0.01, "some free text from a bad caller", unix_time=1004.0)
+    router.observe_probe("w", 0.004, "healthy", unix_time=1000.0)
+    router.observe_probe("w", 1.5, _native.ProbeStatus.TIMEOUT, unix_time=1002.0)
+    router.observe_probe("w", 0.01, "some free text from a bad caller", unix_time=1004.0)
     assert value("mineru_router_probe_duration_seconds_count", worker="w") == 3
     assert value("mineru_router_probe_duration_seconds_sum", worker="w") == pytest.approx(1.514)
     assert value("mineru_router_probe_duration_seconds_bucket", worker="w", le="0.005") == 1
@@ -200,7 +235,7 @@ def test_probe_histogram_and_status_counter() -> None:
 
 
 def test_negative_latency_is_clamped() -> None:
-    metrics.observe_probe("w", -1.0)
+    router.observe_probe("w", -1.0)
     assert value("mineru_router_probe_duration_seconds_sum", worker="w") == 0
 
 
@@ -213,9 +248,9 @@ def test_audit_actions_feed_their_counters() -> None:
         "auto_restart_success",
         "auto_restart_gave_up",
     ):
-        metrics.record_audit("w", action)
-    metrics.record_audit("w", "ejected", reason_kind="engine_dead")
-    metrics.record_audit("w", "ejected", reason_kind="a long free-text reason")
+        router.record_audit("w", action)
+    router.record_audit("w", "ejected", reason_kind="engine_dead")
+    router.record_audit("w", "ejected", reason_kind="a long free-text reason")
     assert value("mineru_router_restarts_total", worker="w", outcome="succeeded") == 1
     assert value("mineru_router_restarts_total", worker="w", outcome="failed") == 1
     assert value("mineru_router_gave_up_total", worker="w") == 1
@@ -227,30 +262,27 @@ def test_audit_actions_feed_their_counters() -> None:
     assert value("mineru_router_audit_events_total", worker="w", action="ejected") == 2
 
 
-class FakeAction(enum.Enum):
-    kRestartSucceeded = 2
-    kGaveUp = 4
-
-
 def test_audit_accepts_native_enum_members() -> None:
-    metrics.record_audit("w", FakeAction.kRestartSucceeded)
-    metrics.record_audit("w", FakeAction.kGaveUp)
+    router.record_audit("w", _native.AuditAction.RESTART_SUCCEEDED)
+    router.record_audit("w", _native.AuditAction.GAVE_UP)
+    router.record_audit("w", _native.AuditAction.EJECTED, reason_kind="process_exit")
     assert value("mineru_router_restarts_total", worker="w", outcome="succeeded") == 1
     assert value("mineru_router_gave_up_total", worker="w") == 1
-    metrics.record_audit("w", "not an action")
-    assert value("mineru_router_audit_events_total", worker="w", action="other") == 1
+    assert value("mineru_router_ejections_total", worker="w", reason="process_exit") == 1
+    router.record_audit("w", "not an action")
+    router.record_audit("w", 42)
+    assert value("mineru_router_audit_events_total", worker="w", action="other") == 2
 
 
 def test_forget_worker_drops_its_series() -> None:
-    metrics.set_worker_state("gone", "healthy", 0)
-    metrics.observe_probe("gone", 0.01)
-    metrics.record_audit("gone", "ejected", reason_kind="timeout")
-    metrics.set_worker_state("kept", "healthy", 0)
-    metrics.forget_worker("gone")
+    router.observe_probe("gone", 0.01)
+    router.record_audit("gone", "ejected", reason_kind="timeout")
+    router.observe_probe("kept", 0.01)
+    router.forget_worker("gone")
     remaining = scrape()
     assert not any(("worker", "gone") in labels for _, labels in remaining)
     assert any(("worker", "kept") in labels for _, labels in remaining)
-    metrics.forget_worker("never-seen")  # no error
+    router.forget_worker("never-seen")  # no error
 
 
 # --- HTTP ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ import httpx
 from mineru_health import _native, metrics
 from mineru_health.errors import ConfigError
 from mineru_health.integration import router as healing
+from prometheus_client.parser import text_string_to_metric_families
 
 WAIT_S = 30.0
 
@@ -212,6 +213,40 @@ def _entry(pool: Any, worker: str) -> dict[str, Any]:
     return next(s for s in payload["servers"] if s["server_id"] == worker)
 
 
+def _samples(name: str) -> list[Any]:
+    return [
+        sample
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def _metric_states() -> dict[str, str]:
+    """Each worker's phase as /metrics shows it (the one state series at 1)."""
+    return {
+        s.labels["worker"]: s.labels["state"]
+        for s in _samples("mineru_router_worker_state")
+        if s.value == 1
+    }
+
+
+def _ejections(worker: str) -> dict[str, float]:
+    return {
+        s.labels["reason"]: s.value
+        for s in _samples("mineru_router_ejections_total")
+        if s.labels["worker"] == worker and s.value
+    }
+
+
+def _assert_metrics_agree(pool: Any) -> None:
+    """/metrics, /health and MinerU's WorkerState say the same (call it at a settled moment)."""
+    _healthy, payload = pool.health_payload()
+    assert _metric_states() == {e["server_id"]: e["state"] for e in payload["servers"]}
+    for entry in payload["servers"]:
+        assert entry["healthy"] == entry["in_rotation"], entry
+
+
 def _audit_actions(path: Path, worker: str) -> list[str]:
     if not path.exists():
         return []
@@ -255,6 +290,9 @@ async def test_startup_routes_to_both_and_health_lists_policy_fields(env: Simple
             assert entry["next_restart_at"] is None and entry["last_error"] is None
             assert entry["max_concurrent_requests"] == 3
         assert payload["max_concurrent_requests"] == 6
+        # In rotation means "healthy" in /metrics too (it once said "starting").
+        assert _metric_states() == {"local-gpu-0": "healthy", "local-gpu-1": "healthy"}
+        _assert_metrics_agree(pool)
         chosen = await pool.acquire_submission_server()
         assert chosen is not None and chosen.healthy
         await pool.release_submission_server(chosen.server_id)
@@ -295,6 +333,9 @@ async def test_engine_death_restarts_that_worker_on_a_new_url(env: SimpleNamespa
         assert len([e for e in rec.events if e.worker_id == other.server_id]) > other_ejections
         entry = _entry(pool, dead.server_id)
         assert entry["state"] == "healthy" and entry["base_url"] == dead.base_url
+        _assert_metrics_agree(pool)
+        assert _ejections(dead.server_id) == {"engine_dead": 1}
+        assert not _ejections(other.server_id)
     lines = [json.loads(line) for line in env.audit.read_text().splitlines()]
     assert all(
         set(r) == {"time", "worker_id", "action", "attempt", "reason", "from", "to"} for r in lines
@@ -320,6 +361,7 @@ async def test_slow_stop_blocks_neither_probing_nor_routing(env: SimpleNamespace
             entry = _entry(pool, dead.server_id)
             assert entry["restarting"] and entry["state"] == "restarting"
             assert not entry["in_rotation"]
+            _assert_metrics_agree(pool)
             chosen = await pool.acquire_submission_server()
             assert chosen is other
             await pool.release_submission_server(chosen.server_id)
@@ -348,6 +390,9 @@ async def test_process_exit_is_detected_and_restarted(env: SimpleNamespace) -> N
         # Either the process check or failed probes may notice first; both are fine.
         assert ejected.reason
         assert server.local_server.process is not old and server.healthy
+        # One ejection, named by whichever noticed first, never "other".
+        causes = _ejections(server.server_id)
+        assert sum(causes.values()) == 1 and "other" not in causes, causes
 
 
 # --- passive signals ---------------------------------------------------------------------
@@ -382,6 +427,7 @@ async def test_fatal_task_failure_ejects_at_once(env: SimpleNamespace) -> None:
         )
         # Two fatal statuses from one instance were reported once.
         assert rec.actions(server.server_id).count("ejected") == 1
+        assert _ejections(server.server_id) == {"passive_failure": 1}
 
 
 @run_async

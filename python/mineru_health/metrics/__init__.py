@@ -1,0 +1,90 @@
+"""Prometheus metrics for patched MinerU workers and routers.
+
+Each process owns one registry (``_registry.py``), never the library's global
+one. Metrics are created per side on first use: a worker process exposes only
+``mineru_worker_*`` (:mod:`.worker`), a router only ``mineru_router_*``
+(:mod:`.router`), and both the standard ``process_*`` and ``python_info``
+families. docs/operations.md has the reference and the alert rules built on
+them.
+
+    from mineru_health import metrics
+    metrics.mount_metrics(app, role="worker")      # GET /metrics, families created
+    metrics.bind_worker_healthy(lambda: health.healthy)
+    metrics.record_worker_fatal(rule, category)
+
+The worker-side functions are re-exported here (the worker integration calls
+them as ``metrics.<name>``); router code uses ``metrics.router``. Every
+function is thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from . import _registry, router, worker
+from .worker import (
+    bind_worker_healthy,
+    record_worker_fatal,
+    record_worker_task_local,
+    set_worker_healthy,
+)
+
+__all__ = [
+    "METRIC_NAMES",
+    "bind_worker_healthy",
+    "exposition",
+    "mount_metrics",
+    "record_worker_fatal",
+    "record_worker_task_local",
+    "registry",
+    "reset_for_tests",
+    "router",
+    "set_worker_healthy",
+    "worker",
+]
+
+Role = Literal["worker", "router"]
+
+METRIC_NAMES: dict[Role, tuple[str, ...]] = {
+    "worker": worker.METRIC_NAMES,
+    "router": router.METRIC_NAMES,
+}
+
+
+def registry() -> CollectorRegistry:
+    """This process's registry (for tests and for adding collectors)."""
+    return _registry.current().registry
+
+
+def exposition() -> bytes:
+    """The current metrics in Prometheus text format."""
+    return generate_latest(_registry.current().registry)
+
+
+def reset_for_tests() -> None:
+    """Forget every metric and start from an empty registry. Tests only."""
+    _registry.reset()
+
+
+def mount_metrics(app: Any, role: Role, path: str = "/metrics") -> None:
+    """Adds ``GET <path>`` (Prometheus text format) to a FastAPI app.
+
+    Creates the role's metric families first so they appear on the first
+    scrape, before anything happened. Call once per app, at import or
+    start-up of the patched worker or router.
+    """
+    if role == "worker":
+        worker.ensure_families()
+    elif role == "router":
+        router.ensure_families()
+    else:
+        raise ValueError(f"role must be 'worker' or 'router', not {role!r}")
+
+    from starlette.responses import Response
+
+    async def metrics_endpoint() -> Response:
+        return Response(content=exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_api_route(path, metrics_endpoint, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,313 @@
+"""Router-side metrics (``mineru-router``), fed by ``mineru_health.integration.router``.
+
+Two kinds, by where the truth lives:
+
+- **State** belongs to the native restart policy. ``bind_worker_statuses(fn)``
+  registers ``fn`` (the poller's ``statuses()``); a custom collector calls it
+  at every scrape, as prometheus-client's ``ProcessCollector`` reads /proc, so
+  these gauges cannot drift from ``/health``:
+
+  - ``mineru_router_worker_state{worker,state}`` gauge: 1 for the worker's
+    current phase, 0 for the six others (all seven series always exist).
+  - ``mineru_router_worker_consecutive_failures{worker}`` gauge.
+
+- **Events** are counted as they are handled on the router's loop:
+
+  - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
+    probe: ``mineru_router_probe_duration_seconds{worker}`` histogram,
+    ``mineru_router_probes_total{worker,status}`` counter (``status`` is the
+    probe classification: ``healthy``, ``timeout``, ``engine_dead`` ...) and
+    ``mineru_router_last_probe_timestamp_seconds{worker}`` gauge (unix time).
+    The poller has no sweeps -- each worker is probed on its own jittered
+    schedule -- so instead of a sweep duration we expose when each worker was
+    last probed: ``time() - x`` growing past a few intervals means probes are
+    falling behind (the failure mode a sweep duration would reveal).
+  - ``record_audit(worker, action, reason_kind="")`` -- every audit record:
+    ``mineru_router_audit_events_total{worker,action}``,
+    ``mineru_router_restarts_total{worker,outcome}`` (``succeeded`` or
+    ``failed``), ``mineru_router_gave_up_total{worker}`` and
+    ``mineru_router_ejections_total{worker,reason}``; ``reason`` is a probe
+    status, ``process_exit``, ``passive_failure`` or ``other`` (never free
+    text: labels must stay bounded).
+  - ``forget_worker(worker)`` -- a worker left the pool: drops its counters.
+
+Every function is thread-safe and none raises on odd values: metrics must
+never break the request path. Phase, action and probe status names are the
+native module's ``to_string`` spellings, enumerated from its enums.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mineru_health import _native
+
+from ._registry import current
+
+__all__ = [
+    "AUDIT_ACTIONS",
+    "EJECTION_REASONS",
+    "METRIC_NAMES",
+    "WORKER_STATES",
+    "WorkerStatusCollector",
+    "bind_worker_statuses",
+    "ensure_families",
+    "forget_worker",
+    "observe_probe",
+    "record_audit",
+    "record_ejection",
+]
+
+_log = logging.getLogger("mineru_health.metrics")
+
+# The phases of the native RestartPolicy, as its to_string() spells them.
+WORKER_STATES: tuple[str, ...] = tuple(_native.to_string(p) for p in _native.WorkerPhase)
+
+# Audit action names, as the audit log writes them.
+AUDIT_ACTIONS: tuple[str, ...] = tuple(_native.to_string(a) for a in _native.AuditAction)
+
+_HEALTHY_PROBE = _native.to_string(_native.ProbeStatus.HEALTHY)
+
+# Probe failure classifications plus the non-probe causes. Anything else is
+# counted as "other" so the label set stays bounded.
+EJECTION_REASONS: tuple[str, ...] = (
+    *(_native.to_string(s) for s in _native.ProbeStatus if s != _native.ProbeStatus.HEALTHY),
+    "process_exit",
+    "passive_failure",
+    "other",
+)
+
+METRIC_NAMES: tuple[str, ...] = (
+    "mineru_router_worker_state",
+    "mineru_router_worker_consecutive_failures",
+    "mineru_router_probe_duration_seconds",
+    "mineru_router_probes_total",
+    "mineru_router_last_probe_timestamp_seconds",
+    "mineru_router_restarts_total",
+    "mineru_router_gave_up_total",
+    "mineru_router_ejections_total",
+    "mineru_router_audit_events_total",
+)
+
+# Healthy probes answer in milliseconds; failing ones run up to the probe
+# timeout (1.5 s by default, 10 s in the slowest preset).
+_PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+StatusSource = Callable[[], Iterable[Any]]
+
+
+class WorkerStatusCollector(Collector):
+    """The state gauges, computed from the bound status source at every scrape.
+
+    The source returns objects with ``id``, ``phase`` and
+    ``consecutive_failures`` (the poller's ``WorkerStatus``); unbound, the
+    families are empty. Thread-safe: binding swaps one reference, and
+    ``collect`` runs on whichever thread scrapes.
+    """
+
+    def __init__(self) -> None:
+        self._source: StatusSource | None = None
+
+    def bind(self, source: StatusSource | None) -> None:
+        self._source = source
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Names only: registering must not call the source.
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state, failures = self._families()
+        for status in self._statuses():
+            try:
+                phase = _native.to_string(status.phase)
+                worker = str(status.id)
+                count = float(status.consecutive_failures)
+            except (AttributeError, TypeError, ValueError):
+                continue  # not a status: leave it out rather than fail the scrape
+            for name in WORKER_STATES:
+                state.add_metric([worker, name], 1.0 if name == phase else 0.0)
+            failures.add_metric([worker], count)
+        yield state
+        yield failures
+
+    def _statuses(self) -> list[Any]:
+        source = self._source
+        if source is None:
+            return []
+        try:
+            return list(source())
+        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
+            _log.exception("reading worker statuses for /metrics failed")
+            return []
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "mineru_router_worker_state",
+                "1 for the worker's current health phase, 0 for the others.",
+                labels=["worker", "state"],
+            ),
+            GaugeMetricFamily(
+                "mineru_router_worker_consecutive_failures",
+                "Failed probes in a row for the worker.",
+                labels=["worker"],
+            ),
+        )
+
+
+class _RouterMetrics:
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.statuses = WorkerStatusCollector()
+        reg.register(self.statuses)
+        self.probe_duration = Histogram(
+            "mineru_router_probe_duration_seconds",
+            "Time one GET /health probe took, failures included.",
+            ["worker"],
+            buckets=_PROBE_BUCKETS,
+            registry=reg,
+        )
+        self.probes = Counter(
+            "mineru_router_probes",
+            "Finished probes, by classification.",
+            ["worker", "status"],
+            registry=reg,
+        )
+        self.last_probe = Gauge(
+            "mineru_router_last_probe_timestamp_seconds",
+            "Unix time the worker's last probe finished.",
+            ["worker"],
+            registry=reg,
+        )
+        self.restarts = Counter(
+            "mineru_router_restarts",
+            "Finished restart attempts of router-managed workers, by outcome.",
+            ["worker", "outcome"],
+            registry=reg,
+        )
+        self.gave_up = Counter(
+            "mineru_router_gave_up",
+            "Times the router stopped restarting a worker after max attempts.",
+            ["worker"],
+            registry=reg,
+        )
+        self.ejections = Counter(
+            "mineru_router_ejections",
+            "Times a worker was taken out of rotation, by cause.",
+            ["worker", "reason"],
+            registry=reg,
+        )
+        self.audit = Counter(
+            "mineru_router_audit_events",
+            "Audit records written, by action.",
+            ["worker", "action"],
+            registry=reg,
+        )
+
+
+def _metrics() -> _RouterMetrics:
+    return current().metric_set(_RouterMetrics)
+
+
+_ENUMS = (_native.ProbeStatus, _native.WorkerPhase, _native.AuditAction)
+
+
+def _name(value: object) -> str:
+    """A native enum member's to_string() spelling; strings pass through; anything else "other"."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, _ENUMS):
+        return _native.to_string(value)
+    return "other"
+
+
+def ensure_families() -> None:
+    """Creates the router families, so they show from the first scrape."""
+    _metrics()
+
+
+def bind_worker_statuses(source: StatusSource | None) -> None:
+    """Makes the state gauges read ``source()`` (the poller's ``statuses``) at every scrape.
+
+    ``source`` runs on the scraping thread; it must be cheap and must not
+    block for long (the poller takes its mutex briefly). ``None`` unbinds.
+    """
+    _metrics().statuses.bind(source)
+
+
+def observe_probe(
+    worker: str, latency_s: float, status: object = _HEALTHY_PROBE, unix_time: float | None = None
+) -> None:
+    """Records one finished probe: its latency, its classification and when it ended.
+
+    ``status`` is the probe classification ("healthy", "timeout", ... or the
+    native enum member); anything else is counted as "other".
+    """
+    metrics = _metrics()
+    name = _name(status)
+    if name != _HEALTHY_PROBE and name not in EJECTION_REASONS:
+        name = "other"
+    metrics.probe_duration.labels(worker=worker).observe(max(0.0, float(latency_s)))
+    metrics.probes.labels(worker=worker, status=name).inc()
+    metrics.last_probe.labels(worker=worker).set(time.time() if unix_time is None else unix_time)
+
+
+def record_ejection(worker: str, reason_kind: str) -> None:
+    """Counts one removal from rotation; ``reason_kind`` outside EJECTION_REASONS is "other"."""
+    kind = reason_kind if reason_kind in EJECTION_REASONS else "other"
+    _metrics().ejections.labels(worker=worker, reason=kind).inc()
+
+
+def record_audit(worker: str, action: object, reason_kind: str = "") -> None:
+    """Counts one audit record and the counter it implies.
+
+    ``action`` is the audit log's action name (AUDIT_ACTIONS) or the native
+    enum member. ``reason_kind`` matters for ``ejected`` only: the probe status
+    that caused it, ``process_exit`` or ``passive_failure``.
+    """
+    name = _name(action)
+    if name not in AUDIT_ACTIONS:
+        name = "other"
+    metrics = _metrics()
+    metrics.audit.labels(worker=worker, action=name).inc()
+    if name == "auto_restart_success":
+        metrics.restarts.labels(worker=worker, outcome="succeeded").inc()
+    elif name == "auto_restart_failed":
+        metrics.restarts.labels(worker=worker, outcome="failed").inc()
+    elif name == "auto_restart_gave_up":
+        metrics.gave_up.labels(worker=worker).inc()
+    elif name == "ejected":
+        record_ejection(worker, reason_kind)
+
+
+def forget_worker(worker: str) -> None:
+    """Drops the worker's event series (it left the pool); counters restart at 0 if it returns.
+
+    Its state series need nothing: they disappear with its status.
+    """
+    metrics = _metrics()
+    _remove(metrics.probe_duration, worker)
+    _remove(metrics.last_probe, worker)
+    _remove(metrics.gave_up, worker)
+    for status in (*EJECTION_REASONS, _HEALTHY_PROBE):
+        _remove(metrics.probes, worker, status)
+    for outcome in ("succeeded", "failed"):
+        _remove(metrics.restarts, worker, outcome)
+    for reason in EJECTION_REASONS:
+        _remove(metrics.ejections, worker, reason)
+    for action in (*AUDIT_ACTIONS, "other"):
+        _remove(metrics.audit, worker, action)
+
+
+def _remove(metric: Gauge | Counter | Histogram, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass  # that combination was never recorded

@@ -1,0 +1,112 @@
+"""Worker-side metrics (``mineru-api``), called by ``mineru_health.integration.worker``.
+
+- ``bind_worker_healthy(fn)``            -- the healthy gauge reads ``fn()`` at
+  scrape time (e.g. ``lambda: state.healthy()``); preferred over pushing.
+- ``set_worker_healthy(healthy)``        -- push form, when no callable fits.
+- ``record_worker_fatal(rule, category)`` -- one fatal (engine-dead) failure.
+- ``record_worker_task_local()``         -- one failure that stayed task-local.
+
+Families:
+
+- ``mineru_worker_healthy`` gauge: 1 while the engine is usable, 0 after a
+  fatal error (the same fact as ``/health`` answering 503).
+- ``mineru_worker_fatal_errors_total{rule,category}`` counter.
+- ``mineru_worker_task_local_failures_total`` counter.
+
+Every function is thread-safe (the task-failure hook runs on MinerU's
+threads) and never raises on odd label values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ._registry import current
+
+__all__ = [
+    "METRIC_NAMES",
+    "bind_worker_healthy",
+    "ensure_families",
+    "record_worker_fatal",
+    "record_worker_task_local",
+    "set_worker_healthy",
+]
+
+METRIC_NAMES: tuple[str, ...] = (
+    "mineru_worker_healthy",
+    "mineru_worker_fatal_errors_total",
+    "mineru_worker_task_local_failures_total",
+)
+
+
+class _WorkerMetrics:
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.healthy = Gauge(
+            "mineru_worker_healthy",
+            "1 while this worker's inference engine is usable, 0 after a fatal error.",
+            registry=reg,
+        )
+        # A worker starts healthy, as its native WorkerState does.
+        self.healthy.set(1)
+        # True once bind_worker_healthy() made the gauge read a callable.
+        self.healthy_bound = False
+        self.fatal = Counter(
+            "mineru_worker_fatal_errors",
+            "Task failures classified as fatal for the engine, by rule and category.",
+            ["rule", "category"],
+            registry=reg,
+        )
+        self.task_local = Counter(
+            "mineru_worker_task_local_failures",
+            "Task failures that were classified as affecting one task only.",
+            registry=reg,
+        )
+
+
+def _metrics() -> _WorkerMetrics:
+    return current().metric_set(_WorkerMetrics)
+
+
+def ensure_families() -> None:
+    """Creates the worker families, so they show from the first scrape."""
+    _metrics()
+
+
+def set_worker_healthy(healthy: bool) -> None:
+    """Pushes the worker's health (1 healthy, 0 engine dead)."""
+    _metrics().healthy.set(1 if healthy else 0)
+
+
+def bind_worker_healthy(fn: Callable[[], bool]) -> None:
+    """Makes the healthy gauge call ``fn`` at every scrape instead of pushing.
+
+    ``fn`` runs on the scraping thread; it must be cheap, must not block and
+    must not raise.
+    """
+
+    def read() -> float:
+        return 1.0 if fn() else 0.0
+
+    metrics = _metrics()
+    metrics.healthy.set_function(read)
+    metrics.healthy_bound = True
+
+
+def record_worker_fatal(rule: str, category: str) -> None:
+    """Counts one fatal failure and marks the worker unhealthy.
+
+    If the gauge is bound to a callable (bind_worker_healthy) the callable
+    stays the source of truth and this only counts.
+    """
+    metrics = _metrics()
+    metrics.fatal.labels(rule=rule or "unknown", category=category or "unknown").inc()
+    # set() would replace a bound callable, so push only when nothing is bound.
+    if not metrics.healthy_bound:
+        metrics.healthy.set(0)
+
+
+def record_worker_task_local() -> None:
+    """Counts one failure that the classifier kept task-local."""
+    _metrics().task_local.inc()

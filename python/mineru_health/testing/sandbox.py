@@ -1,0 +1,294 @@
+"""A throwaway, patched MinerU on loopback: what the demo, the integration tests and load tests share.
+
+    python = mineru_python()                          # MINERU_HEALTH_MINERU_PYTHON or this one
+    site = patched_site(tmp / "site", python)         # copy of MinerU, patched; the venv's untouched
+    env = mineru_env(site, health_path=mineru_health_path(), output_root=tmp / "out")
+    with Processes() as procs:                        # every child reaped on exit, grandchildren too
+        vlm = procs.start("fake-vlm", fake_vlm_command(python, port), env=env,
+                          log_path=tmp / "fake-vlm.log")
+        ...
+    pdf = make_pdf(pages=50, images_per_page=2, seed=7)   # deterministic bytes per arguments
+
+MinerU runs under ``MINERU_HEALTH_MINERU_PYTHON`` (default: this
+interpreter), with the patched copy first on ``PYTHONPATH``. Processes start
+in their own session and are always reaped, with what they started
+(``processes.py``, re-exported here). ``make_pdf`` needs reportlab and Pillow
+(the ``test`` and ``demo`` extras). Nothing here is thread-safe; use one
+``Processes`` from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .processes import ManagedProcess, Processes
+
+__all__ = [
+    "HOST",
+    "MINERU_PYTHON_ENV",
+    "ManagedProcess",
+    "Processes",
+    "SandboxError",
+    "copy_mineru",
+    "fake_vlm_command",
+    "free_port",
+    "health_path_for",
+    "make_pdf",
+    "mineru_env",
+    "mineru_health_path",
+    "mineru_package_dir",
+    "mineru_python",
+    "patch_site",
+    "patched_site",
+    "wait_until",
+]
+
+HOST = "127.0.0.1"
+MINERU_PYTHON_ENV = "MINERU_HEALTH_MINERU_PYTHON"
+# Variables of ours that must not leak from the caller's environment into a sandbox.
+_OUR_PREFIXES = ("MINERU_ROUTER_HEALTH_", "MINERU_HEALTH_")
+_FIND_MINERU = (
+    "import importlib.util as u; s = u.find_spec('mineru'); "
+    "print(list(s.submodule_search_locations)[0] if s else '')"
+)
+_IMPORTS_HEALTH = "import mineru_health.integration.worker"
+
+
+class SandboxError(Exception):
+    """MinerU could not be found, copied or patched."""
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def free_port(host: str = HOST) -> int:
+    """A port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.1) -> Any:
+    """Polls ``predicate`` until it returns a truthy value; returns it, or the last falsy one."""
+    deadline = time.monotonic() + timeout_s
+    result = predicate()
+    while not result and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        result = predicate()
+    return result
+
+
+# --- MinerU, copied and patched ----------------------------------------------------------------
+
+
+def mineru_python() -> str:
+    """The interpreter that runs MinerU: ``$MINERU_HEALTH_MINERU_PYTHON`` or this one."""
+    return os.environ.get(MINERU_PYTHON_ENV) or sys.executable
+
+
+def mineru_package_dir(python: str | None = None, *, timeout_s: float = 120.0) -> Path:
+    """The ``mineru`` package directory ``python`` imports (found without importing it)."""
+    python = python or mineru_python()
+    try:
+        found = subprocess.run(
+            [python, "-c", _FIND_MINERU],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"cannot run {python}: {exc}") from None
+    location = found.stdout.strip()
+    if found.returncode != 0 or not location:
+        detail = " | ".join(found.stderr.strip().splitlines()[-3:])
+        raise SandboxError(f"mineru is not importable by {python} (set {MINERU_PYTHON_ENV}) {detail}")
+    return Path(location)
+
+
+def mineru_health_path() -> str:
+    """The directory this ``mineru_health`` package is imported from (for ``PYTHONPATH``)."""
+    import mineru_health
+
+    return str(Path(mineru_health.__file__).resolve().parent.parent)
+
+
+def copy_mineru(dest_dir: Path, python: str | None = None, *, source: Path | None = None) -> Path:
+    """Copies the ``mineru`` package into ``dest_dir`` (created); returns ``dest_dir``.
+
+    ``dest_dir`` is what goes first on ``PYTHONPATH``; pick a name that is not
+    a valid module name (``mineru-site``), so nothing imports the folder itself.
+    """
+    package = source or mineru_package_dir(python)
+    shutil.copytree(
+        package, dest_dir / "mineru", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    return dest_dir
+
+
+def patch_site(site: Path) -> Any:
+    """Applies the shipped patches to ``site/mineru``; returns the ``PatchReport``.
+
+    Raises ``SandboxError`` when patching is refused or does not cover both the
+    worker (``cli/fast_api.py``) and the router (``cli/router.py``).
+    """
+    from mineru_health import patching
+    from mineru_health.errors import MineruHealthError
+
+    try:
+        report = patching.apply(site / "mineru")
+    except MineruHealthError as exc:
+        raise SandboxError(f"mineru-health patch apply: {exc}") from None
+    targets = {f.target for f in report.files}
+    if not {"cli/fast_api.py", "cli/router.py"} <= targets:
+        raise SandboxError(
+            f"the patch set covers only {sorted(targets)}; both cli/fast_api.py and "
+            "cli/router.py are needed"
+        )
+    return report
+
+
+def patched_site(dest_dir: Path, python: str | None = None) -> Path:
+    """``copy_mineru`` then ``patch_site``; returns the directory for ``PYTHONPATH``."""
+    site = copy_mineru(dest_dir, python)
+    patch_site(site)
+    return site
+
+
+def health_path_for(python: str, site: Path, *, timeout_s: float = 120.0) -> str | None:
+    """``mineru_health_path()`` when ``python`` cannot import this package by itself, else None.
+
+    MinerU's Python may be another environment: it then borrows this package's
+    directory (after the MinerU copy on ``PYTHONPATH``).
+    """
+    env = mineru_env(site)
+    try:
+        done = subprocess.run(
+            [python, "-c", _IMPORTS_HEALTH],
+            env=env,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return mineru_health_path()
+    return None if done.returncode == 0 else mineru_health_path()
+
+
+def mineru_env(
+    site: Path,
+    *,
+    health_path: str | None = None,
+    output_root: Path | None = None,
+    extra: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a MinerU process that runs the copy in ``site``.
+
+    ``base`` (default ``os.environ``) without our own variables; ``site``
+    first on ``PYTHONPATH``, then ``health_path`` if given, then what was
+    there. ``output_root`` sets ``MINERU_API_OUTPUT_ROOT`` (and the local
+    model source, access log off, unbuffered output: the test settings).
+    """
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if not k.startswith(_OUR_PREFIXES)}
+    paths = [str(site)] + ([health_path] if health_path else [])
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    if output_root is not None:
+        env.update(
+            {
+                "MINERU_MODEL_SOURCE": "local",
+                "MINERU_API_OUTPUT_ROOT": str(output_root),
+                "MINERU_API_DISABLE_ACCESS_LOG": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+    env.update(extra or {})
+    return env
+
+
+def fake_vlm_command(python: str, port: int, host: str = HOST) -> list[str]:
+    """argv of the fake OpenAI-compatible VLM server (``testing/fake_vlm_server.py``)."""
+    module = "mineru_health.testing.fake_vlm_server"
+    return [python, "-m", module, "--host", host, "--port", str(port)]
+
+
+# --- PDFs ----------------------------------------------------------------------------------------
+
+
+def make_pdf(
+    pages: int = 1,
+    *,
+    images_per_page: int = 0,
+    image_px: int = 256,
+    seed: int = 0,
+    text: str = "mineru-health test page",
+) -> bytes:
+    """A PDF of ``pages`` A4 pages, each with a line of text and ``images_per_page`` images.
+
+    Every image is ``image_px`` x ``image_px`` RGB noise, so it neither
+    compresses nor repeats: size grows with pages x images (about
+    4 x image_px^2 bytes each, reportlab stores them ASCII85-encoded; 100
+    pages x 4 images of 256 px make about 100 MB in some 20 s). The same
+    arguments give the same bytes (reportlab's invariant mode, noise from
+    ``random.Random(seed)``).
+    """
+    if pages < 1:
+        raise ValueError(f"pages must be at least 1, not {pages}")
+    if images_per_page < 0:
+        raise ValueError(f"images_per_page must not be negative, not {images_per_page}")
+    if not 1 <= image_px <= 4096:
+        raise ValueError(f"image_px must be between 1 and 4096, not {image_px}")
+    from reportlab.lib.pagesizes import A4  # type: ignore[import-untyped]
+    from reportlab.lib.utils import ImageReader  # type: ignore[import-untyped]
+    from reportlab.pdfgen import canvas  # type: ignore[import-untyped]
+
+    rng = random.Random(seed)
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=A4, invariant=True)
+    width, height = A4
+    margin = 48.0
+    for page in range(1, pages + 1):
+        pdf.drawString(margin, height - margin - 12, text if pages == 1 else f"{text} {page}")
+        if images_per_page:
+            _draw_noise(pdf, rng, images_per_page, image_px, ImageReader, margin, width, height)
+        pdf.showPage()
+    pdf.save()
+    return buffer.getvalue()
+
+
+def _draw_noise(
+    pdf: Any,
+    rng: random.Random,
+    count: int,
+    image_px: int,
+    reader: Any,
+    margin: float,
+    width: float,
+    height: float,
+) -> None:
+    from PIL import Image
+
+    columns = math.ceil(math.sqrt(count))
+    rows = math.ceil(count / columns)
+    cell_w = (width - 2 * margin) / columns
+    cell_h = (height - 2 * margin - 24) / rows
+    side = min(cell_w, cell_h) * 0.9
+    for index in range(count):
+        row, column = divmod(index, columns)
+        noise = Image.frombytes("RGB", (image_px, image_px), rng.randbytes(image_px * image_px * 3))
+        x = margin + column * cell_w
+        y = height - margin - 24 - (row + 1) * cell_h
+        pdf.drawImage(reader(noise), x, y, width=side, height=side)

@@ -1,0 +1,78 @@
+"""The worker and router integration paths import nothing only the demo or the tests need.
+
+MinerU itself imports httpx, so each module is imported in a fresh
+interpreter in which MinerU and the demo-only libraries are absent: an import
+of one of them fails there, and what got loaded is listed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Only the demo (or the tests) may use these.
+DEMO_ONLY = ("httpx", "reportlab", "PIL")
+ABSENT = ("mineru", *DEMO_ONLY)
+
+SCRIPT = r"""
+import importlib, importlib.abc, json, sys
+
+ABSENT = set(sys.argv[2].split(","))
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ABSENT:
+            raise ModuleNotFoundError(f"No module named {name!r} (absent in this test)", name=name)
+        return None
+
+sys.meta_path.insert(0, Absent())
+before = set(sys.modules)
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "mineru_health.integration.worker",
+        "mineru_health.integration.router",
+        "mineru_health.metrics",
+        "mineru_health.monitor",
+    ],
+)
+def test_integration_imports_no_demo_dependency(module: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, module, ",".join(ABSENT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,  # the installed package, not a source tree
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout)
+    assert not [m for m in loaded if m.split(".")[0] in ABSENT], loaded
+    ours = [m for m in loaded if m.startswith("mineru_health.")]
+    assert not [m for m in ours if m.startswith(("mineru_health.demo", "mineru_health.testing"))]
+
+
+def test_the_demo_names_its_extra_when_a_library_is_missing(tmp_path: Path) -> None:
+    script = SCRIPT.replace(
+        "importlib.import_module(sys.argv[1])",
+        "from mineru_health.demo import main; raise SystemExit(main([]))",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "unused", "httpx"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "needs httpx" in done.stderr and "mineru-health[demo]" in done.stderr

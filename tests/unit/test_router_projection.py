@@ -1,0 +1,201 @@
+"""integration/router/projection.py: poller events and statuses onto MinerU's WorkerState, no processes.
+
+Probe results are real (``classify_health_response``); events and statuses
+are plain objects with the native fields, since the poller alone makes real
+ones. The WorkerState is MinerU's own dataclass.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from mineru_health import _native
+from mineru_health.integration.router import projection
+
+router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.4.4 is not importable")
+
+K = _native.PollerEventKind
+A = _native.AuditAction
+P = _native.WorkerPhase
+HEALTHY_BODY = {
+    "status": "healthy",
+    "protocol_version": 2,
+    "queued_tasks": 1,
+    "processing_tasks": 2,
+    "completed_tasks": 3,
+    "failed_tasks": 4,
+    "max_concurrent_requests": 3,
+    "processing_window_size": 0,
+}
+DEAD_BODY = {"status": "unhealthy", "engine_dead": True, "error": "EngineDeadError: boom"}
+
+
+def probe_result(code: int, body: dict[str, Any]) -> Any:
+    expect = _native.ProbeExpectations()
+    expect.expected_status = "healthy"
+    expect.max_body_bytes = 65536
+    expect.require_load_fields = True
+    return _native.classify_health_response(code, json.dumps(body), False, expect)
+
+
+def probe_event(worker: str, result: Any, *, in_rotation: bool) -> SimpleNamespace:
+    return SimpleNamespace(
+        kind=K.PROBE, worker_id=worker, unix_time=1_700_000_000.0, probe=result, audit=None,
+        in_rotation=in_rotation,
+    )
+
+
+def audit_event(worker: str, action: Any, reason: str, *, in_rotation: bool) -> SimpleNamespace:
+    audit = SimpleNamespace(action=action, reason=reason, attempt=0, from_phase=P.HEALTHY,
+                            to_phase=P.UNHEALTHY)
+    return SimpleNamespace(kind=K.AUDIT, worker_id=worker, unix_time=1_700_000_001.0,
+                           probe=None, audit=audit, in_rotation=in_rotation)
+
+
+def restart_event(worker: str) -> SimpleNamespace:
+    return SimpleNamespace(kind=K.RESTART_REQUESTED, worker_id=worker, unix_time=0.0, probe=None,
+                           audit=None, in_rotation=False)
+
+
+def worker_state(**fields: Any) -> Any:
+    return router_mod.WorkerState(
+        server_id="local-gpu-0", source="local", base_url="http://127.0.0.1:1", gpu="0", **fields
+    )
+
+
+def test_healthy_probe_brings_rotation_load_and_time() -> None:
+    server = worker_state(last_error="old")
+    projection.project_event(server, probe_event("w", probe_result(200, HEALTHY_BODY),
+                                                 in_rotation=True))
+    assert server.healthy
+    assert (server.queued_tasks, server.processing_tasks) == (1, 2)
+    assert (server.completed_tasks, server.failed_tasks) == (3, 4)
+    assert server.max_concurrent_requests == 3
+    assert server.processing_window_size == 1  # at least 1, as MinerU's scoring needs
+    assert server.last_error is None
+    assert datetime.fromisoformat(server.last_checked_at).timestamp() == 1_700_000_000.0
+
+
+def test_rotation_is_the_policy_s_not_the_probe_s() -> None:
+    # A booting worker answers healthy before the healthy threshold is met:
+    # the policy keeps it out, and so does the projection.
+    server = worker_state(healthy=True)
+    projection.project_event(server, probe_event("w", probe_result(200, HEALTHY_BODY),
+                                                 in_rotation=False))
+    assert not server.healthy
+
+
+def test_failed_probe_brings_its_classification_as_last_error() -> None:
+    server = worker_state(healthy=True, queued_tasks=7)
+    projection.project_event(server, probe_event("w", probe_result(503, DEAD_BODY),
+                                                 in_rotation=False))
+    assert not server.healthy
+    assert server.last_error.startswith("engine_dead: HTTP 503")
+    assert server.queued_tasks == 7  # load stays what the last healthy answer said
+
+
+def test_audit_out_of_rotation_brings_its_reason() -> None:
+    server = worker_state(healthy=True)
+    reason = "worker process 12 exited with code -9\n  (second line)"
+    projection.project_event(server, audit_event("w", A.EJECTED, reason, in_rotation=False))
+    assert not server.healthy
+    assert server.last_error == "worker process 12 exited with code -9 (second line)"
+    projection.project_event(server, audit_event("w", A.RESTART_SUCCEEDED, "", in_rotation=True))
+    assert server.healthy
+
+
+def test_restart_request_only_takes_it_out() -> None:
+    server = worker_state(healthy=True, last_error="kept")
+    projection.project_event(server, restart_event("w"))
+    assert not server.healthy and server.last_error == "kept"
+
+
+def test_project_status_reads_rotation_and_ignores_unknown() -> None:
+    server = worker_state(healthy=True)
+    projection.project_status(server, None)
+    assert server.healthy
+    projection.project_status(server, SimpleNamespace(in_rotation=False))
+    assert not server.healthy
+
+
+def status(**fields: Any) -> SimpleNamespace:
+    base: dict[str, Any] = {
+        "phase": P.RESTART_SCHEDULED,
+        "in_rotation": False,
+        "restartable": True,
+        "consecutive_failures": 2,
+        "attempt": 1,
+        "next_restart_in_s": 4.0,
+        "last_error": "timed out",
+    }
+    base.update(fields)
+    return SimpleNamespace(**base)
+
+
+def test_health_entry_gets_the_policy_fields() -> None:
+    entry: dict[str, Any] = {"server_id": "w", "last_error": None}
+    projection.add_policy_fields(entry, status(), restarting=False, now=1_700_000_000.0)
+    assert entry["state"] == "restart_scheduled" and not entry["in_rotation"]
+    assert entry["restartable"] and not entry["restarting"]
+    assert (entry["consecutive_failures"], entry["restart_attempt"]) == (2, 1)
+    assert datetime.fromisoformat(entry["next_restart_at"]).timestamp() == 1_700_000_004.0
+    assert entry["last_error"] == "timed out"
+
+
+def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
+    entry: dict[str, Any] = {"server_id": "w", "last_error": None}
+    projection.add_policy_fields(
+        entry,
+        status(phase=P.HEALTHY, in_rotation=True, next_restart_in_s=None, last_error="stale"),
+        restarting=False,
+        now=0.0,
+    )
+    assert entry["state"] == "healthy" and entry["next_restart_at"] is None
+    assert entry["last_error"] is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        (projection.process_exit_reason(41, -9), "process_exit"),
+        (projection.start_failure_reason("Timed out waiting"), "process_exit"),
+        (projection.passive_task_reason("vllm.engine_dead", "EngineDeadError"), "passive_failure"),
+        (projection.passive_submission_reason("r", "503 EngineDeadError"), "passive_failure"),
+        ("some other text", "other"),
+    ],
+)
+def test_ejection_by_a_report_is_named_by_its_reason(reason: str, cause: str) -> None:
+    causes = projection.EjectionCauses()
+    # A healthy probe of the same worker before it does not make it a probe ejection.
+    assert causes.cause_of(probe_event("w", probe_result(200, HEALTHY_BODY),
+                                       in_rotation=True)) is None
+    assert causes.cause_of(audit_event("w", A.EJECTED, reason, in_rotation=False)) == cause
+
+
+def test_ejection_right_after_a_failed_probe_is_that_probe_s() -> None:
+    causes = projection.EjectionCauses()
+    dead = probe_result(503, DEAD_BODY)
+    assert causes.cause_of(probe_event("w", dead, in_rotation=False)) is None
+    assert causes.cause_of(audit_event("w", A.EJECTED, dead.detail, in_rotation=False)) == (
+        "engine_dead"
+    )
+    # The audits that follow in the same batch are not ejections.
+    assert causes.cause_of(audit_event("w", A.HEALTH_FAILED, "", in_rotation=False)) is None
+
+
+def test_a_failed_probe_of_another_worker_names_nothing() -> None:
+    causes = projection.EjectionCauses()
+    causes.cause_of(probe_event("other", probe_result(503, DEAD_BODY), in_rotation=False))
+    reason = projection.passive_task_reason("r", "EngineDeadError")
+    assert causes.cause_of(audit_event("w", A.EJECTED, reason, in_rotation=False)) == (
+        "passive_failure"
+    )
+
+
+def test_reasons_are_one_line_and_bounded() -> None:
+    long = projection.passive_task_reason("r", "x\n" * 400)
+    assert "\n" not in long and len(long) == projection.REASON_CHARS and long.endswith("...")
