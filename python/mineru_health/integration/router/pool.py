@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from mineru_health import _native, metrics
-from mineru_health.errors import ConfigError
 from mineru_health.audit import AuditLog
+from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
 from mineru_health.settings import HealthSettings
 
