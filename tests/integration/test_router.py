@@ -274,7 +274,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
             failed = status
             break
     assert failed is not None, "no task reached the dead engine"
-    assert "EngineDeadError" in (failed["error"] or "")
+    assert "EngineCore encountered an issue" in (failed["error"] or "")
 
     # It leaves rotation within failure_threshold x interval (here: at once,
     # from the failed task's status; the probes confirm it with the 503).
