@@ -313,7 +313,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
         "auto_restart_scheduled",
         "auto_restart_success",
     ]
-    assert "EngineDeadError" in records[0]["reason"]
+    assert "engine_dead" in records[0]["reason"]  # the rule and category, never task text
     assert [(r["from"], r["to"]) for r in records] == [
         ("healthy", "unhealthy"),
         ("unhealthy", "failed"),
