@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from mineru_health.testing.sandbox import (
     Processes,
     fake_vlm_command,

@@ -81,6 +81,7 @@ void register_config(py::module_& m) {
       .def_readwrite("error_budget", &WorkerConfig::error_budget)
       .def_readwrite("error_budget_window_s",
                      &WorkerConfig::error_budget_window_s)
+      .def_readwrite("parent_pid", &WorkerConfig::parent_pid)
       .def_readwrite("rules_path", &WorkerConfig::rules_path)
       .def_readwrite("fault_plan_path", &WorkerConfig::fault_plan_path)
       .def_readwrite("fault_hang_s", &WorkerConfig::fault_hang_s);

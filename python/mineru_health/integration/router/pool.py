@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -46,6 +47,7 @@ __all__ = ["PoolLifecycleMixin", "launching_server_class"]
 
 _log = logging.getLogger("mineru_health.router")
 
+PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
 _PROBE = _native.PollerEventKind.PROBE
 _AUDIT = _native.PollerEventKind.AUDIT
 _RESTART = _native.PollerEventKind.RESTART_REQUESTED
@@ -101,6 +103,9 @@ class PoolLifecycleMixin:
             _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
             raise
         super().__init__(*args, **kwargs)
+        # Workers launched from here die with this process, however it dies
+        # (they inherit the environment; see parent_watch.h).
+        os.environ[PARENT_PID_ENV] = str(os.getpid())
         self._audit = AuditLog(self.health_settings.audit_path)
         self._monitor = HealthMonitor(
             self.health_settings,
