@@ -199,3 +199,17 @@ def test_a_failed_probe_of_another_worker_names_nothing() -> None:
 def test_reasons_are_one_line_and_bounded() -> None:
     long = projection.passive_task_reason("r", "x\n" * 400)
     assert "\n" not in long and len(long) == projection.REASON_CHARS and long.endswith("...")
+
+
+def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -> None:
+    # A worker's /health text with a newline and an ANSI escape must not forge
+    # a log line or repaint a terminal (issue 10 item 7); JSON records keep it.
+    from mineru_health.integration.router.pool import log_audit
+
+    hostile = "timeout\n2026-01-01 INFO forged line \x1b[32mgreen"
+    with caplog.at_level("INFO", logger="mineru_health.router"):
+        log_audit({"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message and "\x1b" not in message
+    assert "forged line" in message and record.levelname == "WARNING"

@@ -55,6 +55,7 @@ from typing import Any
 from .. import _native, liveness, metrics
 from ..classifier import default_rules
 from ..errors import ConfigError, HealthEndpointError
+from ..safe_text import printable
 from ..settings import WorkerSettings
 from ..worker import (
     FatalInfo,
@@ -97,6 +98,8 @@ ASGIApp = Callable[
 
 
 def _log(level: str, message: str) -> None:
+    # Messages quote exceptions and task texts: escaped for the plain-text log.
+    message = printable(message)
     try:
         from loguru import logger
 

@@ -31,6 +31,7 @@ from mineru_health import _native, metrics
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
+from mineru_health.safe_text import printable
 from mineru_health.settings import HealthSettings
 
 from .projection import (
@@ -43,7 +44,7 @@ from .projection import (
     start_failure_reason,
 )
 
-__all__ = ["PoolLifecycleMixin", "launching_server_class"]
+__all__ = ["PoolLifecycleMixin", "launching_server_class", "log_audit"]
 
 _log = logging.getLogger("mineru_health.router")
 
@@ -75,6 +76,14 @@ def launching_server_class(base: type) -> type:
 
     HealingLocalServer.__name__ = HealingLocalServer.__qualname__ = base.__name__
     return HealingLocalServer
+
+
+def log_audit(record: Mapping[str, Any], *, in_rotation: bool) -> None:
+    """One plain-text log line per audit record; the reason can quote a worker's answer,
+    so it is escaped (a newline or an ANSI escape never forges or repaints a line)."""
+    level = logging.INFO if in_rotation else logging.WARNING
+    _log.log(level, "worker %s: %s (%s)", record["worker_id"], record["action"],
+             printable(str(record["reason"])))
 
 
 class PoolLifecycleMixin:
@@ -232,8 +241,7 @@ class PoolLifecycleMixin:
         elif event.kind == _AUDIT:
             record = self._audit.write(event)
             metrics.router.record_audit(worker_id, event.audit.action, cause or "")
-            level = logging.INFO if server.healthy else logging.WARNING
-            _log.log(level, "worker %s: %s (%s)", worker_id, record["action"], record["reason"])
+            log_audit(record, in_rotation=server.healthy)
         elif event.kind == _RESTART:
             self._schedule_restart(server)
         self._check_first_health()
@@ -258,7 +266,8 @@ class PoolLifecycleMixin:
         try:
             await asyncio.to_thread(local.stop)
         except Exception as exc:  # noqa: BLE001 -- a failed stop must not block the new start
-            _log.warning("worker %s: stopping the old process failed: %s", worker_id, exc)
+            _log.warning("worker %s: stopping the old process failed: %s", worker_id,
+                         printable(str(exc)))
         try:
             port = self._router["find_free_port"]()
             await local.launch(self.client, port)
