@@ -71,11 +71,13 @@ struct Endpoint {
   std::string url() const { return fmt::format("http://{}:{}", host, port); }
 };
 
+// Up to the hard limit: responders hold two descriptors per endpoint, the
+// prober one per probe in flight.
 void raise_fd_limit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
+  const mineru_health::FdLimit lim =
+      mineru_health::raise_fd_limit(std::size_t{1} << 20);
+  if (!lim.error.empty()) {
+    std::fprintf(stderr, "poller_bench: %s\n", lim.error.c_str());
   }
 }
 
@@ -377,6 +379,8 @@ int sweep_file(const std::string& file, double timeout_s, int concurrency) {
 // processes), probes finished and how they ended. Remote workers, so hung
 // ones stay `failed` and keep being probed (and timing out) all along.
 struct LiveMeasurement {
+  std::uint64_t loop_iterations = 0;
+  double mean_latency_ms = 0;
   std::uint64_t probes = 0;
   std::uint64_t healthy = 0;
   std::uint64_t timeouts = 0;
@@ -394,15 +398,20 @@ LiveMeasurement measure_live(const std::vector<std::string>& urls,
   expect.protocol_version = 2;
   mineru_health::Poller poller(config, expect);
   for (std::size_t i = 0; i < urls.size(); ++i) {
-    poller.add_worker({fmt::format("w{}", i), urls[i], false});
+    // Probed as native endpoints (explicit health_url), so a hung one is
+    // judged by the 1.5 s probe timeout, not the main port's generous one.
+    poller.add_worker(
+        {fmt::format("w{}", i), urls[i], false, urls[i] + "/health"});
   }
   LiveMeasurement m;
+  double latency_sum = 0;
   auto drain = [&](bool count) {
     for (const auto& e : poller.drain_events()) {
       if (!count || e.kind != mineru_health::PollerEventKind::kProbe ||
           !e.probe)
         continue;
       ++m.probes;
+      latency_sum += e.probe->latency_s;
       if (e.probe->healthy()) {
         ++m.healthy;
       } else if (e.probe->status == mineru_health::ProbeStatus::kTimeout) {
@@ -422,6 +431,7 @@ LiveMeasurement measure_live(const std::vector<std::string>& urls,
     usleep(100 * 1000);
   }
   drain(false);
+  const std::uint64_t iterations0 = poller.stats().loop_iterations;
   const double cpu0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   const auto t_end = t0 + std::chrono::duration<double>(window_s);
@@ -431,6 +441,7 @@ LiveMeasurement measure_live(const std::vector<std::string>& urls,
   }
   drain(true);
   m.cpu_s = cpu_seconds() - cpu0;
+  m.loop_iterations = poller.stats().loop_iterations - iterations0;
   m.window_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -438,6 +449,8 @@ LiveMeasurement measure_live(const std::vector<std::string>& urls,
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   m.max_rss_kb = u.ru_maxrss;
+  m.mean_latency_ms =
+      m.probes > 0 ? latency_sum * 1e3 / static_cast<double>(m.probes) : 0.0;
   return m;
 }
 
@@ -448,10 +461,10 @@ std::string live_json(const LiveMeasurement& m, std::size_t n, int hung_pct) {
       R"({{"impl":"cpp_live","endpoints":{},"hung_pct":{},"window_s":{:.3f},)"
       R"("probes":{},"healthy":{},"timeouts":{},"other_failures":{},)"
       R"("cpu_s":{:.4f},"core_share":{:.4f},"cpu_per_probe_us":{:.2f},)"
-      R"("max_rss_kb":{}}})",
+      R"("loop_iterations":{},"mean_latency_ms":{:.2f},"max_rss_kb":{}}})",
       n, hung_pct, m.window_s, m.probes, m.healthy, m.timeouts, m.other,
       m.cpu_s, m.window_s > 0 ? m.cpu_s / m.window_s : 0.0, per_probe_us,
-      m.max_rss_kb);
+      m.loop_iterations, m.mean_latency_ms, m.max_rss_kb);
 }
 
 void run_live(int n, int hung_pct, double window_s) {

@@ -37,6 +37,13 @@ constexpr const char* kMaxBodyBytes = "MINERU_ROUTER_HEALTH_MAX_BODY_BYTES";
 constexpr const char* kPreset = "MINERU_ROUTER_HEALTH_PRESET";
 constexpr const char* kAuditPath = "MINERU_ROUTER_HEALTH_AUDIT_PATH";
 constexpr const char* kCaFile = "MINERU_ROUTER_HEALTH_CA_FILE";
+constexpr const char* kMainPortTimeout =
+    "MINERU_ROUTER_HEALTH_MAIN_PORT_TIMEOUT_S";
+constexpr const char* kStableWindow = "MINERU_ROUTER_HEALTH_STABLE_WINDOW_S";
+constexpr const char* kMaxEjectionPercent =
+    "MINERU_ROUTER_HEALTH_MAX_EJECTION_PERCENT";
+// A timeout or window longer than a day is a typo.
+constexpr double kMaxDaySeconds = 24.0 * 3600;
 
 // Durations beyond a year are typos, and would overflow nanosecond clocks
 // long before they overflow a double.
@@ -334,6 +341,30 @@ void validate(const HealthConfig& c) {
   if (c.expected_status.empty()) {
     refuse(kExpectedStatus,
            fmt::format("{} must not be empty", kExpectedStatus));
+  }
+  require_positive_seconds(kMainPortTimeout, c.main_port_timeout_s);
+  if (c.main_port_timeout_s > kMaxDaySeconds) {
+    refuse(kMainPortTimeout,
+           fmt::format("{} must be at most {} (one day)",
+                       show(kMainPortTimeout, c.main_port_timeout_s),
+                       kMaxDaySeconds));
+  }
+  if (c.main_port_timeout_s < c.connect_timeout_s) {
+    refuse(kMainPortTimeout,
+           fmt::format("{} must be at least {}",
+                       show(kMainPortTimeout, c.main_port_timeout_s),
+                       show(kConnectTimeout, c.connect_timeout_s)));
+  }
+  if (!std::isfinite(c.stable_window_s) || c.stable_window_s < 0 ||
+      c.stable_window_s > kMaxDaySeconds) {
+    refuse(kStableWindow,
+           fmt::format("{} must be between 0 and {} seconds (one day)",
+                       show(kStableWindow, c.stable_window_s), kMaxDaySeconds));
+  }
+  if (c.max_ejection_percent < 0 || c.max_ejection_percent > 100) {
+    refuse(kMaxEjectionPercent,
+           fmt::format("{}={} must be between 0 and 100", kMaxEjectionPercent,
+                       c.max_ejection_percent));
   }
   // Checked here so that a typo stops the router at start-up instead of
   // failing every HTTPS probe later.
