@@ -28,7 +28,11 @@ void register_config(py::module_& m) {
       .def_readwrite("expected_status", &HealthConfig::expected_status)
       .def_readwrite("max_body_bytes", &HealthConfig::max_body_bytes)
       .def_readwrite("audit_path", &HealthConfig::audit_path)
-      .def_readwrite("ca_file", &HealthConfig::ca_file);
+      .def_readwrite("ca_file", &HealthConfig::ca_file)
+      .def_readwrite("main_port_timeout_s", &HealthConfig::main_port_timeout_s)
+      .def_readwrite("stable_window_s", &HealthConfig::stable_window_s)
+      .def_readwrite("max_ejection_percent",
+                     &HealthConfig::max_ejection_percent);
 
   py::class_<ConfigVariable>(m, "ConfigVariable",
                              "One documented MINERU_ROUTER_HEALTH_* variable.")
