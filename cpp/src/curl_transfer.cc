@@ -234,8 +234,7 @@ void EasyPool::give(std::unique_ptr<Transfer> t) {
   if (t->easy && spare_.size() < keep_) spare_.push_back(std::move(t->easy));
 }
 
-// --- TransferDriver
-// ------------------------------------------------------------
+// --- TransferDriver ---
 
 namespace {
 

@@ -1,5 +1,6 @@
-// The Poller's public methods, the state helpers they share with the thread
-// (poller_loop.cc), the synchronous sweep and the fd-limit call.
+// The Poller's public methods and the state helpers they share with the
+// thread (poller_loop.cc). The sweep and the fd limit are in
+// poller_sweep.cc.
 #include "mineru_health/poller.h"
 
 #include <fmt/format.h>
@@ -44,48 +45,11 @@ Duration to_duration(double seconds) {
       std::chrono::duration<double>(seconds));
 }
 
-std::size_t fd_budget(std::size_t wanted) {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024 - kReservedFds;
-  if (lim.rlim_cur == RLIM_INFINITY) return std::max<std::size_t>(wanted, 1);
-  if (lim.rlim_cur <= kReservedFds * 2)
-    return static_cast<std::size_t>(lim.rlim_cur / 2);
-  return static_cast<std::size_t>(lim.rlim_cur - kReservedFds);
-}
-
 ProbeExpectations effective(ProbeExpectations expect,
                             const HealthConfig& config) {
   expect.expected_status = config.expected_status;
   expect.max_body_bytes = config.max_body_bytes;
   return expect;
-}
-
-void PollerTestPeer::inject_io_fault(Poller& poller,
-                                     std::function<std::string()> fault) {
-  internal::MutexLock lock(poller.impl_->mu);
-  poller.impl_->fault = std::move(fault);
-  poller.impl_->wake_locked();
-}
-
-}  // namespace internal
-
-namespace {
-
-using internal::MutexLock;
-
-constexpr std::size_t kMaxQueuedEvents = 100000;
-constexpr int kMaxWaitMs = 1000;
-constexpr std::size_t kMaxStartsPerIteration = 500;
-
-std::uint64_t limit_value(rlim_t v) {
-  return v == RLIM_INFINITY ? std::numeric_limits<std::uint64_t>::max()
-                            : static_cast<std::uint64_t>(v);
-}
-
-std::optional<double> seconds_until(std::optional<TimePoint> at,
-                                    TimePoint t_now) {
-  if (!at) return std::nullopt;
-  return std::chrono::duration<double>(*at - t_now).count();
 }
 
 ProbeResult not_started(const std::string& id, std::string why) {
@@ -104,6 +68,27 @@ int make_wake_fd() {
   return fd;
 }
 
+void PollerTestPeer::inject_io_fault(Poller& poller,
+                                     std::function<std::string()> fault) {
+  internal::MutexLock lock(poller.impl_->mu);
+  poller.impl_->fault = std::move(fault);
+  poller.impl_->wake_locked();
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::MutexLock;
+
+constexpr std::size_t kMaxQueuedEvents = 100000;
+
+std::optional<double> seconds_until(std::optional<TimePoint> at,
+                                    TimePoint t_now) {
+  if (!at) return std::nullopt;
+  return std::chrono::duration<double>(*at - t_now).count();
+}
+
 }  // namespace
 
 const char* to_string(PollerEventKind kind) {
@@ -120,36 +105,7 @@ const char* to_string(PollerEventKind kind) {
   return "unknown";
 }
 
-FdLimit raise_fd_limit(std::size_t probe_fds) {
-  FdLimit out;
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    out.error = fmt::format("getrlimit: {}", std::strerror(errno));
-    return out;
-  }
-  out.soft_before = out.soft = limit_value(lim.rlim_cur);
-  out.hard = limit_value(lim.rlim_max);
-  const rlim_t need =
-      probe_fds > std::numeric_limits<rlim_t>::max() - kReservedFds
-          ? std::numeric_limits<rlim_t>::max()
-          : static_cast<rlim_t>(probe_fds + kReservedFds);
-  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= need) return out;
-  const rlim_t target =
-      lim.rlim_max == RLIM_INFINITY ? need : std::min(need, lim.rlim_max);
-  if (target <= lim.rlim_cur) return out;
-  rlimit raised = lim;
-  raised.rlim_cur = target;
-  if (setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    out.error = fmt::format("setrlimit: {}", std::strerror(errno));
-    return out;
-  }
-  out.soft = limit_value(target);
-  out.raised = true;
-  return out;
-}
-
-// --- Impl helpers shared with poller_loop.cc
-// -----------------------------------
+// --- Impl helpers shared with poller_loop.cc ---
 
 Poller::Impl::Worker::Worker(Target t, RestartPolicy p, std::uint64_t g)
     : target(std::move(t)),
@@ -162,7 +118,7 @@ Poller::Impl::Impl(HealthConfig c, ProbeExpectations e, NowFn n,
     : config(std::move(c)),
       expect(internal::effective(std::move(e), config)),
       now(n ? std::move(n) : NowFn(SteadyClock::now)),
-      wake_fd(make_wake_fd()),
+      wake_fd(internal::make_wake_fd()),
       events(kMaxQueuedEvents),
       rng(seed != 0 ? seed : std::random_device{}()) {}
 
@@ -330,8 +286,7 @@ void Poller::Impl::report_locked(const std::string& id, Call call) {
   wake_locked();
 }
 
-// --- public methods
-// ----------------------------------------------------------------
+// --- public methods ---
 
 Poller::Poller(HealthConfig config, ProbeExpectations expect, NowFn now,
                std::uint64_t seed) {
@@ -513,106 +468,6 @@ PollerStats Poller::stats() const {
   s.in_rotation = impl_->in_rotation;
   s.concurrency_cap = impl_->cap;
   return s;
-}
-
-// --- sweep
-// -----------------------------------------------------------------------
-
-std::vector<ProbeResult> Poller::sweep(const std::vector<Target>& targets,
-                                       const HealthConfig& config,
-                                       const ProbeExpectations& expect,
-                                       SweepStats* stats) {
-  using internal::Transfer;
-  validate(config);
-  internal::ensure_curl_global_init();
-  const auto started = SteadyClock::now();
-  const ProbeExpectations e = internal::effective(expect, config);
-  std::vector<ProbeResult> results(targets.size());
-
-  // Declaration order is teardown order in reverse: transfers leave the
-  // multi handle (inside the driver) first, then it goes, then the headers.
-  internal::Slist headers(
-      curl_slist_append(nullptr, "Accept: application/json"));
-  const internal::UniqueFd wake(make_wake_fd());
-  std::string why;
-  std::unique_ptr<internal::TransferDriver> driver =
-      internal::TransferDriver::create(wake.get(), &why);
-  if (!driver) throw std::runtime_error("sweep: " + why);
-  const std::size_t wanted =
-      std::min(targets.size(), static_cast<std::size_t>(config.concurrency));
-  const std::size_t cap = std::max<std::size_t>(
-      1, std::min(static_cast<std::size_t>(config.concurrency),
-                  internal::fd_budget(wanted)));
-  // One request per target: keeping connections open would only hold fds.
-  const internal::RequestSetup setup{config.connect_timeout_s, config.ca_file,
-                                     headers.get(), true, e.max_body_bytes};
-  internal::EasyPool pool(cap);
-  std::vector<std::unique_ptr<Transfer>> in_flight(targets.size());
-  std::string io_error = driver->set_max_connects(static_cast<long>(cap));
-
-  std::size_t next = 0;
-  std::size_t active = 0;
-  std::vector<internal::TransferDriver::Done> done;
-  while (io_error.empty()) {
-    for (std::size_t started_now = 0; active < cap && next < targets.size() &&
-                                      started_now < kMaxStartsPerIteration;
-         ++started_now) {
-      const std::size_t i = next++;
-      const Target& target = targets[i];
-      const bool native = !target.health_url.empty();
-      if (!native && target.url.empty()) {
-        results[i] = not_started(target.id, "no URL");
-        continue;
-      }
-      auto t = std::make_unique<Transfer>();
-      t->worker_id = target.id;
-      t->index = i;
-      t->easy = pool.take();
-      std::string refused = internal::configure_request(
-          *t,
-          native ? target.health_url : internal::main_health_url(target.url),
-          native ? ProbeEndpoint::kNative : ProbeEndpoint::kMain,
-          config.probe_timeout_s, setup);
-      if (refused.empty()) refused = driver->add(*t, i);
-      if (!refused.empty()) {
-        results[i] = not_started(target.id, "probe not started: " + refused);
-        pool.give(std::move(t));
-        continue;
-      }
-      in_flight[i] = std::move(t);
-      ++active;
-    }
-    if (active == 0 && next >= targets.size()) break;
-    // With slots free and targets left, only give curl a moment to move
-    // the transfers already started before adding the next batch.
-    const bool more = active < cap && next < targets.size();
-    done.clear();
-    io_error = driver->run_once(more ? 0 : kMaxWaitMs, done);
-    for (const internal::TransferDriver::Done& d : done) {
-      const std::size_t i = d.transfer->index;
-      results[i] = internal::finish_transfer(*d.transfer, d.result, e);
-      pool.give(std::move(in_flight[i]));
-      --active;
-    }
-  }
-  if (!io_error.empty()) {
-    // The loop itself failed: say so for every target without an answer.
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      if (i < next && !in_flight[i]) continue;
-      results[i] = not_started(targets[i].id, "poller I/O error: " + io_error);
-      if (in_flight[i]) pool.give(std::move(in_flight[i]));
-    }
-  }
-
-  if (stats != nullptr) {
-    stats->probes = results.size();
-    stats->healthy = static_cast<std::size_t>(
-        std::count_if(results.begin(), results.end(),
-                      [](const ProbeResult& r) { return r.healthy(); }));
-    stats->wall_s =
-        std::chrono::duration<double>(SteadyClock::now() - started).count();
-  }
-  return results;
 }
 
 }  // namespace mineru_health

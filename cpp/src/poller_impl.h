@@ -42,8 +42,19 @@ struct PollerTestPeer {
                               std::function<std::string()> fault);
 };
 
+// Loop pacing shared by the poller thread and sweep().
+inline constexpr int kMaxWaitMs = 1000;
+// New transfers added per loop iteration. A probe's timeout runs from the
+// moment it is added; adding 10,000 at once on a small machine makes healthy
+// workers time out before the loop gets round to reading their answers.
+inline constexpr std::size_t kMaxStartsPerIteration = 500;
+
 Duration to_duration(double seconds);
 double unix_now();
+// An eventfd (nonblocking, close-on-exec); throws std::runtime_error.
+int make_wake_fd();
+// A probe that never started: transport_error saying why.
+ProbeResult not_started(const std::string& id, std::string why);
 // File descriptors the probes may use under the current RLIMIT_NOFILE.
 std::size_t fd_budget(std::size_t wanted);
 // The config is what the operator set (MINERU_ROUTER_HEALTH_EXPECTED_STATUS,

@@ -19,11 +19,8 @@ namespace {
 using internal::MutexLock;
 using internal::TransferDriver;
 
-constexpr int kMaxWaitMs = 1000;
-// New transfers added per loop iteration. A probe's timeout runs from the
-// moment it is added; adding 10,000 at once on a small machine makes healthy
-// workers time out before the loop gets round to reading their answers.
-constexpr std::size_t kMaxStartsPerIteration = 500;
+using internal::kMaxStartsPerIteration;
+using internal::kMaxWaitMs;
 // Spare easy handles kept for reuse.
 constexpr std::size_t kSpareHandles = 1024;
 // Retry delays after a loop error: 100 ms doubling to 5 s.
