@@ -47,6 +47,8 @@ void Poller::Impl::run(std::unique_ptr<TransferDriver> first) noexcept {
   // Declaration order is teardown order in reverse: transfers leave the
   // multi handle first, spare easy handles go next, then the driver (and
   // its multi handle), then the header list the handles pointed at.
+  // Null only when out of memory: requests then go without the Accept
+  // header, which /health does not need.
   internal::Slist headers(
       curl_slist_append(nullptr, "Accept: application/json"));
   std::unique_ptr<TransferDriver> driver = std::move(first);

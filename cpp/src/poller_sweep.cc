@@ -82,6 +82,8 @@ std::vector<ProbeResult> Poller::sweep(const std::vector<Target>& targets,
 
   // Declaration order is teardown order in reverse: transfers leave the
   // multi handle (inside the driver) first, then it goes, then the headers.
+  // Null only when out of memory: requests then go without the Accept
+  // header, which /health does not need.
   internal::Slist headers(
       curl_slist_append(nullptr, "Accept: application/json"));
   const internal::UniqueFd wake(internal::make_wake_fd());
