@@ -269,7 +269,10 @@ void Poller::Impl::apply_locked(std::vector<Finished>& finished,
     w.last_latency_s = f.result.latency_s;
     update_endpoint_locked(w, f.result);
     const bool was = w.policy.in_rotation();
-    const Transition t = w.policy.on_probe(f.result, t_now, gate_locked());
+    // Only a non-definitive failure of a worker in rotation asks the guard.
+    const bool asks = was && !f.result.healthy() && !f.result.definitive();
+    const Transition t = w.policy.on_probe(
+        f.result, t_now, asks ? gate_locked() : EjectionGate{});
     w.last_probe = f.result;
     PollerEvent ev;
     ev.kind = PollerEventKind::kProbe;
