@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
 # Python (unit, then integration against the real MinerU 3.4.4 processes).
-# C++ runs three times: plain, ASan+UBSan and TSan; then libFuzzer targets, time-bounded.
+# C++ runs four times: plain, ASan+UBSan, TSan, and clang with -Wthread-safety
+# -Werror (the lock annotations proven at compile time); then libFuzzer
+# targets, time-bounded.
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,7 @@ pip install -q --no-build-isolation --no-deps --force-reinstall .
 echo "== lint"
 bash scripts/lint.sh
 
-for preset in default asan tsan; do
+for preset in default asan tsan thread-safety; do
   echo "== C++ tests ($preset)"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j2

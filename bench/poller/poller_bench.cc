@@ -6,6 +6,10 @@
 //                                        # FILE, print READY, exit on stdin EOF
 //   poller_bench --sweep FILE [--timeout S] [--concurrency C]
 //                                        # one sweep over FILE's URLs, JSON out
+//   poller_bench --live SECONDS --sizes 2000,10000 --hung 0,10,50
+//                                        # the running Poller (production
+//                                        # config) for SECONDS per fleet:
+//                                        # CPU per finished probe
 //
 // Endpoints are served by forked responder processes (so the sweep's CPU
 // and RSS figures are the prober's alone), each an epoll loop over a few
@@ -27,6 +31,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,11 +71,13 @@ struct Endpoint {
   std::string url() const { return fmt::format("http://{}:{}", host, port); }
 };
 
+// Up to the hard limit: responders hold two descriptors per endpoint, the
+// prober one per probe in flight.
 void raise_fd_limit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
+  const mineru_health::FdLimit lim =
+      mineru_health::raise_fd_limit(std::size_t{1} << 20);
+  if (!lim.error.empty()) {
+    std::fprintf(stderr, "poller_bench: %s\n", lim.error.c_str());
   }
 }
 
@@ -364,6 +371,111 @@ int sweep_file(const std::string& file, double timeout_s, int concurrency) {
   return 0;
 }
 
+// --- the live poller
+// ----------------------------------------------------------
+
+// A running Poller over the whole fleet for `window_s` seconds after one
+// interval of warm-up: CPU time of this process (the responders are other
+// processes), probes finished and how they ended. Remote workers, so hung
+// ones stay `failed` and keep being probed (and timing out) all along.
+struct LiveMeasurement {
+  std::uint64_t loop_iterations = 0;
+  double mean_latency_ms = 0;
+  std::uint64_t probes = 0;
+  std::uint64_t healthy = 0;
+  std::uint64_t timeouts = 0;
+  std::uint64_t other = 0;
+  double window_s = 0;
+  double cpu_s = 0;
+  long max_rss_kb = 0;
+};
+
+LiveMeasurement measure_live(const std::vector<std::string>& urls,
+                             double window_s) {
+  mineru_health::HealthConfig config;  // production: 2 s / 1.5 s / 0.5 s
+  config.concurrency = 10000;
+  mineru_health::ProbeExpectations expect;
+  expect.protocol_version = 2;
+  mineru_health::Poller poller(config, expect);
+  for (std::size_t i = 0; i < urls.size(); ++i) {
+    // Probed as native endpoints (explicit health_url), so a hung one is
+    // judged by the 1.5 s probe timeout, not the main port's generous one.
+    poller.add_worker(
+        {fmt::format("w{}", i), urls[i], false, urls[i] + "/health"});
+  }
+  LiveMeasurement m;
+  double latency_sum = 0;
+  auto drain = [&](bool count) {
+    for (const auto& e : poller.drain_events()) {
+      if (!count || e.kind != mineru_health::PollerEventKind::kProbe ||
+          !e.probe)
+        continue;
+      ++m.probes;
+      latency_sum += e.probe->latency_s;
+      if (e.probe->healthy()) {
+        ++m.healthy;
+      } else if (e.probe->status == mineru_health::ProbeStatus::kTimeout) {
+        ++m.timeouts;
+      } else {
+        ++m.other;
+      }
+    }
+  };
+  poller.start();
+  // Warm-up: first probes are spread over one interval, connections open.
+  const auto warm_until =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(config.interval_s + config.probe_timeout_s);
+  while (std::chrono::steady_clock::now() < warm_until) {
+    drain(false);
+    usleep(100 * 1000);
+  }
+  drain(false);
+  const std::uint64_t iterations0 = poller.stats().loop_iterations;
+  const double cpu0 = cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto t_end = t0 + std::chrono::duration<double>(window_s);
+  while (std::chrono::steady_clock::now() < t_end) {
+    drain(true);
+    usleep(100 * 1000);
+  }
+  drain(true);
+  m.cpu_s = cpu_seconds() - cpu0;
+  m.loop_iterations = poller.stats().loop_iterations - iterations0;
+  m.window_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  poller.stop();
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  m.max_rss_kb = u.ru_maxrss;
+  m.mean_latency_ms =
+      m.probes > 0 ? latency_sum * 1e3 / static_cast<double>(m.probes) : 0.0;
+  return m;
+}
+
+std::string live_json(const LiveMeasurement& m, std::size_t n, int hung_pct) {
+  const double per_probe_us =
+      m.probes > 0 ? m.cpu_s * 1e6 / static_cast<double>(m.probes) : 0.0;
+  return fmt::format(
+      R"({{"impl":"cpp_live","endpoints":{},"hung_pct":{},"window_s":{:.3f},)"
+      R"("probes":{},"healthy":{},"timeouts":{},"other_failures":{},)"
+      R"("cpu_s":{:.4f},"core_share":{:.4f},"cpu_per_probe_us":{:.2f},)"
+      R"("loop_iterations":{},"mean_latency_ms":{:.2f},"max_rss_kb":{}}})",
+      n, hung_pct, m.window_s, m.probes, m.healthy, m.timeouts, m.other,
+      m.cpu_s, m.window_s > 0 ? m.cpu_s / m.window_s : 0.0, per_probe_us,
+      m.loop_iterations, m.mean_latency_ms, m.max_rss_kb);
+}
+
+void run_live(int n, int hung_pct, double window_s) {
+  Responders r;
+  start_responders(r, n, hung_pct);
+  std::vector<std::string> urls;
+  for (const Endpoint& e : r.endpoints) urls.push_back(e.url());
+  LiveMeasurement m = measure_live(urls, window_s);
+  std::cout << live_json(m, urls.size(), hung_pct) << std::endl;
+}
+
 void run_scenario(int n, int hung_pct, double timeout_s, int concurrency) {
   Responders r;  // its destructor stops the responder processes
   start_responders(r, n, hung_pct);
@@ -382,6 +494,7 @@ int main(int argc, char** argv) {
   std::vector<int> hung = {0, 10};
   double timeout_s = 1.0;
   int concurrency = 10000;
+  double live_window_s = 0;  // > 0: measure the live poller instead
   try {
     for (std::size_t i = 0; i < args.size(); ++i) {
       const std::string& a = args[i];
@@ -413,6 +526,8 @@ int main(int argc, char** argv) {
         timeout_s = std::stod(next());
       } else if (a == "--concurrency") {
         concurrency = std::stoi(next());
+      } else if (a == "--live") {
+        live_window_s = std::stod(next());
       } else {
         std::cerr << "unknown argument " << a << "\n";
         return 2;
@@ -425,7 +540,11 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
-          run_scenario(n, pct, timeout_s, concurrency);
+          if (live_window_s > 0) {
+            run_live(n, pct, live_window_s);
+          } else {
+            run_scenario(n, pct, timeout_s, concurrency);
+          }
           std::fflush(stdout);
           _exit(0);
         }

@@ -19,6 +19,17 @@ marked ``extrapolated``. Ratios are against the C++ sweep of the same run.
 
 Usage: python bench/poller/run.py [--bench build/x/poller_bench]
            [--sizes 100,1000,10000] [--hung 0,10] [--timeout 1] [--json out.json]
+
+``--live SECONDS`` measures the running Poller instead (production config:
+2 s interval, 1.5 s timeout) over fleets with a share of hung workers, and
+reports CPU per finished probe side by side with the healthy fleet of the
+same size, plus the CPU one timed-out probe costs, estimated from the two
+(``cpu_hung_fleet - healthy_probes * cpu_per_healthy_probe``) / timeouts.
+``--compare OTHER_BENCH`` runs a second build (e.g. one from before a
+change) on the same scenarios in the same run, interleaved:
+
+    python bench/poller/run.py --live 8 --sizes 2000,10000 --hung 0,10,50 \
+        [--compare /tmp/poller_bench_before]
 """
 
 from __future__ import annotations
@@ -133,6 +144,48 @@ def find_bench(explicit: str | None) -> str:
     return str(candidates[-1])
 
 
+def live(benches: list[tuple[str, str]], sizes: str, hung: str, window_s: float) -> list[dict]:
+    """Runs every (label, binary) on every scenario; prints one table."""
+    rows: list[dict] = []
+    print(
+        f"{'build':<8} {'workers':>7} {'hung':>5} {'probes':>7} {'timeouts':>8} "
+        f"{'cpu_s':>7} {'core':>6} {'us/probe':>9} {'x_healthy':>9} "
+        f"{'us/timeout':>10} {'timeout_x':>9}"
+    )
+    for n in (int(x) for x in sizes.split(",")):
+        for label, binary in benches:
+            healthy_per_probe = None
+            for pct in (int(x) for x in hung.split(",")):
+                cmd = [binary, "--live", str(window_s), "--sizes", str(n), "--hung", str(pct)]
+                r = run_json(cmd, 600)
+                r["build"] = label
+                per_probe = r["cpu_s"] / r["probes"] if r["probes"] else 0.0
+                if pct == 0:
+                    healthy_per_probe = per_probe
+                ratio = per_probe / healthy_per_probe if healthy_per_probe else None
+                per_timeout = None
+                if healthy_per_probe is not None and r["timeouts"]:
+                    rest = r["cpu_s"] - r["healthy"] * healthy_per_probe
+                    per_timeout = rest / r["timeouts"]
+                r["cpu_per_probe_ratio_vs_healthy"] = ratio
+                r["cpu_per_timeout_us"] = per_timeout * 1e6 if per_timeout is not None else None
+                r["timeout_ratio_vs_healthy_probe"] = (
+                    per_timeout / healthy_per_probe
+                    if per_timeout is not None and healthy_per_probe
+                    else None
+                )
+                print(
+                    f"{label:<8} {n:>7} {pct:>4}% {r['probes']:>7} {r['timeouts']:>8} "
+                    f"{r['cpu_s']:>7.3f} {r['core_share']:>6.2f} {per_probe * 1e6:>9.1f} "
+                    f"{(ratio or 0):>8.2f}x "
+                    f"{(r['cpu_per_timeout_us'] or 0):>10.1f} "
+                    f"{(r['timeout_ratio_vs_healthy_probe'] or 0):>8.2f}x",
+                    flush=True,
+                )
+                rows.append(r)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench")
@@ -142,6 +195,8 @@ def main() -> None:
     parser.add_argument("--seq-limit", type=int, default=1000)
     parser.add_argument("--seq-limit-hung", type=int, default=200)
     parser.add_argument("--json")
+    parser.add_argument("--live", type=float, help="seconds per live-poller scenario")
+    parser.add_argument("--compare", help="a second poller_bench build to run alongside")
     parser.add_argument("--worker", choices=["sequential", "async50"], help=argparse.SUPPRESS)
     parser.add_argument("--urls", help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, help=argparse.SUPPRESS)
@@ -152,6 +207,16 @@ def main() -> None:
         return
 
     bench = find_bench(args.bench)
+    if args.live:
+        benches = [("current", bench)]
+        if args.compare:
+            benches.append(("compare", args.compare))
+        sizes = args.sizes if args.sizes != "100,1000,10000" else "2000,10000"
+        hung = args.hung if args.hung != "0,10" else "0,10,50"
+        live_rows = live(benches, sizes, hung, args.live)
+        if args.json:
+            Path(args.json).write_text(json.dumps(live_rows, indent=2) + "\n", encoding="utf-8")
+        return
     rows: list[dict] = []
     print(
         f"{'endpoints':>9} {'hung':>5} {'impl':<11} {'wall_s':>9} {'cpu_s':>8} "

@@ -39,6 +39,9 @@ void register_poller(py::module_& m) {
       .value("GAVE_UP", AuditAction::kGaveUp)
       .value("RECOVERED", AuditAction::kRecovered)
       .value("EJECTED", AuditAction::kEjected)
+      .value("ADMITTED", AuditAction::kAdmitted)
+      .value("EJECTION_SUPPRESSED", AuditAction::kEjectionSuppressed)
+      .value("RESTART_REQUESTED", AuditAction::kRestartRequested)
       .finalize();
   m.def("to_string", py::overload_cast<AuditAction>(&to_string),
         py::arg("value"));
@@ -50,27 +53,56 @@ void register_poller(py::module_& m) {
       .def_readonly("attempt", &AuditEvent::attempt)
       .def_readonly("reason", &AuditEvent::reason)
       .def_readonly("from_phase", &AuditEvent::from)
-      .def_readonly("to_phase", &AuditEvent::to);
+      .def_readonly("to_phase", &AuditEvent::to)
+      .def_readonly("cause", &AuditEvent::cause);
+  m.def("failure_cause_names", &failure_cause_names);
 
-  py::class_<Target>(
-      m, "Target",
-      "A worker to probe: id, base URL, and whether we may restart it.")
-      .def(py::init([](std::string id, std::string url, bool restartable) {
-             return Target{std::move(id), std::move(url), restartable};
-           }),
-           py::arg("id"), py::arg("url") = "", py::arg("restartable") = false)
+  py::class_<Target>(m, "Target",
+                     "A worker to probe: id, base URL, whether we may restart "
+                     "it, and its native health URL if known.")
+      .def(py::init<std::string, std::string, bool, std::string>(),
+           py::arg("id"), py::arg("url") = "", py::arg("restartable") = false,
+           py::arg("health_url") = "")
       .def_readwrite("id", &Target::id)
       .def_readwrite("url", &Target::url)
-      .def_readwrite("restartable", &Target::restartable);
+      .def_readwrite("restartable", &Target::restartable)
+      .def_readwrite("health_url", &Target::health_url);
 
   py::native_enum<PollerEventKind>(m, "PollerEventKind", "enum.Enum",
                                    "What a PollerEvent carries.")
       .value("PROBE", PollerEventKind::kProbe)
       .value("AUDIT", PollerEventKind::kAudit)
       .value("RESTART_REQUESTED", PollerEventKind::kRestartRequested)
+      .value("ERROR", PollerEventKind::kError)
       .finalize();
   m.def("to_string", py::overload_cast<PollerEventKind>(&to_string),
         py::arg("value"));
+
+  py::class_<WorkerStatus>(m, "WorkerStatus",
+                           "A worker's state as the poller sees it now.")
+      .def_readonly("id", &WorkerStatus::id)
+      .def_readonly("url", &WorkerStatus::url)
+      .def_readonly("health_url", &WorkerStatus::health_url)
+      .def_readonly("probe_url", &WorkerStatus::probe_url)
+      .def_readonly("endpoint", &WorkerStatus::endpoint)
+      .def_readonly("restartable", &WorkerStatus::restartable)
+      .def_readonly("phase", &WorkerStatus::phase)
+      .def_readonly("in_rotation", &WorkerStatus::in_rotation)
+      .def_readonly("consecutive_failures", &WorkerStatus::consecutive_failures)
+      .def_readonly("consecutive_successes",
+                    &WorkerStatus::consecutive_successes)
+      .def_readonly("attempt", &WorkerStatus::attempt)
+      .def_readonly("next_restart_in_s", &WorkerStatus::next_restart_in_s)
+      .def_readonly("boot_deadline_in_s", &WorkerStatus::boot_deadline_in_s)
+      .def_readonly("stable_in_s", &WorkerStatus::stable_in_s)
+      .def_readonly("awaiting_process", &WorkerStatus::awaiting_process)
+      .def_readonly("ejection_suppressed", &WorkerStatus::ejection_suppressed)
+      .def_readonly("last_error", &WorkerStatus::last_error)
+      .def_readonly("last_cause", &WorkerStatus::last_cause)
+      .def_readonly("last_exit_code", &WorkerStatus::last_exit_code)
+      .def_readonly("last_latency_s", &WorkerStatus::last_latency_s)
+      .def_readonly("last_probe", &WorkerStatus::last_probe)
+      .def_readonly("probes", &WorkerStatus::probes);
 
   py::class_<PollerEvent>(m, "PollerEvent",
                           "One thing the poller thread tells its owner.")
@@ -79,21 +111,38 @@ void register_poller(py::module_& m) {
       .def_readonly("unix_time", &PollerEvent::unix_time)
       .def_readonly("probe", &PollerEvent::probe)
       .def_readonly("audit", &PollerEvent::audit)
-      .def_readonly("in_rotation", &PollerEvent::in_rotation);
+      .def_readonly("in_rotation", &PollerEvent::in_rotation)
+      .def_readonly("worker", &PollerEvent::worker)
+      .def_readonly("error", &PollerEvent::error);
 
-  py::class_<WorkerStatus>(m, "WorkerStatus",
-                           "A worker's state as the poller sees it now.")
-      .def_readonly("id", &WorkerStatus::id)
-      .def_readonly("url", &WorkerStatus::url)
-      .def_readonly("restartable", &WorkerStatus::restartable)
-      .def_readonly("phase", &WorkerStatus::phase)
-      .def_readonly("in_rotation", &WorkerStatus::in_rotation)
-      .def_readonly("consecutive_failures", &WorkerStatus::consecutive_failures)
-      .def_readonly("attempt", &WorkerStatus::attempt)
-      .def_readonly("next_restart_in_s", &WorkerStatus::next_restart_in_s)
-      .def_readonly("last_error", &WorkerStatus::last_error)
-      .def_readonly("last_latency_s", &WorkerStatus::last_latency_s)
-      .def_readonly("probes", &WorkerStatus::probes);
+  py::class_<PollerStats>(m, "PollerStats",
+                          "Counters of the poller itself (not of a worker).")
+      .def_readonly("loop_iterations", &PollerStats::loop_iterations)
+      .def_readonly("probes_started", &PollerStats::probes_started)
+      .def_readonly("probes_finished", &PollerStats::probes_finished)
+      .def_readonly("probes_discarded", &PollerStats::probes_discarded)
+      .def_readonly("dropped_events", &PollerStats::dropped_events)
+      .def_readonly("queued_events", &PollerStats::queued_events)
+      .def_readonly("event_notify_errors", &PollerStats::event_notify_errors)
+      .def_readonly("io_errors", &PollerStats::io_errors)
+      .def_readonly("consecutive_io_errors",
+                    &PollerStats::consecutive_io_errors)
+      .def_readonly("io_failing", &PollerStats::io_failing)
+      .def_readonly("last_io_error", &PollerStats::last_io_error)
+      .def_readonly("driver_rebuilds", &PollerStats::driver_rebuilds)
+      .def_readonly("ejections_suppressed", &PollerStats::ejections_suppressed)
+      .def_readonly("workers", &PollerStats::workers)
+      .def_readonly("in_rotation", &PollerStats::in_rotation)
+      .def_readonly("in_flight", &PollerStats::in_flight)
+      .def_readonly("concurrency_cap", &PollerStats::concurrency_cap);
+
+  py::class_<FdLimit>(m, "FdLimit", "What raise_fd_limit found and did.")
+      .def_readonly("soft_before", &FdLimit::soft_before)
+      .def_readonly("soft", &FdLimit::soft)
+      .def_readonly("hard", &FdLimit::hard)
+      .def_readonly("raised", &FdLimit::raised)
+      .def_readonly("error", &FdLimit::error);
+  m.def("raise_fd_limit", &raise_fd_limit, py::arg("probe_fds"));
 
   py::class_<SweepStats>(m, "SweepStats", "Totals of one synchronous sweep.")
       .def(py::init<>())
@@ -115,12 +164,12 @@ void register_poller(py::module_& m) {
       .def("add_worker", &Poller::add_worker, py::arg("target"), release())
       .def("remove_worker", &Poller::remove_worker, py::arg("id"), release())
       .def("set_url", &Poller::set_url, py::arg("id"), py::arg("url"),
-           release())
+           py::arg("health_url") = "", release())
       .def("start", &Poller::start, release())
       .def("stop", &Poller::stop, release())
       .def("running", &Poller::running, release())
       .def("report_process_exit", &Poller::report_process_exit, py::arg("id"),
-           py::arg("reason"), release())
+           py::arg("reason"), py::arg("exit_code") = py::none(), release())
       .def("report_passive_failure", &Poller::report_passive_failure,
            py::arg("id"), py::arg("reason"), release())
       .def("report_restart_failed", &Poller::report_restart_failed,
@@ -128,6 +177,7 @@ void register_poller(py::module_& m) {
       .def("notify_fd", &Poller::notify_fd)
       .def("drain_events", &Poller::drain_events, release())
       .def("statuses", &Poller::statuses, release())
+      .def("stats", &Poller::stats, release())
       .def_static(
           "sweep",
           [](const std::vector<Target>& targets, const HealthConfig& config,

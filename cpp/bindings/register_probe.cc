@@ -24,8 +24,17 @@ void register_probe(py::module_& m) {
       .value("BAD_PROTOCOL", ProbeStatus::kBadProtocol)
       .value("BAD_FIELDS", ProbeStatus::kBadFields)
       .value("TRANSPORT_ERROR", ProbeStatus::kTransportError)
+      .value("LOOP_HUNG", ProbeStatus::kLoopHung)
       .finalize();
   m.def("to_string", py::overload_cast<ProbeStatus>(&to_string),
+        py::arg("value"));
+
+  py::native_enum<ProbeEndpoint>(m, "ProbeEndpoint", "enum.Enum",
+                                 "Which of a worker's endpoints was probed.")
+      .value("MAIN", ProbeEndpoint::kMain)
+      .value("NATIVE", ProbeEndpoint::kNative)
+      .finalize();
+  m.def("to_string", py::overload_cast<ProbeEndpoint>(&to_string),
         py::arg("value"));
 
   py::class_<WorkerLoad>(m, "WorkerLoad",
@@ -57,6 +66,16 @@ void register_probe(py::module_& m) {
       .def_readwrite("latency_s", &ProbeResult::latency_s)
       .def_readwrite("detail", &ProbeResult::detail)
       .def_readwrite("load", &ProbeResult::load)
+      .def_readwrite("endpoint", &ProbeResult::endpoint)
+      .def_readwrite("url", &ProbeResult::url)
+      .def_readwrite("loop_lag_s", &ProbeResult::loop_lag_s)
+      .def_readwrite("engine_calls_in_flight",
+                     &ProbeResult::engine_calls_in_flight)
+      .def_readwrite("seconds_since_progress",
+                     &ProbeResult::seconds_since_progress)
+      .def_readwrite("native_health_port", &ProbeResult::native_health_port)
+      .def_readwrite("rule", &ProbeResult::rule)
+      .def_readwrite("category", &ProbeResult::category)
       .def_property_readonly("healthy", &ProbeResult::healthy)
       .def_property_readonly("definitive", &ProbeResult::definitive);
 

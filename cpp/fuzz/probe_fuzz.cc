@@ -7,6 +7,7 @@
 // "healthy", bit 2 expect protocol_version 1 instead of MinerU's 2; the rest
 // is the body. Every violated invariant ends in __builtin_trap().
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -67,22 +68,43 @@ void check_result(const ProbeResult& r, long http_status,
               r.status != ProbeStatus::kTimeout &&
               r.status != ProbeStatus::kTransportError,
           "transport statuses never come from a complete answer");
-  require(r.definitive() == (r.status == ProbeStatus::kEngineDead),
-          "only engine_dead is definitive");
+  require(r.definitive() == (r.status == ProbeStatus::kEngineDead ||
+                             r.status == ProbeStatus::kLoopHung),
+          "only engine_dead and loop_hung are definitive");
+  require(is_valid_utf8(r.rule) && r.rule.size() <= kMaxDetailBytes &&
+              is_valid_utf8(r.category) && r.category.size() <= kMaxDetailBytes,
+          "rule and category bounded UTF-8");
+  require(!r.loop_lag_s || (std::isfinite(*r.loop_lag_s) && *r.loop_lag_s >= 0),
+          "loop_lag_s finite and not negative");
+  require(
+      !r.seconds_since_progress || (std::isfinite(*r.seconds_since_progress) &&
+                                    *r.seconds_since_progress >= 0),
+      "seconds_since_progress finite and not negative");
+  require(!r.engine_calls_in_flight || *r.engine_calls_in_flight >= 0,
+          "engine_calls_in_flight not negative");
+  require(!r.native_health_port ||
+              (*r.native_health_port >= 1 && *r.native_health_port <= 65535),
+          "native_health_port is a port");
   require(is_valid_utf8(r.detail), "detail is valid UTF-8");
   require(r.detail.size() <= kMaxDetailBytes, "detail bounded");
 
   if (!is_2xx(http_status)) {
     require(r.status == ProbeStatus::kHttpStatus ||
-                r.status == ProbeStatus::kEngineDead,
-            "non-2xx is http_status or engine_dead, never healthy");
-    bool engine_dead = false;
-    if (http_status == 503 && !truncated && doc) {
-      auto it = doc->find("engine_dead");
-      engine_dead = it != doc->end() && it->is_boolean() && it->get<bool>();
-    }
+                r.status == ProbeStatus::kEngineDead ||
+                r.status == ProbeStatus::kLoopHung,
+            "non-2xx is http_status, engine_dead or loop_hung, never healthy");
+    auto flag = [&](const char* name) {
+      if (http_status != 503 || truncated || !doc) return false;
+      auto it = doc->find(name);
+      return it != doc->end() && it->is_boolean() && it->get<bool>();
+    };
+    const bool engine_dead = flag("engine_dead");
     require((r.status == ProbeStatus::kEngineDead) == engine_dead,
             "engine_dead iff a complete 503 object says engine_dead: true");
+    require((r.status == ProbeStatus::kLoopHung) ==
+                (!engine_dead && flag("loop_hung")),
+            "loop_hung iff a complete 503 object says loop_hung: true and "
+            "not engine_dead");
   } else if (truncated) {
     require(r.status == ProbeStatus::kBodyTooLarge,
             "a truncated 2xx body is body_too_large");

@@ -111,8 +111,10 @@ const std::vector<Row<HealthConfig>>& router_rows() {
        {1, kDay},
        "Seconds a (re)started local worker has to answer healthy."},
       {"MAIN_PORT_TIMEOUT_S", "main_port_timeout_s", &C::main_port_timeout_s,
-       T::kSeconds, {1, kDay},
-       "Seconds a (re)started local worker has to open its HTTP port."},
+       T::kSeconds, {kMinSeconds, kDay},
+       "Seconds one GET /health on a worker's main port may take (a worker "
+       "with no native endpoint): MinerU blocks that port's event loop for "
+       "seconds under load; may exceed INTERVAL_S."},
       {"STABLE_WINDOW_S", "stable_window_s", &C::stable_window_s, T::kSeconds,
        {0, kDay},
        "Seconds a restarted worker must stay healthy before the restart "
@@ -127,9 +129,10 @@ const std::vector<Row<HealthConfig>>& router_rows() {
        {256, 16 * 1024 * 1024},
        "Largest /health body read; a longer one fails the probe."},
       {"MAX_EJECTION_PERCENT", "max_ejection_percent",
-       &C::max_ejection_percent, T::kNumber, {0, 100},
-       "Largest share of workers, in percent, that passive ejection may take "
-       "out of rotation at once."},
+       &C::max_ejection_percent, T::kInteger, {0, 100},
+       "Largest share of workers, in percent, that timeouts and passive "
+       "failures may hold out of rotation at once (one always stays); a "
+       "worker whose own /health says it is dead is never held back."},
       {"TASK_RETRIES", "task_retries", &C::task_retries, T::kInteger, {0, 10},
        "Times one task is resubmitted to another worker after its worker's "
        "engine died; 0 never resubmits."},
@@ -789,6 +792,12 @@ void validate(const HealthConfig& c) {
            fmt::format("{} must be at most {}",
                        show("connect_timeout_s", c.connect_timeout_s),
                        show("probe_timeout_s", c.probe_timeout_s)));
+  }
+  if (c.main_port_timeout_s < c.connect_timeout_s) {
+    refuse(router_variable("main_port_timeout_s").name,
+           fmt::format("{} must be at least {}",
+                       show("main_port_timeout_s", c.main_port_timeout_s),
+                       show("connect_timeout_s", c.connect_timeout_s)));
   }
   if (c.backoff_base_s > c.backoff_max_s) {
     refuse(router_variable("backoff_base_s").name,

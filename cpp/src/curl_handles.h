@@ -8,13 +8,14 @@
 // Teardown follows curl's documented order: every easy handle is removed
 // from its multi handle (MultiAttachment's destructor) before it is cleaned
 // up, and the multi handle is cleaned up last. Owners get that order by
-// declaring the MultiHandle before the transfers that use it and, inside a
-// transfer, the EasyHandle before its MultiAttachment. Not thread-safe: a
-// handle belongs to one thread at a time.
+// declaring the MultiHandle (inside TransferDriver) before the transfers
+// that use it and, inside a transfer, the EasyHandle before its
+// MultiAttachment. Not thread-safe: a handle belongs to one thread at a time.
 #ifndef MINERU_HEALTH_SRC_CURL_HANDLES_H_
 #define MINERU_HEALTH_SRC_CURL_HANDLES_H_
 
 #include <curl/curl.h>
+#include <unistd.h>
 
 #include <memory>
 #include <utility>
@@ -47,8 +48,9 @@ class MultiAttachment {
  public:
   MultiAttachment() = default;
   // Check ok(): curl_multi_add_handle can fail (e.g. out of memory).
-  MultiAttachment(CURLM* multi, CURL* easy) {
-    if (curl_multi_add_handle(multi, easy) == CURLM_OK) {
+  MultiAttachment(CURLM* multi, CURL* easy)
+      : code_(curl_multi_add_handle(multi, easy)) {
+    if (code_ == CURLM_OK) {
       multi_ = multi;
       easy_ = easy;
     }
@@ -58,17 +60,23 @@ class MultiAttachment {
   MultiAttachment& operator=(const MultiAttachment&) = delete;
   MultiAttachment(MultiAttachment&& other) noexcept
       : multi_(std::exchange(other.multi_, nullptr)),
-        easy_(std::exchange(other.easy_, nullptr)) {}
+        easy_(std::exchange(other.easy_, nullptr)),
+        code_(other.code_) {}
   MultiAttachment& operator=(MultiAttachment&& other) noexcept {
     if (this != &other) {
       reset();
       multi_ = std::exchange(other.multi_, nullptr);
       easy_ = std::exchange(other.easy_, nullptr);
+      code_ = other.code_;
     }
     return *this;
   }
 
   bool ok() const { return multi_ != nullptr; }
+  // What curl_multi_add_handle returned.
+  CURLMcode code() const { return code_; }
+  // Removing a handle only fails for handles curl does not know, which
+  // the ownership here rules out; there is nothing to do about it anyway.
   void reset() noexcept {
     if (multi_ != nullptr) curl_multi_remove_handle(multi_, easy_);
     multi_ = nullptr;
@@ -78,6 +86,36 @@ class MultiAttachment {
  private:
   CURLM* multi_ = nullptr;
   CURL* easy_ = nullptr;
+  CURLMcode code_ = CURLM_OK;
+};
+
+// A file descriptor closed on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  // close() errors are not actionable for the descriptors held here
+  // (epoll sets): the descriptor is released either way.
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
 };
 
 }  // namespace mineru_health::internal

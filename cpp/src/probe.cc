@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -53,6 +54,58 @@ json parse_body(std::string_view body) {
         return depth <= kMaxJsonDepth;
       },
       /*allow_exceptions=*/false);
+}
+
+// A string field of the body, capped; "" when absent or not a string.
+std::string text_of(const json& doc, const char* name) {
+  auto it = doc.find(name);
+  if (it == doc.end() || !it->is_string()) return "";
+  return capped(it->get_ref<const std::string&>());
+}
+
+bool flag_of(const json& doc, const char* name) {
+  auto it = doc.find(name);
+  return it != doc.end() && it->is_boolean() && it->get<bool>();
+}
+
+std::optional<double> seconds_of(const json& doc, const char* name) {
+  auto it = doc.find(name);
+  if (it == doc.end() || !it->is_number()) return std::nullopt;
+  const double value = it->get<double>();
+  if (!std::isfinite(value) || value < 0) return std::nullopt;
+  return value;
+}
+
+std::optional<std::int64_t> count_of(const json& doc, const char* name) {
+  auto it = doc.find(name);
+  if (it == doc.end()) return std::nullopt;
+  if (it->is_number_unsigned()) {
+    const auto v = it->get<std::uint64_t>();
+    if (v > static_cast<std::uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<std::int64_t>(v);
+  }
+  if (it->is_number_integer()) {
+    const auto v = it->get<std::int64_t>();
+    if (v < 0) return std::nullopt;
+    return v;
+  }
+  return std::nullopt;
+}
+
+// The advisory figures of a native endpoint's body, and the port a main
+// port advertises. Read from unhealthy answers too: a hung loop's lag is
+// worth showing.
+void read_figures(const json& doc, ProbeResult& r) {
+  if (!doc.is_object()) return;
+  r.loop_lag_s = seconds_of(doc, "loop_lag_s");
+  r.engine_calls_in_flight = count_of(doc, "engine_calls_in_flight");
+  r.seconds_since_progress = seconds_of(doc, "seconds_since_progress");
+  const std::optional<std::int64_t> port = count_of(doc, "native_health_port");
+  if (port && *port >= 1 && *port <= 65535) {
+    r.native_health_port = static_cast<int>(*port);
+  }
+  r.rule = text_of(doc, "rule");
+  r.category = text_of(doc, "category");
 }
 
 ProbeResult fail(ProbeResult r, ProbeStatus status, std::string detail) {
@@ -103,14 +156,26 @@ ProbeResult classify_impl(long http_status, std::string_view body,
     // Only a complete body can prove the engine dead; a truncated one is
     // just another non-2xx answer.
     json doc = truncated ? json(json::value_t::discarded) : parse_body(body);
+    read_figures(doc, r);
     if (http_status == 503 && doc.is_object()) {
-      auto it = doc.find("engine_dead");
-      if (it != doc.end() && it->is_boolean() && it->get<bool>()) {
+      // Engine death first: when both hold, the engine is what a restart
+      // must fix.
+      if (flag_of(doc, "engine_dead")) {
         std::string err = error_of(doc);
         return fail(std::move(r), ProbeStatus::kEngineDead,
                     err.empty()
                         ? std::string("HTTP 503: engine dead")
                         : fmt::format("HTTP 503: engine dead: {}", err));
+      }
+      if (flag_of(doc, "loop_hung")) {
+        std::string err = error_of(doc);
+        std::string lag =
+            r.loop_lag_s ? fmt::format(" for {:.1f}s", *r.loop_lag_s) : "";
+        return fail(
+            std::move(r), ProbeStatus::kLoopHung,
+            err.empty()
+                ? fmt::format("HTTP 503: event loop hung{}", lag)
+                : fmt::format("HTTP 503: event loop hung{}: {}", lag, err));
       }
     }
     std::string err = error_of(doc);
@@ -126,6 +191,7 @@ ProbeResult classify_impl(long http_status, std::string_view body,
   }
 
   json doc = parse_body(body);
+  read_figures(doc, r);
   if (doc.is_discarded()) {
     return fail(std::move(r), ProbeStatus::kNotJsonObject,
                 "body is not valid JSON (or not UTF-8)");
@@ -230,6 +296,18 @@ const char* to_string(ProbeStatus status) {
       return "bad_fields";
     case ProbeStatus::kTransportError:
       return "transport_error";
+    case ProbeStatus::kLoopHung:
+      return "loop_hung";
+  }
+  return "unknown";
+}
+
+const char* to_string(ProbeEndpoint endpoint) {
+  switch (endpoint) {
+    case ProbeEndpoint::kMain:
+      return "main";
+    case ProbeEndpoint::kNative:
+      return "native";
   }
   return "unknown";
 }

@@ -1,5 +1,6 @@
 // The per-worker restart state machine. Pure: every input carries `now`, and
-// the owner waits until next_deadline() before calling on_tick().
+// the owner waits until next_deadline() before calling on_tick(). Every
+// switch lists every phase, so a new phase is a compile error (-Wswitch).
 #include "mineru_health/restart_policy.h"
 
 #include <fmt/format.h>
@@ -9,11 +10,6 @@
 
 namespace mineru_health {
 namespace {
-
-void audit(Transition& t, AuditAction action, int attempt,
-           const std::string& reason, WorkerPhase from, WorkerPhase to) {
-  t.events.push_back(AuditEvent{action, attempt, reason, from, to});
-}
 
 double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -55,8 +51,27 @@ const char* to_string(AuditAction action) {
       return "recovered";
     case AuditAction::kEjected:
       return "ejected";
+    case AuditAction::kAdmitted:
+      return "admitted";
+    case AuditAction::kEjectionSuppressed:
+      return "ejection_suppressed";
+    case AuditAction::kRestartRequested:
+      return "auto_restart_requested";
   }
   return "unknown";
+}
+
+std::vector<std::string> failure_cause_names() {
+  std::vector<std::string> names;
+  for (int s = static_cast<int>(ProbeStatus::kHealthy) + 1;
+       s <= static_cast<int>(ProbeStatus::kLoopHung); ++s) {
+    names.emplace_back(to_string(static_cast<ProbeStatus>(s)));
+  }
+  for (const char* cause : {kCauseProcessExit, kCausePassiveFailure,
+                            kCauseBootTimeout, kCauseRestartFailed}) {
+    names.emplace_back(cause);
+  }
+  return names;
 }
 
 Duration backoff_delay(const PolicyOptions& options, int attempt) {
@@ -76,13 +91,64 @@ RestartPolicy::RestartPolicy(PolicyOptions options, TimePoint now)
     : options_(std::move(options)) {
   // A local worker gets the boot timeout to answer healthy for the first
   // time (loading models takes minutes); a remote one is judged by the
-  // failure threshold alone.
+  // failure threshold alone. on_process_started() restarts the count.
   if (options_.restartable) boot_deadline_ = now + options_.boot_timeout;
+}
+
+void RestartPolicy::audit(Transition& t, AuditAction action,
+                          const std::string& reason, WorkerPhase from,
+                          const std::string& cause) {
+  t.events.push_back(AuditEvent{action, attempt_, reason, from, phase_, cause});
 }
 
 void RestartPolicy::enter(Transition& t, WorkerPhase to) {
   phase_ = to;
   t.to = to;
+}
+
+void RestartPolicy::enter_healthy(Transition& t, AuditAction action,
+                                  const std::string& reason, TimePoint now) {
+  const WorkerPhase from = phase_;
+  boot_deadline_.reset();
+  process_started_ = false;
+  last_error_.clear();
+  ejection_suppressed_ = false;
+  enter(t, WorkerPhase::kHealthy);
+  audit(t, action, reason, from);
+  if (!restart_unconfirmed_ && attempt_ == 0) return;
+  if (options_.stable_window <= Duration::zero()) {
+    confirm_restart(t, "healthy (no stability window)");
+  } else {
+    // Left rotation during a window: the whole window starts again.
+    stable_at_ = now + options_.stable_window;
+  }
+}
+
+void RestartPolicy::confirm_restart(Transition& t, const std::string& reason) {
+  stable_at_.reset();
+  if (restart_unconfirmed_) {
+    restart_unconfirmed_ = false;
+    audit(t, AuditAction::kRestartSucceeded, reason, phase_);
+  }
+  attempt_ = 0;
+}
+
+bool RestartPolicy::eject(Transition& t, const std::string& reason,
+                          const std::string& cause, const EjectionGate& gate) {
+  if (!gate.allowed) {
+    if (!ejection_suppressed_) {
+      ejection_suppressed_ = true;
+      audit(t, AuditAction::kEjectionSuppressed,
+            fmt::format("{} (ejection held back: {})", reason, gate.why),
+            phase_, cause);
+    }
+    return false;
+  }
+  ejection_suppressed_ = false;
+  stable_at_.reset();
+  enter(t, WorkerPhase::kUnhealthy);
+  audit(t, AuditAction::kEjected, reason, WorkerPhase::kHealthy, cause);
+  return true;
 }
 
 void RestartPolicy::schedule_restart(Transition& t, const std::string& reason,
@@ -94,100 +160,104 @@ void RestartPolicy::schedule_restart(Transition& t, const std::string& reason,
   if (attempt_ >= options_.max_attempts) {
     restart_at_.reset();
     enter(t, WorkerPhase::kGaveUp);
-    audit(t, AuditAction::kGaveUp, attempt_, reason, from, phase_);
+    audit(t, AuditAction::kGaveUp, reason, from, last_cause_);
     return;
   }
   restart_at_ = now + backoff_delay(options_, attempt_);
   enter(t, WorkerPhase::kRestartScheduled);
-  audit(t, AuditAction::kRestartScheduled, attempt_,
+  audit(t, AuditAction::kRestartScheduled,
         fmt::format("{} (restart in {}s)", reason,
                     seconds(backoff_delay(options_, attempt_))),
-        from, phase_);
+        from, last_cause_);
 }
 
 void RestartPolicy::mark_failed(Transition& t, const std::string& reason,
-                                TimePoint now) {
+                                const std::string& cause, TimePoint now) {
   const WorkerPhase from = phase_;
+  stable_at_.reset();
   enter(t, WorkerPhase::kFailed);
-  audit(t, AuditAction::kHealthFailed, attempt_, reason, from, phase_);
+  audit(t, AuditAction::kHealthFailed, reason, from, cause);
+  if (restart_unconfirmed_) {
+    // Failed before the stability window ended: the restart did not work.
+    restart_unconfirmed_ = false;
+    audit(t, AuditAction::kRestartFailed,
+          fmt::format("failed within the stability window: {}", reason), phase_,
+          cause);
+    ++attempt_;
+  }
   schedule_restart(t, reason, now);
 }
 
 void RestartPolicy::count_failed_restart(Transition& t,
                                          const std::string& reason,
+                                         const std::string& cause,
                                          TimePoint now) {
   last_error_ = reason;
+  last_cause_ = cause;
   consecutive_successes_ = 0;
   boot_deadline_.reset();
+  stable_at_.reset();
+  process_started_ = false;
+  restart_unconfirmed_ = false;
   const WorkerPhase from = phase_;
   enter(t, WorkerPhase::kFailed);
-  audit(t, AuditAction::kRestartFailed, attempt_, reason, from, phase_);
+  audit(t, AuditAction::kRestartFailed, reason, from, cause);
   ++attempt_;
   schedule_restart(t, reason, now);
 }
 
-Transition RestartPolicy::fail_definitively(const std::string& reason,
-                                            AuditAction first, TimePoint now) {
-  Transition t{phase_, phase_, {}, false};
-  last_error_ = reason;
-  ++consecutive_failures_;
-  consecutive_successes_ = 0;
+void RestartPolicy::fail_definitively(Transition& t, const std::string& reason,
+                                      const std::string& cause, TimePoint now) {
   switch (phase_) {
     case WorkerPhase::kHealthy:
-      // Out of rotation first, then failed without waiting for the threshold.
-      enter(t, WorkerPhase::kUnhealthy);
-      audit(t, first, attempt_, reason, WorkerPhase::kHealthy, phase_);
+      // Out of rotation first (never held back), then failed without
+      // waiting for the threshold.
+      eject(t, reason, cause, EjectionGate{});
       [[fallthrough]];
     case WorkerPhase::kStarting:
     case WorkerPhase::kUnhealthy:
-      mark_failed(t, reason, now);
+      mark_failed(t, reason, cause, now);
+      break;
+    case WorkerPhase::kRestarting:
+      // The new process says it cannot serve: this attempt failed, no need
+      // to wait for the boot deadline. Before the owner reported the new
+      // process, the signal came from the old one.
+      if (process_started_) count_failed_restart(t, reason, cause, now);
       break;
     case WorkerPhase::kFailed:
     case WorkerPhase::kRestartScheduled:
-    case WorkerPhase::kRestarting:
     case WorkerPhase::kGaveUp:
       // Already out of rotation and handled: a second signal must not
       // reschedule (that would thrash).
       break;
   }
-  return t;
 }
 
-Transition RestartPolicy::on_probe(const ProbeResult& result, TimePoint now) {
-  Transition t{phase_, phase_, {}, false};
+Transition RestartPolicy::on_probe(const ProbeResult& result, TimePoint now,
+                                   const EjectionGate& gate) {
+  Transition t = begin();
   if (result.healthy()) {
     consecutive_failures_ = 0;
     ++consecutive_successes_;
+    ejection_suppressed_ = false;
     const bool enough = consecutive_successes_ >= options_.healthy_threshold;
-    const WorkerPhase from = phase_;
     switch (phase_) {
       case WorkerPhase::kHealthy:
         break;
       case WorkerPhase::kStarting:
-        if (enough) {
-          boot_deadline_.reset();
-          last_error_.clear();
-          enter(t, WorkerPhase::kHealthy);
-        }
+        if (enough) enter_healthy(t, AuditAction::kAdmitted, "", now);
         break;
       case WorkerPhase::kUnhealthy:
       case WorkerPhase::kFailed:
       case WorkerPhase::kGaveUp:
-        if (enough) {
-          attempt_ = 0;
-          last_error_.clear();
-          enter(t, WorkerPhase::kHealthy);
-          audit(t, AuditAction::kRecovered, 0, result.detail, from, phase_);
-        }
+        if (enough) enter_healthy(t, AuditAction::kRecovered, "", now);
         break;
       case WorkerPhase::kRestarting:
-        if (enough) {
-          const int attempt = attempt_;
-          attempt_ = 0;
-          boot_deadline_.reset();
-          last_error_.clear();
-          enter(t, WorkerPhase::kHealthy);
-          audit(t, AuditAction::kRestartSucceeded, attempt, "", from, phase_);
+        if (enough && process_started_) {
+          enter_healthy(
+              t, AuditAction::kAdmitted,
+              fmt::format("restart attempt {} answered healthy", attempt_),
+              now);
         }
         break;
       case WorkerPhase::kRestartScheduled:
@@ -199,34 +269,43 @@ Transition RestartPolicy::on_probe(const ProbeResult& result, TimePoint now) {
     return t;
   }
 
-  if (result.definitive())
-    return fail_definitively(result.detail, AuditAction::kEjected, now);
+  // A restarting worker's probes before the owner reported the new process
+  // are the old process's: not held against the attempt.
+  if (phase_ == WorkerPhase::kRestarting && !process_started_) return t;
 
+  const std::string cause = to_string(result.status);
   last_error_ = result.detail;
+  last_cause_ = cause;
   consecutive_successes_ = 0;
   ++consecutive_failures_;
+  if (result.definitive()) {
+    fail_definitively(t, result.detail, cause, now);
+    return t;
+  }
+
   const bool at_threshold = consecutive_failures_ >= options_.failure_threshold;
   switch (phase_) {
     case WorkerPhase::kHealthy:
-      enter(t, WorkerPhase::kUnhealthy);
-      audit(t, AuditAction::kEjected, attempt_, result.detail,
-            WorkerPhase::kHealthy, phase_);
-      [[fallthrough]];
+      if (eject(t, result.detail, cause, gate) && at_threshold) {
+        mark_failed(t, result.detail, cause, now);
+      }
+      break;
     case WorkerPhase::kUnhealthy:
-      if (at_threshold) mark_failed(t, result.detail, now);
+      if (at_threshold) mark_failed(t, result.detail, cause, now);
       break;
     case WorkerPhase::kStarting:
       if (options_.restartable) {
         // A booting local worker is judged by its boot deadline, not by
         // refused connections while it loads.
         if (boot_deadline_ && now >= *boot_deadline_) {
+          last_cause_ = kCauseBootTimeout;
           mark_failed(
               t,
               fmt::format("not healthy within boot timeout: {}", result.detail),
-              now);
+              kCauseBootTimeout, now);
         }
       } else if (at_threshold) {
-        mark_failed(t, result.detail, now);  // remote: stays failed
+        mark_failed(t, result.detail, cause, now);  // remote: stays failed
       }
       break;
     case WorkerPhase::kFailed:
@@ -239,47 +318,112 @@ Transition RestartPolicy::on_probe(const ProbeResult& result, TimePoint now) {
   return t;
 }
 
-Transition RestartPolicy::on_process_exit(const std::string& reason,
-                                          TimePoint now) {
-  if (phase_ == WorkerPhase::kRestarting) {
-    Transition t{phase_, phase_, {}, false};
-    count_failed_restart(t, reason, now);
-    return t;
+Transition RestartPolicy::on_process_started(TimePoint now) {
+  Transition t = begin();
+  if (!options_.restartable) return t;
+  switch (phase_) {
+    case WorkerPhase::kStarting:
+      boot_deadline_ = now + options_.boot_timeout;
+      break;
+    case WorkerPhase::kRestarting:
+      process_started_ = true;
+      consecutive_successes_ = 0;
+      boot_deadline_ = now + options_.boot_timeout;
+      break;
+    case WorkerPhase::kHealthy:
+    case WorkerPhase::kUnhealthy:
+    case WorkerPhase::kFailed:
+    case WorkerPhase::kRestartScheduled:
+    case WorkerPhase::kGaveUp:
+      // A new URL for a process the policy did not ask for: its probes
+      // decide, as for any answer.
+      break;
   }
-  return fail_definitively(reason, AuditAction::kEjected, now);
+  return t;
+}
+
+Transition RestartPolicy::on_process_exit(const std::string& reason,
+                                          std::optional<int> exit_code,
+                                          TimePoint now) {
+  Transition t = begin();
+  last_exit_code_ = exit_code;
+  // The old process on its way out after a restart request.
+  if (phase_ == WorkerPhase::kRestarting && !process_started_) return t;
+  last_error_ = reason;
+  last_cause_ = kCauseProcessExit;
+  ++consecutive_failures_;
+  consecutive_successes_ = 0;
+  fail_definitively(t, reason, kCauseProcessExit, now);
+  return t;
 }
 
 Transition RestartPolicy::on_passive_failure(const std::string& reason,
-                                             TimePoint now) {
-  return fail_definitively(reason, AuditAction::kEjected, now);
+                                             TimePoint now,
+                                             const EjectionGate& gate) {
+  Transition t = begin();
+  switch (phase_) {
+    case WorkerPhase::kHealthy:
+    case WorkerPhase::kStarting:
+    case WorkerPhase::kUnhealthy:
+      last_error_ = reason;
+      last_cause_ = kCausePassiveFailure;
+      ++consecutive_failures_;
+      consecutive_successes_ = 0;
+      // Failed without waiting for the threshold, once out of rotation.
+      if (phase_ != WorkerPhase::kHealthy ||
+          eject(t, reason, kCausePassiveFailure, gate)) {
+        mark_failed(t, reason, kCausePassiveFailure, now);
+      }
+      break;
+    case WorkerPhase::kFailed:
+    case WorkerPhase::kRestartScheduled:
+    case WorkerPhase::kRestarting:
+    case WorkerPhase::kGaveUp:
+      // Out of rotation already (a restarting worker takes no tasks).
+      break;
+  }
+  return t;
 }
 
 Transition RestartPolicy::on_restart_failed(const std::string& reason,
                                             TimePoint now) {
-  Transition t{phase_, phase_, {}, false};
-  if (phase_ == WorkerPhase::kRestarting) count_failed_restart(t, reason, now);
+  Transition t = begin();
+  if (phase_ == WorkerPhase::kRestarting) {
+    count_failed_restart(t, reason, kCauseRestartFailed, now);
+  }
   return t;
 }
 
 Transition RestartPolicy::on_tick(TimePoint now) {
-  Transition t{phase_, phase_, {}, false};
+  Transition t = begin();
   switch (phase_) {
     case WorkerPhase::kRestartScheduled:
       if (restart_at_ && now >= *restart_at_) {
         restart_at_.reset();
+        // Until the owner reports the new process, the boot deadline runs
+        // from the request: a launch that never happens fails too.
         boot_deadline_ = now + options_.boot_timeout;
+        process_started_ = false;
+        restart_unconfirmed_ = true;
         consecutive_successes_ = 0;
         enter(t, WorkerPhase::kRestarting);
+        audit(t, AuditAction::kRestartRequested,
+              fmt::format("restart attempt {}", attempt_),
+              WorkerPhase::kRestartScheduled, last_cause_);
         t.restart_now = true;
       }
       break;
     case WorkerPhase::kRestarting:
       if (boot_deadline_ && now >= *boot_deadline_) {
+        const double limit = seconds(options_.boot_timeout);
         count_failed_restart(
             t,
-            fmt::format("not healthy within boot timeout of {}s",
-                        seconds(options_.boot_timeout)),
-            now);
+            process_started_
+                ? fmt::format("not healthy within boot timeout of {}s", limit)
+                : fmt::format("replacement process not reported started "
+                              "within boot timeout of {}s",
+                              limit),
+            kCauseBootTimeout, now);
       }
       break;
     case WorkerPhase::kStarting:
@@ -291,10 +435,16 @@ Transition RestartPolicy::on_tick(TimePoint now) {
                 : fmt::format("not healthy within boot timeout of {}s: {}",
                               seconds(options_.boot_timeout), last_error_);
         last_error_ = reason;
-        mark_failed(t, reason, now);
+        last_cause_ = kCauseBootTimeout;
+        mark_failed(t, reason, kCauseBootTimeout, now);
       }
       break;
     case WorkerPhase::kHealthy:
+      if (stable_at_ && now >= *stable_at_) {
+        confirm_restart(
+            t, fmt::format("healthy for {}s", seconds(options_.stable_window)));
+      }
+      break;
     case WorkerPhase::kUnhealthy:
     case WorkerPhase::kFailed:
     case WorkerPhase::kGaveUp:
@@ -310,13 +460,28 @@ std::optional<TimePoint> RestartPolicy::next_deadline() const {
     case WorkerPhase::kRestarting:
     case WorkerPhase::kStarting:
       return boot_deadline_;
-    default:
+    case WorkerPhase::kHealthy:
+      return stable_at_;
+    case WorkerPhase::kUnhealthy:
+    case WorkerPhase::kFailed:
+    case WorkerPhase::kGaveUp:
       return std::nullopt;
   }
+  return std::nullopt;
 }
 
 std::optional<TimePoint> RestartPolicy::next_restart_at() const {
   return phase_ == WorkerPhase::kRestartScheduled ? restart_at_ : std::nullopt;
+}
+
+std::optional<TimePoint> RestartPolicy::boot_deadline() const {
+  return phase_ == WorkerPhase::kStarting || phase_ == WorkerPhase::kRestarting
+             ? boot_deadline_
+             : std::nullopt;
+}
+
+std::optional<TimePoint> RestartPolicy::stable_at() const {
+  return phase_ == WorkerPhase::kHealthy ? stable_at_ : std::nullopt;
 }
 
 }  // namespace mineru_health

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,21 @@ const char* kHealthyBody =
     R"("processing_tasks":1,"completed_tasks":10,"failed_tasks":2,)"
     R"("max_concurrent_requests":4,"processing_window_size":8,)"
     R"("task_retention_seconds":3600,"task_cleanup_interval_seconds":60})";
+
+// The native endpoint of a busy worker: healthy, its loop lagging.
+const char* kNativeBusyBody =
+    R"({"status":"healthy","version":"3.4.4","protocol_version":2,"queued_tasks":5,)"
+    R"("processing_tasks":2,"completed_tasks":10,"failed_tasks":0,)"
+    R"("max_concurrent_requests":2,"processing_window_size":64,)"
+    R"("endpoint":"native","loop_lag_s":4.25,"loop_hung":false,)"
+    R"("engine_calls_in_flight":3,"seconds_since_progress":1.5,"engine_dead":false})";
+
+const char* kNativeLoopHungBody =
+    R"({"status":"unhealthy","version":"3.4.4","protocol_version":2,)"
+    R"("endpoint":"native","loop_lag_s":75.5,"loop_hung":true,)"
+    R"("engine_calls_in_flight":0,"seconds_since_progress":null,)"
+    R"("engine_dead":false,"rule":"loop_hang","category":"loop_hung",)"
+    R"("since":"2025-01-01T00:00:00Z"})";
 
 ProbeExpectations mineru_expectations() {
   ProbeExpectations e;
@@ -108,6 +125,36 @@ std::vector<Case> cases() {
        R"({"status":"healthy","protocol_version":2,"max_concurrent_requests":18446744073709551615})",
        false, mineru_expectations(), ProbeStatus::kBadFields,
        "max_concurrent_requests"},
+      // The native endpoint: MinerU's body plus our fields.
+      {"native_healthy_busy", 200, kNativeBusyBody, false,
+       mineru_expectations(), ProbeStatus::kHealthy, ""},
+      {"native_loop_hung", 503, kNativeLoopHungBody, false,
+       mineru_expectations(), ProbeStatus::kLoopHung, "event loop hung"},
+      {"native_loop_hung_says_how_long", 503, kNativeLoopHungBody, false,
+       mineru_expectations(), ProbeStatus::kLoopHung, "for 75.5s"},
+      {"native_engine_stalled_is_engine_dead", 503,
+       R"({"status":"unhealthy","endpoint":"native","engine_dead":true,)"
+       R"("loop_hung":false,"rule":"watchdog","category":"engine_stalled"})",
+       false, mineru_expectations(), ProbeStatus::kEngineDead, "engine dead"},
+      {"engine_dead_wins_over_loop_hung", 503,
+       R"({"status":"unhealthy","engine_dead":true,"loop_hung":true})", false,
+       mineru_expectations(), ProbeStatus::kEngineDead, "engine dead"},
+      {"native_starting_is_not_definitive", 503,
+       R"({"status":"starting","endpoint":"native","engine_dead":false,)"
+       R"("loop_hung":false})",
+       false, mineru_expectations(), ProbeStatus::kHttpStatus, "HTTP 503"},
+      {"loop_hung_string_is_not_definitive", 503,
+       R"({"status":"unhealthy","loop_hung":"true"})", false,
+       mineru_expectations(), ProbeStatus::kHttpStatus, "HTTP 503"},
+      {"500_loop_hung_is_not_definitive", 500, R"({"loop_hung":true})", false,
+       mineru_expectations(), ProbeStatus::kHttpStatus, "HTTP 500"},
+      {"503_truncated_loop_hung", 503, R"({"loop_hung":tr)", true,
+       mineru_expectations(), ProbeStatus::kHttpStatus, "HTTP 503"},
+      // A 200 that claims a hung loop contradicts itself; the status wins.
+      {"200_loop_hung_is_still_healthy", 200,
+       R"({"status":"healthy","protocol_version":2,"max_concurrent_requests":1,)"
+       R"("loop_hung":true})",
+       false, mineru_expectations(), ProbeStatus::kHealthy, ""},
       {"ok_engine", 200, R"({"status":"ok"})", false, ok_engine,
        ProbeStatus::kHealthy, ""},
       {"ok_engine_with_junk_fields", 200,
@@ -132,7 +179,10 @@ TEST_P(ProbeTableTest, Classifies) {
     EXPECT_NE(r.detail.find(c.detail_has), std::string::npos) << r.detail;
   }
   EXPECT_EQ(r.healthy(), c.want == ProbeStatus::kHealthy);
-  EXPECT_EQ(r.definitive(), c.want == ProbeStatus::kEngineDead);
+  EXPECT_EQ(r.definitive(), c.want == ProbeStatus::kEngineDead ||
+                                c.want == ProbeStatus::kLoopHung);
+  EXPECT_EQ(r.endpoint, ProbeEndpoint::kMain);  // only the poller sets it
+  EXPECT_EQ(r.url, "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Bodies, ProbeTableTest, ::testing::ValuesIn(cases()),
@@ -214,10 +264,92 @@ TEST(ProbeTest, MillionDeepErrorValueIsStillAnHttpFailure) {
   EXPECT_EQ(r.http_status, 503);
 }
 
+TEST(ProbeTest, NativeFiguresAreRead) {
+  ProbeResult r = classify_health_response(200, kNativeBusyBody, false,
+                                           mineru_expectations());
+  ASSERT_TRUE(r.healthy()) << r.detail;
+  EXPECT_EQ(r.loop_lag_s, 4.25);
+  EXPECT_EQ(r.engine_calls_in_flight, 3);
+  EXPECT_EQ(r.seconds_since_progress, 1.5);
+  EXPECT_FALSE(r.native_health_port.has_value());
+  EXPECT_EQ(r.load.processing_window_size, 64);
+}
+
+TEST(ProbeTest, FiguresOfAnUnhealthyAnswerAreKept) {
+  ProbeResult r = classify_health_response(503, kNativeLoopHungBody, false,
+                                           mineru_expectations());
+  ASSERT_EQ(r.status, ProbeStatus::kLoopHung);
+  EXPECT_EQ(r.loop_lag_s, 75.5);
+  EXPECT_EQ(r.engine_calls_in_flight, 0);
+  EXPECT_FALSE(r.seconds_since_progress.has_value());  // null
+  EXPECT_EQ(r.rule, "loop_hang");
+  EXPECT_EQ(r.category, "loop_hung");
+  EXPECT_EQ(r.load.max_concurrent_requests, 0);  // no load from a failure
+}
+
+struct FigureCase {
+  const char* name;
+  std::string fields;  // appended to a healthy body
+  std::optional<double> loop_lag_s;
+  std::optional<std::int64_t> engine_calls_in_flight;
+  std::optional<int> native_health_port;
+};
+
+class ProbeFigureTest : public ::testing::TestWithParam<FigureCase> {};
+
+// Advisory figures never fail a probe: bad ones are simply not set.
+TEST_P(ProbeFigureTest, MalformedFiguresAreIgnored) {
+  const FigureCase& c = GetParam();
+  const std::string body =
+      R"({"status":"healthy","protocol_version":2,"max_concurrent_requests":1)" +
+      c.fields + "}";
+  ProbeResult r =
+      classify_health_response(200, body, false, mineru_expectations());
+  ASSERT_TRUE(r.healthy()) << r.detail;
+  EXPECT_EQ(r.loop_lag_s, c.loop_lag_s);
+  EXPECT_EQ(r.engine_calls_in_flight, c.engine_calls_in_flight);
+  EXPECT_EQ(r.native_health_port, c.native_health_port);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Figures, ProbeFigureTest,
+    ::testing::Values(
+        FigureCase{"none", "", std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"integers", R"(,"loop_lag_s":2,"engine_calls_in_flight":7)",
+                   2.0, 7, std::nullopt},
+        FigureCase{"negative",
+                   R"(,"loop_lag_s":-1,"engine_calls_in_flight":-2)",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"strings",
+                   R"(,"loop_lag_s":"1","engine_calls_in_flight":"2",)"
+                   R"("native_health_port":"9000")",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"fraction_count", R"(,"engine_calls_in_flight":1.5)",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"huge_count",
+                   R"(,"engine_calls_in_flight":18446744073709551615)",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"port", R"(,"native_health_port":18001)", std::nullopt,
+                   std::nullopt, 18001},
+        FigureCase{"port_zero", R"(,"native_health_port":0)", std::nullopt,
+                   std::nullopt, std::nullopt},
+        FigureCase{"port_too_big", R"(,"native_health_port":65536)",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"port_fraction", R"(,"native_health_port":80.5)",
+                   std::nullopt, std::nullopt, std::nullopt},
+        FigureCase{"port_null", R"(,"native_health_port":null)", std::nullopt,
+                   std::nullopt, std::nullopt}),
+    [](const ::testing::TestParamInfo<FigureCase>& param_info) {
+      return std::string(param_info.param.name);
+    });
+
 TEST(ProbeTest, EveryStatusHasAName) {
-  for (int s = 0; s <= static_cast<int>(ProbeStatus::kTransportError); ++s) {
+  for (int s = 0; s <= static_cast<int>(ProbeStatus::kLoopHung); ++s) {
     EXPECT_STRNE(to_string(static_cast<ProbeStatus>(s)), "unknown");
   }
+  EXPECT_STREQ(to_string(ProbeStatus::kLoopHung), "loop_hung");
+  EXPECT_STREQ(to_string(ProbeEndpoint::kMain), "main");
+  EXPECT_STREQ(to_string(ProbeEndpoint::kNative), "native");
 }
 
 }  // namespace

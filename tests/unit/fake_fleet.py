@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import pytest
 from mineru_health import _native
-from mineru_health.monitor import HealthMonitor, PollerEventKind, WorkerPhase
+from mineru_health.monitor import AuditAction, HealthMonitor, PollerEventKind, WorkerPhase
 from mineru_health.settings import HealthSettings
 
 HEALTHY_BODY = {
@@ -191,6 +191,8 @@ def fast_settings(**changes: Any) -> HealthSettings:
         "interval_s": 1.0,
         "probe_timeout_s": 0.8,
         "connect_timeout_s": 0.8,
+        # The fakes are probed on their main port (no native endpoint).
+        "main_port_timeout_s": 0.8,
         "failure_threshold": 2,
         "healthy_threshold": 1,
         "backoff_base_s": 0.05,
@@ -220,8 +222,19 @@ class Recorder:
             e for e in self.events if e.worker_id == worker and (kind is None or e.kind == kind)
         ]
 
+    def audits(self, worker: str) -> list[Any]:
+        """Audit events of `worker` after its start-up admission.
+
+        starting -> healthy is an audit event ("admitted") since every phase
+        change is one; the tests look at what happens after it.
+        """
+        events = self.of(worker, PollerEventKind.AUDIT)
+        if events and events[0].audit.action == AuditAction.ADMITTED:
+            return events[1:]
+        return events
+
     def actions(self, worker: str) -> list[str]:
-        return [_native.to_string(e.audit.action) for e in self.of(worker, PollerEventKind.AUDIT)]
+        return [_native.to_string(e.audit.action) for e in self.audits(worker)]
 
     async def wait_for(self, predicate: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + WAIT_S
@@ -260,11 +273,15 @@ async def one_audit_event(fleet: Fleet) -> Any:
     rec = Recorder()
     monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
     monitor.add_worker("w", fleet.url("w"), restartable=True)
+    monitor.add_worker("spare", fleet.url("spare"))  # so the guard lets w go
     monitor.attach()
     try:
-        await rec.wait_for(lambda: phase(monitor, "w") == WorkerPhase.HEALTHY, "healthy")
+        await rec.wait_for(
+            lambda: all(phase(monitor, n) == WorkerPhase.HEALTHY for n in ("w", "spare")),
+            "healthy",
+        )
         monitor.report_passive_failure("w", "fatal task error")
-        await rec.wait_for(lambda: bool(rec.of("w", PollerEventKind.AUDIT)), "an audit event")
-        return rec.of("w", PollerEventKind.AUDIT)
+        await rec.wait_for(lambda: bool(rec.audits("w")), "an audit event")
+        return rec.audits("w")
     finally:
         await monitor.aclose()

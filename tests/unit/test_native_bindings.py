@@ -151,3 +151,48 @@ def test_wait_until_unhealthy_releases_the_gil() -> None:
     thread.join(30)
     assert not thread.is_alive()
     assert waiter_result == [True]
+
+
+def test_router_core_bindings() -> None:
+    # Enum names come from the native to_string.
+    assert _native.to_string(_native.ProbeStatus.LOOP_HUNG) == "loop_hung"
+    assert _native.to_string(_native.ProbeEndpoint.NATIVE) == "native"
+    assert _native.to_string(_native.AuditAction.ADMITTED) == "admitted"
+    assert _native.to_string(_native.AuditAction.EJECTION_SUPPRESSED) == "ejection_suppressed"
+    assert _native.to_string(_native.PollerEventKind.ERROR) == "error"
+    causes = _native.failure_cause_names()
+    assert {"loop_hung", "process_exit", "passive_failure", "boot_timeout"} <= set(causes)
+
+    config = _native.HealthConfig()
+    assert (config.main_port_timeout_s, config.stable_window_s) == (60.0, 600.0)
+    assert config.max_ejection_percent == 50
+
+    body = (
+        b'{"status":"unhealthy","endpoint":"native","loop_hung":true,"loop_lag_s":75.5,'
+        b'"engine_calls_in_flight":1,"seconds_since_progress":null,"rule":"r","category":"c"}'
+    )
+    result = _native.classify_health_response(503, body, False, _native.ProbeExpectations())
+    assert result.status == _native.ProbeStatus.LOOP_HUNG and result.definitive
+    assert (result.loop_lag_s, result.engine_calls_in_flight) == (75.5, 1)
+    assert result.seconds_since_progress is None and result.native_health_port is None
+    assert (result.rule, result.category, result.endpoint) == ("r", "c", _native.ProbeEndpoint.MAIN)
+
+    target = _native.Target("w", "http://127.0.0.1:1", True, "http://127.0.0.1:2/health")
+    assert target.health_url == "http://127.0.0.1:2/health"
+    poller = _native.Poller(config, _native.ProbeExpectations(), 1)
+    poller.add_worker(target)
+    poller.report_process_exit("w", "exit code 75", 75)
+    (status,) = poller.statuses()
+    assert status.last_exit_code == 75 and status.last_cause == "process_exit"
+    assert status.probe_url == "http://127.0.0.1:2/health"
+    assert status.endpoint == _native.ProbeEndpoint.NATIVE
+    poller.set_url("w", "http://127.0.0.1:3")
+    (status,) = poller.statuses()
+    assert status.probe_url == "http://127.0.0.1:3/health" and status.health_url == ""
+    stats = poller.stats()
+    assert stats.workers == 1 and stats.dropped_events == 0 and not stats.io_failing
+    events = poller.drain_events()
+    assert events and all(e.worker is not None for e in events)
+
+    limit = _native.raise_fd_limit(0)  # nothing to raise
+    assert not limit.raised and limit.error == "" and limit.soft == limit.soft_before

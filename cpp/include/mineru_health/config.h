@@ -50,9 +50,19 @@ struct HealthConfig {
   std::size_t max_body_bytes = 64 * 1024;
   std::string audit_path;  // "" = stderr
   std::string ca_file;     // PEM CAs for HTTPS workers; "" = the system store
-  double main_port_timeout_s = 60.0;   // a local worker must open its port
-  double stable_window_s = 600.0;      // healthy this long = restart succeeded
-  double max_ejection_percent = 50.0;  // passive ejection cap, % of workers
+  // Whole-request timeout of a probe of a worker's main-port /health (no
+  // native endpoint known). MinerU blocks its own event loop for seconds
+  // under load, so this is generous; it may exceed interval_s (a worker has
+  // one probe in flight at most). Native endpoints use probe_timeout_s.
+  double main_port_timeout_s = 60.0;
+  // A restart counts as successful only once the worker stayed healthy this
+  // long (Kubernetes resets CrashLoopBackOff after 10 minutes); 0 = at the
+  // first healthy answer.
+  double stable_window_s = 600.0;
+  // Most workers that non-definitive failures (timeouts, passive failures)
+  // may hold out of rotation at once, as a percentage (Envoy's
+  // max_ejection_percent); at least one worker always stays in rotation.
+  int max_ejection_percent = 50;
   int task_retries = 2;                // resubmissions of one task
   double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
   int retry_budget_min = 3;            // resubmissions always allowed

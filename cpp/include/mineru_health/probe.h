@@ -1,4 +1,5 @@
-// Probe results: what one `GET /health` answer means for routing.
+// Probe results: what one `GET /health` answer means for routing, from a
+// worker's main port or from its native health endpoint.
 //
 //   mineru_health::ProbeExpectations expect;
 //   expect.protocol_version = 1;
@@ -30,9 +31,22 @@ enum class ProbeStatus {
   kBadProtocol,       // `protocol_version` missing or unsupported
   kBadFields,         // numeric fields of the wrong type or range
   kTransportError,    // anything else curl reports (closed mid-response...)
+  kLoopHung,          // 503 whose body says the event loop is hung: definitive
 };
 
 const char* to_string(ProbeStatus status);
+
+// Which of a worker's endpoints a probe went to. The native endpoint is
+// served by a thread of its own in the worker, so it answers even while
+// MinerU blocks its event loop; the main port's /health waits behind that
+// work and is judged with a generous timeout (HealthConfig's
+// main_port_timeout_s).
+enum class ProbeEndpoint {
+  kMain,    // <url>/health on the worker's API port
+  kNative,  // the native health endpoint (explicit or advertised)
+};
+
+const char* to_string(ProbeEndpoint endpoint);
 
 // The load figures the router scores workers by.
 struct WorkerLoad {
@@ -61,13 +75,38 @@ struct ProbeResult {
   double latency_s = 0;
   std::string detail;  // human-readable reason; "" when healthy
   WorkerLoad load;     // meaningful only when healthy
+  // Set by the poller (the classifier cannot know): where the probe went.
+  ProbeEndpoint endpoint = ProbeEndpoint::kMain;
+  std::string url;  // the URL probed; "" from classify_health_response
+
+  // Optional figures of the native endpoint's body, read from any complete
+  // JSON object answer (healthy or not) for metrics and statuses. Advisory:
+  // a missing, null or malformed figure is left unset and never fails a
+  // probe. Non-negative and finite when set.
+  std::optional<double> loop_lag_s;
+  std::optional<std::int64_t> engine_calls_in_flight;
+  std::optional<double> seconds_since_progress;
+  // Port of the native endpoint that a main port's body advertises
+  // (1..65535); the poller switches to it after a healthy answer.
+  std::optional<int> native_health_port;
+  // The worker's verdict when it says it is unhealthy (capped text).
+  std::string rule;
+  std::string category;
+
   bool healthy() const { return status == ProbeStatus::kHealthy; }
-  // A definitive failure skips the failure threshold.
-  bool definitive() const { return status == ProbeStatus::kEngineDead; }
+  // A definitive failure skips the failure threshold and the mass-ejection
+  // guard: the worker itself says it cannot serve.
+  bool definitive() const {
+    return status == ProbeStatus::kEngineDead ||
+           status == ProbeStatus::kLoopHung;
+  }
 };
 
 // Classifies a complete HTTP answer. `truncated` means the body was cut at
-// max_body_bytes. Never throws.
+// max_body_bytes. A complete 503 object with `"engine_dead": true` is
+// kEngineDead, else with `"loop_hung": true` kLoopHung; any other non-2xx
+// (a native endpoint's 503 while the worker starts, too) is kHttpStatus.
+// Never throws.
 ProbeResult classify_health_response(long http_status, std::string_view body,
                                      bool truncated,
                                      const ProbeExpectations& expect);
