@@ -63,7 +63,8 @@ void register_config(py::module_& m) {
       .def_readwrite("task_retries", &HealthConfig::task_retries)
       .def_readwrite("retry_budget_percent",
                      &HealthConfig::retry_budget_percent)
-      .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min);
+      .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min)
+      .def_readwrite("native_probes", &HealthConfig::native_probes);
 
   py::class_<WorkerConfig>(
       m, "WorkerConfig",

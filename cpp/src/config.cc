@@ -143,6 +143,11 @@ const std::vector<Row<HealthConfig>>& router_rows() {
       {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
        T::kInteger, {0, 1000},
        "Resubmissions in flight always allowed, whatever the share."},
+      {"NATIVE_PROBES", "native_probes", &C::native_probes, T::kFlag, {},
+       "Probe local workers' native health endpoints (MINERU_HEALTH_PORT, "
+       "reserved and passed on by the router) and the one a remote worker "
+       "advertises; 0 probes every main-port /health with TIMEOUT_S, as 0.1 "
+       "did, where a busy worker times out."},
       {"AUDIT_PATH", "audit_path", &C::audit_path, T::kPath, {},
        "File that audit JSON lines are appended to; empty means stderr.",
        PathCheck::kWritableFile},
@@ -738,6 +743,8 @@ HealthConfig preset(const std::string& name) {
     c.backoff_max_s = 10;
     c.max_attempts = 5;
     c.boot_timeout_s = 120;
+    // Demos and tests watch a restart succeed within a minute.
+    c.stable_window_s = 30;
     return c;
   }
   if (name == "outage-tolerant") {
@@ -749,6 +756,8 @@ HealthConfig preset(const std::string& name) {
     c.backoff_max_s = 600;
     c.max_attempts = 12;
     c.boot_timeout_s = 600;
+    c.main_port_timeout_s = 120;
+    c.stable_window_s = 1200;
     return c;
   }
   refuse(kPresetName, fmt::format("{}={:?} is not a preset ({})", kPresetName,

@@ -293,6 +293,7 @@ class HealthConfig(metaclass=_pybind11_type):
     task_retries: int
     retry_budget_percent: float
     retry_budget_min: int
+    native_probes: bool
     @overload
     def __init__(self) -> None: ...
     @overload

@@ -66,6 +66,10 @@ struct HealthConfig {
   int task_retries = 2;                // resubmissions of one task
   double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
   int retry_budget_min = 3;            // resubmissions always allowed
+  // Probe local workers' native health endpoints and switch to the one a
+  // remote worker advertises; false probes every main-port /health with
+  // probe_timeout_s, as mineru-health 0.1 did (busy workers then time out).
+  bool native_probes = true;
 };
 
 // MINERU_HEALTH_*: what a patched mineru-api worker reads.
