@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until
+from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -16,24 +16,6 @@ ROUTER_START_TIMEOUT_S = 240.0
 # The kernel's SIGTERM starts uvicorn's graceful shutdown at once; the
 # worker's own watcher exits after 30 s if that shutdown hangs.
 WORKER_EXIT_BOUND_S = 60.0
-
-
-def _worker_pids(ports: set[str]) -> set[int]:
-    """pids of the mineru-api processes listening on ``ports`` (read from /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [a.decode("utf-8", "replace") for a in argv]
-        if "mineru.cli.fast_api" in args and "--port" in args:
-            port = args[args.index("--port") + 1] if args.index("--port") + 1 < len(args) else ""
-            if port in ports:
-                found.add(int(entry.name))
-    return found
 
 
 def test_workers_die_with_a_killed_router(
@@ -65,13 +47,13 @@ def test_workers_die_with_a_killed_router(
 
     ports = wait_until(worker_ports, ROUTER_START_TIMEOUT_S, 0.5)
     assert ports, router.log_tail()
-    pids = _worker_pids(ports)
+    pids = worker_pids(ports)
     assert len(pids) == 2, (ports, pids)
 
     os.kill(router.pid, signal.SIGKILL)
     assert router.wait(30.0) == -signal.SIGKILL
 
-    assert wait_until(lambda: not _worker_pids(ports), WORKER_EXIT_BOUND_S, 0.5), (
-        "workers outlived their router", _worker_pids(ports))
+    assert wait_until(lambda: not worker_pids(ports), WORKER_EXIT_BOUND_S, 0.5), (
+        "workers outlived their router", worker_pids(ports))
     for worker_port in ports:
         assert http_get(f"http://127.0.0.1:{worker_port}/health", 2.0) is None

@@ -368,7 +368,8 @@ async def test_engine_death_restarts_that_worker_on_a_new_url(env: SimpleNamespa
         assert not _ejections(other.server_id)
     lines = [json.loads(line) for line in env.audit.read_text().splitlines()]
     assert all(
-        set(r) == {"time", "worker_id", "action", "attempt", "reason", "from", "to"} for r in lines
+        set(r) == {"time", "worker_id", "action", "attempt", "reason", "cause", "from", "to"}
+        for r in lines
     )
 
 

@@ -169,8 +169,15 @@ def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
 
 
 def test_reasons_are_one_line_and_bounded() -> None:
-    long = projection.passive_task_reason("r", "x\n" * 400)
+    long = projection.short_reason("x\n" * 400)
     assert "\n" not in long and len(long) == projection.REASON_CHARS and long.endswith("...")
+
+
+def test_passive_reasons_never_carry_task_text() -> None:
+    # Issue 10 item 8: the audit log and /health name the rule, not the document.
+    assert projection.passive_task_reason("vllm.engine_dead") == (
+        "a task failed with a fatal error (rule vllm.engine_dead)")
+    assert "503" in projection.passive_submission_reason("r")
 
 
 def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -> None:

@@ -32,7 +32,8 @@ Two kinds, by where the truth lives:
     falling behind (the failure mode a sweep duration would reveal).
   - ``record_audit(worker, action, reason_kind="")`` -- every audit record:
     ``mineru_router_audit_events_total{worker,action}``,
-    ``mineru_router_restarts_total{worker,outcome}`` (``succeeded`` or
+    ``mineru_router_restarts_total{worker,outcome}`` (``started``, then
+    ``succeeded`` once the worker stayed healthy for the stability window, or
     ``failed``), ``mineru_router_gave_up_total{worker}`` and
     ``mineru_router_ejections_total{worker,reason}``; ``reason`` is a probe
     status, ``process_exit``, ``passive_failure`` or ``other`` (never free
@@ -260,7 +261,7 @@ class _RouterMetrics:
         )
         self.restarts = Counter(
             "mineru_router_restarts",
-            "Finished restart attempts of router-managed workers, by outcome.",
+            "Restart attempts of router-managed workers: started, succeeded (stable), failed.",
             ["worker", "outcome"],
             registry=reg,
         )
@@ -354,7 +355,9 @@ def record_audit(worker: str, action: object, reason_kind: str = "") -> None:
         name = "other"
     metrics = _metrics()
     metrics.audit.labels(worker=worker, action=name).inc()
-    if name == "auto_restart_success":
+    if name == "auto_restart_requested":
+        metrics.restarts.labels(worker=worker, outcome="started").inc()
+    elif name == "auto_restart_success":
         metrics.restarts.labels(worker=worker, outcome="succeeded").inc()
     elif name == "auto_restart_failed":
         metrics.restarts.labels(worker=worker, outcome="failed").inc()
@@ -375,7 +378,7 @@ def forget_worker(worker: str) -> None:
     _remove(metrics.gave_up, worker)
     for status in (*EJECTION_REASONS, _HEALTHY_PROBE):
         _remove(metrics.probes, worker, status)
-    for outcome in ("succeeded", "failed"):
+    for outcome in ("started", "succeeded", "failed"):
         _remove(metrics.restarts, worker, outcome)
     for reason in EJECTION_REASONS:
         _remove(metrics.ejections, worker, reason)

@@ -59,12 +59,14 @@ def start_failure_reason(error: object) -> str:
     return short_reason(f"failed to start: {error}")
 
 
-def passive_task_reason(rule: str, error: str) -> str:
-    return short_reason(f"task failed with a fatal error ({rule}): {error}")
+# The task's own error text can quote a user's document: reasons name the rule
+# only, since they reach the audit log, /health and other users' views.
+def passive_task_reason(rule: str) -> str:
+    return short_reason(f"a task failed with a fatal error (rule {rule})")
 
 
-def passive_submission_reason(rule: str, error: str) -> str:
-    return short_reason(f"submission answered 503 ({rule}): {error}")
+def passive_submission_reason(rule: str) -> str:
+    return short_reason(f"a submission was refused with 503 (rule {rule})")
 
 
 def project_event(server: Any, event: Any) -> None:
