@@ -189,3 +189,20 @@ def mineru_api_factory(
         return proc
 
     return start
+
+
+def worker_pids(ports: set[str]) -> set[int]:
+    """pids of the mineru-api processes listening on ``ports`` (their argv, read from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "mineru.cli.fast_api" in args and "--port" in args:
+            index = args.index("--port") + 1
+            if index < len(args) and args[index] in ports:
+                found.add(int(entry.name))
+    return found

@@ -26,6 +26,7 @@ PYBIND11_MODULE(_native, m) {
   mineru_health::bindings::register_classifier(m);
   mineru_health::bindings::register_worker_state(m);
   mineru_health::bindings::register_health_server(m);
+  mineru_health::bindings::register_parent_watch(m);
   mineru_health::bindings::register_config(m);
   mineru_health::bindings::register_probe(m);
   mineru_health::bindings::register_poller(m);

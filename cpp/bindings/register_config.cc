@@ -63,7 +63,8 @@ void register_config(py::module_& m) {
       .def_readwrite("task_retries", &HealthConfig::task_retries)
       .def_readwrite("retry_budget_percent",
                      &HealthConfig::retry_budget_percent)
-      .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min);
+      .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min)
+      .def_readwrite("native_probes", &HealthConfig::native_probes);
 
   py::class_<WorkerConfig>(
       m, "WorkerConfig",
@@ -81,6 +82,7 @@ void register_config(py::module_& m) {
       .def_readwrite("error_budget", &WorkerConfig::error_budget)
       .def_readwrite("error_budget_window_s",
                      &WorkerConfig::error_budget_window_s)
+      .def_readwrite("parent_pid", &WorkerConfig::parent_pid)
       .def_readwrite("rules_path", &WorkerConfig::rules_path)
       .def_readwrite("fault_plan_path", &WorkerConfig::fault_plan_path)
       .def_readwrite("fault_hang_s", &WorkerConfig::fault_hang_s);

@@ -9,6 +9,7 @@ namespace mineru_health::bindings {
 void register_classifier(pybind11::module_& m);
 void register_worker_state(pybind11::module_& m);
 void register_health_server(pybind11::module_& m);
+void register_parent_watch(pybind11::module_& m);
 void register_config(pybind11::module_& m);
 void register_probe(pybind11::module_& m);
 void register_poller(pybind11::module_& m);

@@ -143,6 +143,11 @@ const std::vector<Row<HealthConfig>>& router_rows() {
       {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
        T::kInteger, {0, 1000},
        "Resubmissions in flight always allowed, whatever the share."},
+      {"NATIVE_PROBES", "native_probes", &C::native_probes, T::kFlag, {},
+       "Probe local workers' native health endpoints (MINERU_HEALTH_PORT, "
+       "reserved and passed on by the router) and the one a remote worker "
+       "advertises; 0 probes every main-port /health with TIMEOUT_S, as 0.1 "
+       "did, where a busy worker times out."},
       {"AUDIT_PATH", "audit_path", &C::audit_path, T::kPath, {},
        "File that audit JSON lines are appended to; empty means stderr.",
        PathCheck::kWritableFile},
@@ -179,8 +184,9 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        PathCheck::kNone, kW},
       {"STALL_S", "stall_s", &C::stall_s, T::kSeconds,
        {kMinSeconds, kDay, false, true},
-       "Seconds tasks may be in progress without any progress before the "
-       "worker reports itself stalled; 0 disables the stall watchdog.",
+       "Seconds engine calls may be in flight without one of them, or one "
+       "engine request, completing before the worker reports its engine "
+       "stalled (fatal); 0 disables the stall watchdog.",
        PathCheck::kNone, kW},
       {"EXIT_ON_FATAL", "exit_on_fatal", &C::exit_on_fatal, T::kFlag, {},
        "After an engine death, fail pending tasks, answer 503 for "
@@ -202,12 +208,17 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        PathCheck::kNone, kW},
       {"ERROR_BUDGET", "error_budget", &C::error_budget, T::kInteger,
        {1, 10000},
-       "Fatal-looking task errors tolerated within ERROR_BUDGET_WINDOW_S "
-       "before the worker reports itself unhealthy.",
+       "Ambiguous device errors (a standalone out-of-memory...) within "
+       "ERROR_BUDGET_WINDOW_S that make the worker fatal (error_budget); "
+       "fewer stay task-local.",
        PathCheck::kNone, kW},
       {"ERROR_BUDGET_WINDOW_S", "error_budget_window_s",
        &C::error_budget_window_s, T::kSeconds, {1, kDay},
        "The window ERROR_BUDGET counts in.", PathCheck::kNone, kW},
+      {"PARENT_PID", "parent_pid", &C::parent_pid, T::kInteger, {0, 4194304},
+       "Set by mineru-router for the workers it launches: the worker exits "
+       "when that process dies, however it dies; 0 or unset: no such link.",
+       PathCheck::kNone, kW},
       {"FAULT_PLAN", "fault_plan_path", &C::fault_plan_path, T::kPath, {},
        "Tests and the demo only: fault injection plan file "
        "(python/mineru_health/testing/faults.py); `{port}` in it is replaced "
@@ -732,6 +743,8 @@ HealthConfig preset(const std::string& name) {
     c.backoff_max_s = 10;
     c.max_attempts = 5;
     c.boot_timeout_s = 120;
+    // Demos and tests watch a restart succeed within a minute.
+    c.stable_window_s = 30;
     return c;
   }
   if (name == "outage-tolerant") {
@@ -743,6 +756,8 @@ HealthConfig preset(const std::string& name) {
     c.backoff_max_s = 600;
     c.max_attempts = 12;
     c.boot_timeout_s = 600;
+    c.main_port_timeout_s = 120;
+    c.stable_window_s = 1200;
     return c;
   }
   refuse(kPresetName, fmt::format("{}={:?} is not a preset ({})", kPresetName,

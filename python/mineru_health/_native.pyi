@@ -241,6 +241,16 @@ class HealthServer(metaclass=_pybind11_type):
     def bind_address(self) -> str: ...
     def stop(self) -> None: ...
 
+# --- parent_watch.h (register_parent_watch.cc) --------------------------------------------
+
+class ParentWatch(enum.Enum):
+    __pybind11_native_enum__: object
+    ARMED = ...
+    PARENT_GONE = ...
+    UNSUPPORTED = ...
+
+def exit_with_parent(signal: int, expected_parent: int) -> ParentWatch: ...
+
 # --- config.h / probe.h / poller.h (register_config/probe/poller.cc, helper router-py) ----
 
 class ConfigComponent(enum.Enum):
@@ -283,6 +293,7 @@ class HealthConfig(metaclass=_pybind11_type):
     task_retries: int
     retry_budget_percent: float
     retry_budget_min: int
+    native_probes: bool
     @overload
     def __init__(self) -> None: ...
     @overload
@@ -299,6 +310,7 @@ class WorkerConfig(metaclass=_pybind11_type):
     expose_errors: bool
     error_budget: int
     error_budget_window_s: float
+    parent_pid: int
     rules_path: str
     fault_plan_path: str
     fault_hang_s: float
@@ -617,5 +629,5 @@ class Poller(metaclass=_pybind11_type):
 
 def to_string(
     value: ConfigComponent | ConfigType | ProbeStatus | ProbeEndpoint | WorkerPhase
-    | AuditAction | PollerEventKind | HealthPhase,
+    | AuditAction | PollerEventKind | HealthPhase | ParentWatch,
 ) -> str: ...

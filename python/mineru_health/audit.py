@@ -27,7 +27,8 @@ def _iso(unix_time: float) -> str:
 
 
 def audit_record(event: Any) -> dict[str, Any]:
-    """The JSON object of one audit event: time, worker_id, action, attempt, reason, from, to."""
+    """The JSON object of one audit event: time, worker_id, action, attempt, reason,
+    cause (a failure cause name, "" when none), from, to."""
     audit = event.audit
     return {
         "time": _iso(event.unix_time),
@@ -35,6 +36,7 @@ def audit_record(event: Any) -> dict[str, Any]:
         "action": enum_name(audit.action),
         "attempt": audit.attempt,
         "reason": audit.reason,
+        "cause": audit.cause,
         "from": enum_name(audit.from_phase),
         "to": enum_name(audit.to_phase),
     }

@@ -91,19 +91,26 @@ class HealthMonitor:
         self._fd = self._poller.notify_fd()
 
     # -- workers ---------------------------------------------------------
-    def add_worker(self, worker_id: str, url: str = "", *, restartable: bool = False) -> None:
-        self._poller.add_worker(_native.Target(worker_id, _base_url(url), restartable))
+    def add_worker(self, worker_id: str, url: str = "", *, restartable: bool = False,
+                   health_url: str = "") -> None:
+        """Adds a worker; ``health_url`` is its native ``/health`` when known.
+
+        Without it the worker's main-port ``/health`` is probed (with the main
+        port timeout) until the worker advertises a native endpoint.
+        """
+        self._poller.add_worker(_native.Target(worker_id, _base_url(url), restartable, health_url))
 
     def remove_worker(self, worker_id: str) -> None:
         self._poller.remove_worker(worker_id)
 
-    def set_url(self, worker_id: str, url: str) -> None:
+    def set_url(self, worker_id: str, url: str, health_url: str = "") -> None:
         """A restarted worker answers on a new URL ("" stops probing it)."""
-        self._poller.set_url(worker_id, _base_url(url))
+        self._poller.set_url(worker_id, _base_url(url), health_url)
 
     # -- inputs seen outside probes ----------------------------------------
-    def report_process_exit(self, worker_id: str, reason: str) -> None:
-        self._poller.report_process_exit(worker_id, reason)
+    def report_process_exit(self, worker_id: str, reason: str,
+                            exit_code: int | None = None) -> None:
+        self._poller.report_process_exit(worker_id, reason, exit_code)
 
     def report_passive_failure(self, worker_id: str, reason: str) -> None:
         self._poller.report_passive_failure(worker_id, reason)
@@ -121,6 +128,10 @@ class HealthMonitor:
                 return status
         return None
 
+    def stats(self) -> Any:
+        """The poller's own counters (dropped events, I/O errors, suppressed ejections...)."""
+        return self._poller.stats()
+
     @property
     def running(self) -> bool:
         return bool(self._poller.running())
@@ -131,10 +142,19 @@ class HealthMonitor:
         self._poller.start()
 
     def attach(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Registers the poller's eventfd with ``loop`` and starts the poller thread."""
+        """Registers the poller's eventfd with ``loop`` and starts the poller thread.
+
+        Raises the process's file-descriptor limit first, as far as this
+        fleet needs (one descriptor per probe in flight; see poller.h).
+        """
         if self._loop is not None:
             raise RuntimeError("HealthMonitor is already attached to a loop")
         loop = loop or asyncio.get_running_loop()
+        workers = len(self._poller.statuses())
+        limit = _native.raise_fd_limit(min(workers, self.settings.concurrency))
+        if limit.error:
+            _log.warning("file-descriptor limit not raised (%s): large fleets are probed "
+                         "in more rounds", limit.error)
         loop.add_reader(self._fd, self._dispatch)
         self._loop = loop
         self._poller.start()

@@ -72,7 +72,7 @@ def test_engine_death_demo_recovers() -> None:
         for e in summary["timeline"]
         if e["source"] == "audit" and ": " in e["text"]
     }
-    assert {"auto_restart_scheduled", "auto_restart_success"} <= actions
+    assert {"auto_restart_scheduled", "auto_restart_requested", "admitted"} <= actions
     assert any(
         name.startswith("mineru_router_restarts_total") for name in summary["router_metrics"]
     )
@@ -155,7 +155,7 @@ def test_audit_lines_mark_the_victim_s_story(tmp_path: Path) -> None:
     on_audit_line(ctx, _audit_line(ctx, 0.5, "ejected"))  # before the fault: shown, not marked
     ctx.marks.fault_at = 1.0
     for t, action in ((2.0, "ejected"), (2.0, "health_failed"), (2.1, "auto_restart_scheduled"),
-                      (9.0, "auto_restart_success")):
+                      (9.0, "admitted")):
         on_audit_line(ctx, _audit_line(ctx, t, action))
     on_audit_line(ctx, _audit_line(ctx, 3.0, "ejected", worker="local-gpu-0"))
     on_audit_line(ctx, "not json")

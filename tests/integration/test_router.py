@@ -13,7 +13,10 @@ recovery, every worker's state in ``/metrics`` agrees with ``/health``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until
+from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until, worker_pids
 from mineru_health.settings import HealthSettings
 from mineru_health.testing.faults import write_plan
 from prometheus_client.parser import text_string_to_metric_families
@@ -306,18 +309,25 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     assert all(s["status"] == "completed" for s in statuses), statuses
 
     records = [json.loads(line) for line in audit_path.read_text().splitlines()]
-    assert {r["worker_id"] for r in records} == {dead}, records
-    assert [r["action"] for r in records] == [
+    # Both were admitted at start; then only the dead one changed.
+    assert {r["worker_id"] for r in records if r["action"] != "admitted"} == {dead}, records
+    story = [r for r in records if r["worker_id"] == dead][1:]  # after its own admission
+    assert [r["action"] for r in story] == [
         "ejected",
         "health_failed",
         "auto_restart_scheduled",
-        "auto_restart_success",
+        "auto_restart_requested",
+        "admitted",  # back in rotation; "auto_restart_success" after the stability window
     ]
-    assert "engine_dead" in records[0]["reason"]  # the rule and category, never task text
-    assert [(r["from"], r["to"]) for r in records] == [
+    # The failed task's status or the engine_dead probe, whichever came first;
+    # the reason names the rule, never the task's text.
+    assert story[0]["cause"] in ("engine_dead", "passive_failure"), story[0]
+    assert "EngineCore" not in story[0]["reason"] and "rule" in story[0]["reason"]
+    assert [(r["from"], r["to"]) for r in story] == [
         ("healthy", "unhealthy"),
         ("unhealthy", "failed"),
         ("failed", "restart_scheduled"),
+        ("restart_scheduled", "restarting"),
         ("restarting", "healthy"),
     ]
     metrics = http_get(f"{base}/metrics", 5.0)
@@ -325,7 +335,15 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     assert "mineru_router_audit_events_total" in metrics.text
 
 
-def test_hung_worker_is_ejected_and_restarted(
+LOOP_HANG_S = 3.0
+
+
+def _victim_story(audit_path: Path, victim: str) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    return [r for r in records if r["worker_id"] == victim][1:]  # after its admission
+
+
+def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
     process_factory: Callable[..., ManagedProcess],
     patched_mineru_site: Path,
     mineru_python: str,
@@ -334,8 +352,8 @@ def test_hung_worker_is_ejected_and_restarted(
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
-    # A worker that stops answering altogether (its event loop is stuck): no
-    # 503 ever comes, so only probe timeouts can take it out.
+    # The event loop stops for good: the main port answers nothing, the native
+    # endpoint says loop_hung once the loop has been blocked past the limit.
     audit_path = tmp_path / "audit.jsonl"
     plans = tmp_path / "plans"
     plans.mkdir()
@@ -349,6 +367,7 @@ def test_hung_worker_is_ejected_and_restarted(
             "MINERU_ROUTER_HEALTH_PRESET": "fast",
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
             "MINERU_HEALTH_FAULT_PLAN": str(plans / "plan-{port}"),
+            "MINERU_HEALTH_LOOP_HANG_S": str(LOOP_HANG_S),
         },
     )
     base = proc.base_url
@@ -360,8 +379,8 @@ def test_hung_worker_is_ejected_and_restarted(
     victim_url = servers[victim]["base_url"]
     write_plan(plans / f"plan-{victim_url.rsplit(':', 1)[1]}", "hang")
 
-    # Out of rotation within failure_threshold probes (interval + timeout each).
-    bound = FAST.failure_threshold * (FAST.interval_s * 1.5 + FAST.probe_timeout_s) + 2.0
+    # Out of rotation within the hang limit plus one probe (interval + timeout).
+    bound = LOOP_HANG_S + FAST.interval_s * 1.5 + FAST.probe_timeout_s + 5.0
     assert wait_until(lambda: not _servers(base)[victim]["in_rotation"], bound, 0.1), (
         _servers(base)
     )
@@ -372,9 +391,57 @@ def test_hung_worker_is_ejected_and_restarted(
     assert statuses == ["completed"] * 3
 
     _wait_restarted(proc, victim, victim_url)
-    actions = [json.loads(line)["action"] for line in audit_path.read_text().splitlines()]
-    assert actions[0] == "ejected" and "auto_restart_success" in actions, actions
-    assert "timed out" in json.loads(audit_path.read_text().splitlines()[0])["reason"]
+    story = _victim_story(audit_path, victim)
+    assert story[0]["action"] == "ejected" and story[0]["cause"] == "loop_hung", story
+    assert "admitted" in [r["action"] for r in story]
+
+
+def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
+    process_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    mineru_health_path: str,
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    # SIGSTOP: nothing in the process answers, its native endpoint included;
+    # only probe timeouts can take it out.
+    audit_path = tmp_path / "audit.jsonl"
+    proc = _start_router(
+        process_factory,
+        patched_mineru_site,
+        mineru_python,
+        mineru_health_path,
+        tmp_path,
+        {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
+        },
+    )
+    base = proc.base_url
+
+    _wait_both_in_rotation(proc)
+    servers = _servers(base)
+    victim = min(servers)
+    (other,) = [sid for sid in servers if sid != victim]
+    victim_url = servers[victim]["base_url"]
+    (pid,) = worker_pids({victim_url.rsplit(":", 1)[1]})
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        bound = FAST.failure_threshold * (FAST.interval_s * 1.5 + FAST.probe_timeout_s) + 5.0
+        assert wait_until(lambda: not _servers(base)[victim]["in_rotation"], bound, 0.1), (
+            _servers(base)
+        )
+        assert _servers(base)[other]["in_rotation"]
+        client = RouterClient(base, tiny_pdf, fake_vlm_url)
+        assert [client.run()["status"] for _ in range(2)] == ["completed"] * 2
+        _wait_restarted(proc, victim, victim_url)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    story = _victim_story(audit_path, victim)
+    assert story[0]["action"] == "ejected" and story[0]["cause"] == "timeout", story
 
 
 def test_metrics_agree_with_health_through_a_restart(
@@ -445,7 +512,8 @@ def test_metrics_agree_with_health_through_a_restart(
             if s.labels["worker"] == dead and s.value
         }
 
-    assert counted("mineru_router_restarts_total", "outcome") == {"succeeded": 1}
+    # Started; "succeeded" comes once it stayed healthy for the stability window.
+    assert counted("mineru_router_restarts_total", "outcome") == {"started": 1}
     ejections = counted("mineru_router_ejections_total", "reason")
     # The failed task's status or the engine_dead probe, whichever came first.
     assert sum(ejections.values()) == 1, ejections

@@ -36,7 +36,8 @@ async def test_audit_log_writes_one_json_line_per_event(fleet: Fleet, tmp_path: 
     lines = path.read_text().splitlines()
     assert len(lines) == len(events)
     first = json.loads(lines[0])
-    assert set(first) == {"time", "worker_id", "action", "attempt", "reason", "from", "to"}
+    assert set(first) == {"time", "worker_id", "action", "attempt", "reason", "cause", "from", "to"}
+    assert first["cause"] == "passive_failure"
     assert first["worker_id"] == "w" and first["action"] == "ejected"
     assert first["from"] == "healthy" and first["to"] == "unhealthy"
     assert first["reason"] == "fatal task error"

@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 WAIT_S = 30.0
 
 FAKE_WORKER = r"""
-import json, os, sys
+import json, os, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 port, control_dir = int(sys.argv[1]), sys.argv[2]
@@ -68,6 +68,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+# The router passes the native health port and bind of each launch in the
+# environment: serve the same answers there, as a patched worker does.
+native = os.environ.get("MINERU_HEALTH_PORT")
+if native:
+    bind = os.environ.get("MINERU_HEALTH_BIND", "127.0.0.1")
+    extra = ThreadingHTTPServer((bind, int(native)), Handler)
+    threading.Thread(target=extra.serve_forever, daemon=True).start()
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
@@ -307,7 +314,13 @@ async def test_startup_routes_to_both_and_health_lists_policy_fields(env: Simple
             assert entry["consecutive_failures"] == 0 and entry["restart_attempt"] == 0
             assert entry["next_restart_at"] is None and entry["last_error"] is None
             assert entry["max_concurrent_requests"] == 3
+            # Probed on the native port the router reserved and passed on.
+            assert entry["probe_endpoint"] == "native"
+            assert entry["probe_url"].startswith("http://127.0.0.1:")
+            assert entry["probe_url"] != entry["base_url"] + "/health"
         assert payload["max_concurrent_requests"] == 6
+        # The per-launch variables never outlive the launch.
+        assert "MINERU_HEALTH_PORT" not in os.environ and "MINERU_HEALTH_BIND" not in os.environ
         # In rotation means "healthy" in /metrics too (it once said "starting").
         assert _metric_states() == {"local-gpu-0": "healthy", "local-gpu-1": "healthy"}
         _assert_metrics_agree(pool)
@@ -355,7 +368,8 @@ async def test_engine_death_restarts_that_worker_on_a_new_url(env: SimpleNamespa
         assert not _ejections(other.server_id)
     lines = [json.loads(line) for line in env.audit.read_text().splitlines()]
     assert all(
-        set(r) == {"time", "worker_id", "action", "attempt", "reason", "from", "to"} for r in lines
+        set(r) == {"time", "worker_id", "action", "attempt", "reason", "cause", "from", "to"}
+        for r in lines
     )
 
 

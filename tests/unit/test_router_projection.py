@@ -131,6 +131,13 @@ def status(**fields: Any) -> SimpleNamespace:
         "attempt": 1,
         "next_restart_in_s": 4.0,
         "last_error": "timed out",
+        "stable_in_s": None,
+        "endpoint": _native.ProbeEndpoint.NATIVE,
+        "probe_url": "http://127.0.0.1:9001/health",
+        "last_cause": "timeout",
+        "last_exit_code": None,
+        "ejection_suppressed": False,
+        "last_probe": SimpleNamespace(loop_lag_s=2.5, engine_calls_in_flight=1),
     }
     base.update(fields)
     return SimpleNamespace(**base)
@@ -144,6 +151,9 @@ def test_health_entry_gets_the_policy_fields() -> None:
     assert (entry["consecutive_failures"], entry["restart_attempt"]) == (2, 1)
     assert datetime.fromisoformat(entry["next_restart_at"]).timestamp() == 1_700_000_004.0
     assert entry["last_error"] == "timed out"
+    assert entry["probe_endpoint"] == "native" and entry["last_cause"] == "timeout"
+    assert entry["loop_lag_s"] == 2.5 and entry["engine_calls_in_flight"] == 1
+    assert entry["restart_confirmed_at"] is None and entry["last_exit_code"] is None
 
 
 def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
@@ -158,44 +168,27 @@ def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
     assert entry["last_error"] is None
 
 
-@pytest.mark.parametrize(
-    ("reason", "cause"),
-    [
-        (projection.process_exit_reason(41, -9), "process_exit"),
-        (projection.start_failure_reason("Timed out waiting"), "process_exit"),
-        (projection.passive_task_reason("vllm.engine_dead", "EngineDeadError"), "passive_failure"),
-        (projection.passive_submission_reason("r", "503 EngineDeadError"), "passive_failure"),
-        ("some other text", "other"),
-    ],
-)
-def test_ejection_by_a_report_is_named_by_its_reason(reason: str, cause: str) -> None:
-    causes = projection.EjectionCauses()
-    # A healthy probe of the same worker before it does not make it a probe ejection.
-    assert causes.cause_of(probe_event("w", probe_result(200, HEALTHY_BODY),
-                                       in_rotation=True)) is None
-    assert causes.cause_of(audit_event("w", A.EJECTED, reason, in_rotation=False)) == cause
-
-
-def test_ejection_right_after_a_failed_probe_is_that_probe_s() -> None:
-    causes = projection.EjectionCauses()
-    dead = probe_result(503, DEAD_BODY)
-    assert causes.cause_of(probe_event("w", dead, in_rotation=False)) is None
-    assert causes.cause_of(audit_event("w", A.EJECTED, dead.detail, in_rotation=False)) == (
-        "engine_dead"
-    )
-    # The audits that follow in the same batch are not ejections.
-    assert causes.cause_of(audit_event("w", A.HEALTH_FAILED, "", in_rotation=False)) is None
-
-
-def test_a_failed_probe_of_another_worker_names_nothing() -> None:
-    causes = projection.EjectionCauses()
-    causes.cause_of(probe_event("other", probe_result(503, DEAD_BODY), in_rotation=False))
-    reason = projection.passive_task_reason("r", "EngineDeadError")
-    assert causes.cause_of(audit_event("w", A.EJECTED, reason, in_rotation=False)) == (
-        "passive_failure"
-    )
-
-
 def test_reasons_are_one_line_and_bounded() -> None:
-    long = projection.passive_task_reason("r", "x\n" * 400)
+    long = projection.short_reason("x\n" * 400)
     assert "\n" not in long and len(long) == projection.REASON_CHARS and long.endswith("...")
+
+
+def test_passive_reasons_never_carry_task_text() -> None:
+    # Issue 10 item 8: the audit log and /health name the rule, not the document.
+    assert projection.passive_task_reason("vllm.engine_dead") == (
+        "a task failed with a fatal error (rule vllm.engine_dead)")
+    assert "503" in projection.passive_submission_reason("r")
+
+
+def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -> None:
+    # A worker's /health text with a newline and an ANSI escape must not forge
+    # a log line or repaint a terminal (issue 10 item 7); JSON records keep it.
+    from mineru_health.integration.router.pool import log_audit
+
+    hostile = "timeout\n2026-01-01 INFO forged line \x1b[32mgreen"
+    with caplog.at_level("INFO", logger="mineru_health.router"):
+        log_audit({"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message and "\x1b" not in message
+    assert "forged line" in message and record.levelname == "WARNING"

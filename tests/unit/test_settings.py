@@ -105,9 +105,10 @@ def test_documented_variables_cover_every_field() -> None:
     assert "MINERU_ROUTER_HEALTH_AUDIT_PATH" in names
     assert "MINERU_ROUTER_HEALTH_CA_FILE" in names
     for added in ("TASK_RETRIES", "RETRY_BUDGET_PERCENT", "RETRY_BUDGET_MIN",
-                  "MAIN_PORT_TIMEOUT_S", "STABLE_WINDOW_S", "MAX_EJECTION_PERCENT"):
+                  "MAIN_PORT_TIMEOUT_S", "STABLE_WINDOW_S", "MAX_EJECTION_PERCENT",
+                  "NATIVE_PROBES"):
         assert ROUTER_ENV_PREFIX + added in names
-    assert len(names) == len(set(names)) == 22
+    assert len(names) == len(set(names)) == 23
     for name in names:
         assert name.startswith(ROUTER_ENV_PREFIX)
 

@@ -224,3 +224,15 @@ def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
     body = response.json()
     assert body["rule"] == "liveness:fake-engine"
     assert body["category"] == "engine_dead"
+
+
+def test_worker_log_lines_escape_task_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda message: lines.append(str(message)), format="{message}")
+    try:
+        hooks._log("INFO", "task failed: line one\nforged \x1b[31mred")
+    finally:
+        logger.remove(sink)
+    assert lines and "\x1b" not in lines[0] and lines[0].count("\n") == 1  # loguru's own newline

@@ -66,6 +66,10 @@ struct HealthConfig {
   int task_retries = 2;                // resubmissions of one task
   double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
   int retry_budget_min = 3;            // resubmissions always allowed
+  // Probe local workers' native health endpoints and switch to the one a
+  // remote worker advertises; false probes every main-port /health with
+  // probe_timeout_s, as mineru-health 0.1 did (busy workers then time out).
+  bool native_probes = true;
 };
 
 // MINERU_HEALTH_*: what a patched mineru-api worker reads.
@@ -73,13 +77,14 @@ struct WorkerConfig {
   std::optional<int> port;         // native /health port; nullopt = none
   std::string bind = "127.0.0.1";  // IP literal the native endpoint binds
   double loop_hang_s = 60.0;       // event loop silent this long = hung
-  double stall_s = 300.0;          // no task progress this long; 0 = off
+  double stall_s = 300.0;          // no engine progress this long; 0 = off
   bool exit_on_fatal = false;      // exit 75 after an engine death
   double exit_grace_s = 5.0;       // 503s served before that exit
   int retry_after_s = 30;          // Retry-After on refused submissions
   bool expose_errors = false;      // /health shows exception messages
-  int error_budget = 3;            // fatal-looking errors per window
+  int error_budget = 3;            // ambiguous device errors per window
   double error_budget_window_s = 60.0;
+  int parent_pid = 0;  // set by the router: exit with that process; 0 = none
   std::string rules_path;        // extra rules file; "" = built-in only
   std::string fault_plan_path;   // tests only: fault injection plan
   double fault_hang_s = 3600.0;  // tests only: how long a "hang" fault lasts

@@ -189,6 +189,9 @@ class Demo:
                 "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(ctx.tmp / "audit.jsonl"),
                 "MINERU_HEALTH_FAULT_PLAN": str(ctx.tmp / "plan-{port}"),
                 "MINERU_HEALTH_FAULT_HANG_S": "600",
+                # A loop blocked this long is hung (60 s in production): short
+                # enough for the hung-worker scenario to play out in a minute.
+                "MINERU_HEALTH_LOOP_HANG_S": "5",
                 "MINERU_HEALTH_RULES": str(ctx.tmp / "rules.txt"),
                 # Workers inherit the router's stdin (our pipe): they exit when
                 # it closes, even if the router itself was killed.

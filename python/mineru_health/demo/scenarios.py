@@ -165,7 +165,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "hung-worker",
             "hang",
-            "the worker's event loop stops: /health and everything else stop answering",
+            "the worker's event loop stops for good: its main port answers nothing, its native "
+            "endpoint says loop_hung once the loop has been blocked past the hang limit",
             observe_s=120,
             outcome=Recovered(),
         ),

@@ -18,7 +18,11 @@ __all__ = ["OUT_OF_ROTATION", "RESTART_ACTIONS", "progress", "watch_audit", "wat
            "watch_victim"]
 
 OUT_OF_ROTATION = ("ejected", "health_failed")
-RESTART_ACTIONS = ("auto_restart_scheduled", "auto_restart_success", "auto_restart_failed")
+RESTART_ACTIONS = ("auto_restart_scheduled", "auto_restart_requested", "auto_restart_success",
+                   "auto_restart_failed")
+#: Back in rotation: "admitted" after a restart (the restart itself counts as a
+#: success only after the stability window), "recovered" otherwise.
+BACK_IN_ROTATION = ("admitted", "recovered")
 
 
 async def watch_router(ctx: DemoContext) -> None:
@@ -101,7 +105,7 @@ def on_audit_line(ctx: DemoContext, line: str) -> None:
             m.restart_scheduled_at = t
     elif action == "auto_restart_failed":
         m.failed_restarts += 1
-    elif action in ("auto_restart_success", "recovered") and m.back_in_rotation_at is None:
+    elif action in BACK_IN_ROTATION and m.back_in_rotation_at is None:
         if m.out_of_rotation_at is not None:
             m.back_in_rotation_at = t
             ctx.timeline.add(

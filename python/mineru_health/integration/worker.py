@@ -44,15 +44,18 @@ import functools
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import liveness, metrics
+from .. import _native, liveness, metrics
 from ..classifier import default_rules
 from ..errors import ConfigError, HealthEndpointError
+from ..safe_text import printable
 from ..settings import WorkerSettings
 from ..worker import (
     FatalInfo,
@@ -95,6 +98,8 @@ ASGIApp = Callable[
 
 
 def _log(level: str, message: str) -> None:
+    # Messages quote exceptions and task texts: escaped for the plain-text log.
+    message = printable(message)
     try:
         from loguru import logger
 
@@ -576,6 +581,36 @@ def _exit_after_fatal(health: WorkerHealth, grace_s: float) -> None:
     os._exit(EXIT_CODE)
 
 
+#: After the router died, how long uvicorn's own graceful shutdown (on the
+#: parent-death SIGTERM) may take before the worker exits regardless.
+PARENT_GONE_GRACE_S = 30.0
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Dies with the router that launched this worker, however the router dies.
+
+    The kernel sends SIGTERM when the router exits (uvicorn then shuts MinerU
+    down cleanly); a watcher thread exits regardless if that has not ended
+    the process within ``PARENT_GONE_GRACE_S``.
+    """
+    watch = _native.exit_with_parent(signal.SIGTERM, parent_pid)
+    if watch is _native.ParentWatch.PARENT_GONE:
+        _log("ERROR", f"the router (pid {parent_pid}) that launched this worker is gone; exiting")
+        os._exit(1)
+    if watch is _native.ParentWatch.UNSUPPORTED:
+        _log("WARNING", "cannot ask the kernel to end this worker with its router; "
+                        "watching the parent process instead")
+
+    def watch_parent() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        _log("ERROR", f"the router (pid {parent_pid}) is gone; exiting")
+        threading.Event().wait(PARENT_GONE_GRACE_S)
+        os._exit(1)
+
+    _start_thread(watch_parent, name="mineru-health-parent-watch")
+
+
 def _start_thread(target: Callable[..., None], *args: Any, name: str) -> threading.Thread:
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
     thread.start()
@@ -656,6 +691,8 @@ def install(app: Any) -> None:
         _log("WARNING", f"fault injection enabled, plan file {injector.plan_path}")
     engine_calls.install(_health, lambda: _runtime.faults)
 
+    if settings.parent_pid:
+        _exit_with_parent(int(settings.parent_pid))
     _runtime.liveness_thread = _start_thread(_liveness_loop, health,
                                              name="mineru-health-liveness")
     if settings.exit_on_fatal:

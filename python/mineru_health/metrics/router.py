@@ -11,6 +11,14 @@ Two kinds, by where the truth lives:
     current phase, 0 for the six others (all seven series always exist).
   - ``mineru_router_worker_consecutive_failures{worker}`` gauge.
 
+- The **poller's own counters** (``bind_poller_stats(fn)``, the poller's
+  ``stats()``), read the same way: ``mineru_router_poller_dropped_events_total``
+  (probe events lost because the router did not drain them),
+  ``mineru_router_poller_io_errors_total`` and ``mineru_router_poller_io_failing``
+  (the poller's own I/O is failing: probing has stalled), and
+  ``mineru_router_ejections_suppressed_total`` (ejections the mass-ejection
+  guard held back).
+
 - **Events** are counted as they are handled on the router's loop:
 
   - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
@@ -24,7 +32,8 @@ Two kinds, by where the truth lives:
     falling behind (the failure mode a sweep duration would reveal).
   - ``record_audit(worker, action, reason_kind="")`` -- every audit record:
     ``mineru_router_audit_events_total{worker,action}``,
-    ``mineru_router_restarts_total{worker,outcome}`` (``succeeded`` or
+    ``mineru_router_restarts_total{worker,outcome}`` (``started``, then
+    ``succeeded`` once the worker stayed healthy for the stability window, or
     ``failed``), ``mineru_router_gave_up_total{worker}`` and
     ``mineru_router_ejections_total{worker,reason}``; ``reason`` is a probe
     status, ``process_exit``, ``passive_failure`` or ``other`` (never free
@@ -44,7 +53,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mineru_health import _native
@@ -56,7 +65,9 @@ __all__ = [
     "EJECTION_REASONS",
     "METRIC_NAMES",
     "WORKER_STATES",
+    "PollerStatsCollector",
     "WorkerStatusCollector",
+    "bind_poller_stats",
     "bind_worker_statuses",
     "ensure_families",
     "forget_worker",
@@ -75,14 +86,10 @@ AUDIT_ACTIONS: tuple[str, ...] = tuple(_native.to_string(a) for a in _native.Aud
 
 _HEALTHY_PROBE = _native.to_string(_native.ProbeStatus.HEALTHY)
 
-# Probe failure classifications plus the non-probe causes. Anything else is
-# counted as "other" so the label set stays bounded.
-EJECTION_REASONS: tuple[str, ...] = (
-    *(_native.to_string(s) for s in _native.ProbeStatus if s != _native.ProbeStatus.HEALTHY),
-    "process_exit",
-    "passive_failure",
-    "other",
-)
+# Every cause the native policy names (probe failure classifications, then
+# process_exit, passive_failure, ...); anything else is counted as "other" so
+# the label set stays bounded.
+EJECTION_REASONS: tuple[str, ...] = (*_native.failure_cause_names(), "other")
 
 METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_worker_state",
@@ -94,6 +101,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_gave_up_total",
     "mineru_router_ejections_total",
     "mineru_router_audit_events_total",
+    "mineru_router_poller_dropped_events_total",
+    "mineru_router_poller_io_errors_total",
+    "mineru_router_poller_io_failing",
+    "mineru_router_ejections_suppressed_total",
 )
 
 # Healthy probes answer in milliseconds; failing ones run up to the probe
@@ -101,6 +112,7 @@ METRIC_NAMES: tuple[str, ...] = (
 _PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 StatusSource = Callable[[], Iterable[Any]]
+StatsSource = Callable[[], Any]
 
 
 class WorkerStatusCollector(Collector):
@@ -163,10 +175,71 @@ class WorkerStatusCollector(Collector):
         )
 
 
+class PollerStatsCollector(Collector):
+    """The poller's own counters (``PollerStats``), read from the bound source at every scrape.
+
+    Lost events, I/O errors and held-back ejections live in the native
+    poller; like the state gauges they are read, never copied.
+    """
+
+    def __init__(self) -> None:
+        self._source: StatsSource | None = None
+
+    def bind(self, source: StatsSource | None) -> None:
+        self._source = source
+
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        dropped, io_errors, failing, suppressed = self._families()
+        stats = self._stats()
+        if stats is not None:
+            dropped.add_metric([], float(stats.dropped_events))
+            io_errors.add_metric([], float(stats.io_errors))
+            failing.add_metric([], 1.0 if stats.io_failing else 0.0)
+            suppressed.add_metric([], float(stats.ejections_suppressed))
+        yield from (dropped, io_errors, failing, suppressed)
+
+    def _stats(self) -> Any:
+        source = self._source
+        if source is None:
+            return None
+        try:
+            return source()
+        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
+            _log.exception("reading poller stats for /metrics failed")
+            return None
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily,
+                             CounterMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "mineru_router_poller_dropped_events",
+                "Probe events the poller dropped because the router did not drain them.",
+            ),
+            CounterMetricFamily(
+                "mineru_router_poller_io_errors",
+                "Failed calls of the poller's own I/O (libcurl, epoll).",
+            ),
+            GaugeMetricFamily(
+                "mineru_router_poller_io_failing",
+                "1 while the poller's I/O keeps failing (probing has stalled).",
+            ),
+            CounterMetricFamily(
+                "mineru_router_ejections_suppressed",
+                "Ejections held back by the mass-ejection guard (MAX_EJECTION_PERCENT).",
+            ),
+        )
+
+
 class _RouterMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
         self.statuses = WorkerStatusCollector()
         reg.register(self.statuses)
+        self.poller = PollerStatsCollector()
+        reg.register(self.poller)
         self.probe_duration = Histogram(
             "mineru_router_probe_duration_seconds",
             "Time one GET /health probe took, failures included.",
@@ -188,7 +261,7 @@ class _RouterMetrics:
         )
         self.restarts = Counter(
             "mineru_router_restarts",
-            "Finished restart attempts of router-managed workers, by outcome.",
+            "Restart attempts of router-managed workers: started, succeeded (stable), failed.",
             ["worker", "outcome"],
             registry=reg,
         )
@@ -242,6 +315,11 @@ def bind_worker_statuses(source: StatusSource | None) -> None:
     _metrics().statuses.bind(source)
 
 
+def bind_poller_stats(source: StatsSource | None) -> None:
+    """Makes the poller counters read ``source()`` (the poller's ``stats``) at every scrape."""
+    _metrics().poller.bind(source)
+
+
 def observe_probe(
     worker: str, latency_s: float, status: object = _HEALTHY_PROBE, unix_time: float | None = None
 ) -> None:
@@ -269,15 +347,17 @@ def record_audit(worker: str, action: object, reason_kind: str = "") -> None:
     """Counts one audit record and the counter it implies.
 
     ``action`` is the audit log's action name (AUDIT_ACTIONS) or the native
-    enum member. ``reason_kind`` matters for ``ejected`` only: the probe status
-    that caused it, ``process_exit`` or ``passive_failure``.
+    enum member. ``reason_kind`` matters for ``ejected`` only: the cause the
+    native policy recorded (a probe status, ``process_exit``, ``passive_failure``...).
     """
     name = _name(action)
     if name not in AUDIT_ACTIONS:
         name = "other"
     metrics = _metrics()
     metrics.audit.labels(worker=worker, action=name).inc()
-    if name == "auto_restart_success":
+    if name == "auto_restart_requested":
+        metrics.restarts.labels(worker=worker, outcome="started").inc()
+    elif name == "auto_restart_success":
         metrics.restarts.labels(worker=worker, outcome="succeeded").inc()
     elif name == "auto_restart_failed":
         metrics.restarts.labels(worker=worker, outcome="failed").inc()
@@ -298,7 +378,7 @@ def forget_worker(worker: str) -> None:
     _remove(metrics.gave_up, worker)
     for status in (*EJECTION_REASONS, _HEALTHY_PROBE):
         _remove(metrics.probes, worker, status)
-    for outcome in ("succeeded", "failed"):
+    for outcome in ("started", "succeeded", "failed"):
         _remove(metrics.restarts, worker, outcome)
     for reason in EJECTION_REASONS:
         _remove(metrics.ejections, worker, reason)

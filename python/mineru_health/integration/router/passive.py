@@ -62,7 +62,7 @@ class PassiveEjectionMixin:
             return
         fatal, rule = is_fatal_error(error)
         if fatal:
-            self._report_passive(server, passive_task_reason(rule, error))
+            self._report_passive(server, passive_task_reason(rule))
 
     async def mark_submission_failure(self, server_id: str, error: str) -> None:
         await super().mark_submission_failure(server_id, error)  # type: ignore[misc]
@@ -74,7 +74,7 @@ class PassiveEjectionMixin:
         if error.startswith("503"):
             fatal, rule = is_fatal_error(error)
             if fatal:
-                self._report_passive(server, passive_submission_reason(rule, error))
+                self._report_passive(server, passive_submission_reason(rule))
 
     def _report_passive(self, server: Any, reason: str) -> None:
         worker_id = server.server_id

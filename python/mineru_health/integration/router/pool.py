@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -30,10 +31,10 @@ from mineru_health import _native, metrics
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
+from mineru_health.safe_text import printable
 from mineru_health.settings import HealthSettings
 
 from .projection import (
-    EjectionCauses,
     add_policy_fields,
     process_exit_reason,
     project_event,
@@ -42,20 +43,44 @@ from .projection import (
     start_failure_reason,
 )
 
-__all__ = ["PoolLifecycleMixin", "launching_server_class"]
+__all__ = ["PoolLifecycleMixin", "launching_server_class", "log_audit"]
 
 _log = logging.getLogger("mineru_health.router")
 
+PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
 _PROBE = _native.PollerEventKind.PROBE
 _AUDIT = _native.PollerEventKind.AUDIT
 _RESTART = _native.PollerEventKind.RESTART_REQUESTED
+_ERROR = _native.PollerEventKind.ERROR
+
+
+#: Variables set for one worker launch only (see ``launching_server_class``).
+HEALTH_PORT_ENV = "MINERU_HEALTH_PORT"
+HEALTH_BIND_ENV = "MINERU_HEALTH_BIND"
 
 
 def launching_server_class(base: type) -> type:
-    """A ManagedLocalServer whose ``launch`` starts the process without waiting for health."""
+    """A ManagedLocalServer that starts its process with per-worker variables, and whose
+    ``launch`` starts it without waiting for health.
+
+    MinerU's ``start`` copies ``os.environ`` right before its ``Popen`` and
+    then awaits ``wait_until_ready``: the per-worker variables (``launch_env``,
+    e.g. the native health port) are set just before ``start`` and restored
+    first thing in ``wait_until_ready``, with no ``await`` in between, so no
+    other coroutine ever sees them.
+    """
 
     class HealingLocalServer(base):  # type: ignore[misc]
         _skip_ready = False
+        launch_env: dict[str, str] | None = None
+        _saved_env: dict[str, str | None] | None = None
+
+        async def start(self, client: Any, port: int | None = None) -> None:
+            self._apply_launch_env()
+            try:
+                await super().start(client, port=port)
+            finally:
+                self._restore_env()  # start failed before its Popen, or already done
 
         async def launch(self, client: Any, port: int) -> None:
             # MinerU's start() spawns the process, then polls /health; the
@@ -67,12 +92,35 @@ def launching_server_class(base: type) -> type:
                 self._skip_ready = False
 
         async def wait_until_ready(self, client: Any, *args: Any, **kwargs: Any) -> None:
+            self._restore_env()  # the process is spawned: the variables did their job
             if self._skip_ready:
                 return
             await super().wait_until_ready(client, *args, **kwargs)
 
+        def _apply_launch_env(self) -> None:
+            if not self.launch_env:
+                return
+            self._saved_env = {name: os.environ.get(name) for name in self.launch_env}
+            os.environ.update(self.launch_env)
+
+        def _restore_env(self) -> None:
+            saved, self._saved_env = self._saved_env, None
+            for name, value in (saved or {}).items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
     HealingLocalServer.__name__ = HealingLocalServer.__qualname__ = base.__name__
     return HealingLocalServer
+
+
+def log_audit(record: Mapping[str, Any], *, in_rotation: bool) -> None:
+    """One plain-text log line per audit record; the reason can quote a worker's answer,
+    so it is escaped (a newline or an ANSI escape never forges or repaints a line)."""
+    level = logging.INFO if in_rotation else logging.WARNING
+    _log.log(level, "worker %s: %s (%s)", record["worker_id"], record["action"],
+             printable(str(record["reason"])))
 
 
 class PoolLifecycleMixin:
@@ -101,13 +149,17 @@ class PoolLifecycleMixin:
             _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
             raise
         super().__init__(*args, **kwargs)
+        # Workers launched from here die with this process, however it dies
+        # (they inherit the environment; see parent_watch.h).
+        os.environ[PARENT_PID_ENV] = str(os.getpid())
         self._audit = AuditLog(self.health_settings.audit_path)
         self._monitor = HealthMonitor(
             self.health_settings,
             protocol_version=self._router.get("API_PROTOCOL_VERSION"),
             on_event=self._on_health_event,
         )
-        self._ejection_causes = EjectionCauses()
+        self._native_probes = bool(self.health_settings.native_probes)
+        self._health_ports: dict[str, int] = {}
         self._restart_tasks: dict[str, asyncio.Task[None]] = {}
         self._exit_reported: set[int] = set()
         self._first_health: asyncio.Event | None = None
@@ -117,23 +169,31 @@ class PoolLifecycleMixin:
                 old = server.local_server
                 fields = {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if f.init}
                 server.local_server = self._local_server_class(**fields)
-            self._monitor.add_worker(server.server_id, server.base_url or "", restartable=local)
+            self._monitor.add_worker(server.server_id, server.base_url or "", restartable=local,
+                                     health_url=self._health_url(server))
             project_status(server, self._monitor.status(server.server_id))
         # The state gauges read the poller at every scrape: they cannot drift.
         metrics.router.bind_worker_statuses(self._monitor.statuses)
+        metrics.router.bind_poller_stats(self._monitor.stats)
 
     # -- start-up / shut-down -------------------------------------------------
     async def start(self) -> None:
         locals_ = [s for s in self._servers.values() if s.local_server is not None]
-        ports = self._router["reserve_unique_local_ports"](len(locals_))
+        # One main port per local worker, and one native health port when
+        # native probes are on, all reserved at once so that none repeats.
+        ports = self._router["reserve_unique_local_ports"](
+            len(locals_) * (2 if self._native_probes else 1))
+        main_ports, health_ports = ports[: len(locals_)], ports[len(locals_):]
+        for server, health_port in zip(locals_, health_ports, strict=False):
+            self._prepare_launch(server, health_port)
         # As MinerU does: start every local worker and wait for its first
         # healthy answer, each failure kept to its own worker.
         await asyncio.gather(
-            *(self._start_local_server(s, p) for s, p in zip(locals_, ports, strict=True))
+            *(self._start_local_server(s, p) for s, p in zip(locals_, main_ports, strict=True))
         )
         for server in locals_:
             if server.base_url:
-                self._monitor.set_url(server.server_id, server.base_url)
+                self._monitor.set_url(server.server_id, server.base_url, self._health_url(server))
         self._first_health = asyncio.Event()
         self._monitor.attach(asyncio.get_running_loop())
         for server in locals_:
@@ -145,6 +205,32 @@ class PoolLifecycleMixin:
             self._monitor_task = asyncio.create_task(
                 self._watch_processes(), name="mineru-health-process-watch"
             )
+
+    # -- native health endpoints -----------------------------------------------
+    def _prepare_launch(self, server: Any, health_port: int | None) -> None:
+        """The per-launch variables of a local worker: its native health port and bind."""
+        local = server.local_server
+        if health_port is None or not self._native_probes:
+            self._health_ports.pop(server.server_id, None)
+            local.launch_env = None
+            return
+        self._health_ports[server.server_id] = health_port
+        # Bound where the router connects to the worker (loopback for
+        # 0.0.0.0), so the native endpoint is no more exposed than needed.
+        local.launch_env = {HEALTH_PORT_ENV: str(health_port),
+                            HEALTH_BIND_ENV: str(local.connect_host)}
+
+    def _health_url(self, server: Any) -> str:
+        """Where to probe ``server``: its native endpoint, its main port, or "" (discover)."""
+        if not self._native_probes:
+            # An explicit URL: the poller neither discovers nor switches.
+            return f"{server.base_url}/health" if server.base_url else ""
+        port = self._health_ports.get(server.server_id)
+        if port is None or server.local_server is None:
+            return ""  # remote: probe the main port until it advertises its native one
+        host = str(server.local_server.connect_host)
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/health"
 
     async def _wait_first_health(self) -> None:
         """Returns once every worker with a URL is in rotation or had its first answers."""
@@ -203,17 +289,20 @@ class PoolLifecycleMixin:
         if code is None or process.pid in self._exit_reported:
             return
         self._exit_reported.add(process.pid)
-        self._report_exit(server, process_exit_reason(process.pid, code))
+        self._report_exit(server, process_exit_reason(process.pid, code), code)
 
-    def _report_exit(self, server: Any, reason: str) -> None:
+    def _report_exit(self, server: Any, reason: str, exit_code: int | None = None) -> None:
         server.last_error = reason
-        self._monitor.report_process_exit(server.server_id, reason)
+        self._monitor.report_process_exit(server.server_id, reason, exit_code)
         # The policy applied the report already: routing follows it at once.
         project_status(server, self._monitor.status(server.server_id))
 
     # -- events from the poller ------------------------------------------------
     def _on_health_event(self, event: Any) -> None:
-        cause = self._ejection_causes.cause_of(event)
+        if event.kind == _ERROR:
+            # The poller's own I/O failed (it keeps trying); never a worker's fault.
+            _log.error("health poller: %s", printable(event.error))
+            return
         server = self._servers.get(event.worker_id)
         if server is None:
             return
@@ -226,9 +315,8 @@ class PoolLifecycleMixin:
                 self._check_process(server)
         elif event.kind == _AUDIT:
             record = self._audit.write(event)
-            metrics.router.record_audit(worker_id, event.audit.action, cause or "")
-            level = logging.INFO if server.healthy else logging.WARNING
-            _log.log(level, "worker %s: %s (%s)", worker_id, record["action"], record["reason"])
+            metrics.router.record_audit(worker_id, event.audit.action, event.audit.cause)
+            log_audit(record, in_rotation=server.healthy)
         elif event.kind == _RESTART:
             self._schedule_restart(server)
         self._check_first_health()
@@ -253,16 +341,19 @@ class PoolLifecycleMixin:
         try:
             await asyncio.to_thread(local.stop)
         except Exception as exc:  # noqa: BLE001 -- a failed stop must not block the new start
-            _log.warning("worker %s: stopping the old process failed: %s", worker_id, exc)
+            _log.warning("worker %s: stopping the old process failed: %s", worker_id,
+                         printable(str(exc)))
         try:
-            port = self._router["find_free_port"]()
+            # Fresh ports, the native one too: the old process may still hold its own.
+            port, health_port = self._router["reserve_unique_local_ports"](2)
+            self._prepare_launch(server, health_port)
             await local.launch(self.client, port)
         except Exception as exc:  # noqa: BLE001 -- any spawn failure is a failed restart
             server.last_error = short_reason(f"restart failed: {exc}")
             self._monitor.report_restart_failed(worker_id, server.last_error)
             return
         server.base_url = self._router["normalize_base_url"](local.base_url or "")
-        self._monitor.set_url(worker_id, server.base_url)
+        self._monitor.set_url(worker_id, server.base_url, self._health_url(server))
         _log.info("worker %s: restarted on %s", worker_id, server.base_url)
 
     # -- /health ----------------------------------------------------------------

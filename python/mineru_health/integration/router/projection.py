@@ -10,9 +10,7 @@ rotation" as of the latest event or status read:
     project_status(server, status)       # right after a report (exit, passive failure)
     add_policy_fields(entry, status, restarting=..., now=...)   # one /health entry
 
-``EjectionCauses`` labels ``ejected`` audit events for the ejections counter
-from the event stream (see its docstring). Not thread-safe; everything here
-runs on the router's event loop.
+Not thread-safe; everything here runs on the router's event loop.
 """
 
 from __future__ import annotations
@@ -23,9 +21,6 @@ from typing import Any
 from mineru_health import _native
 
 __all__ = [
-    "PASSIVE_FAILURE",
-    "PROCESS_EXIT",
-    "EjectionCauses",
     "add_policy_fields",
     "iso_time",
     "passive_submission_reason",
@@ -44,15 +39,6 @@ _EJECTED = _native.AuditAction.EJECTED
 # A reason longer than this is cut in audit reasons, last_error and logs.
 REASON_CHARS = 300
 
-# Ejection causes that are not a probe status (labels of mineru_router_ejections_total).
-PROCESS_EXIT = "process_exit"
-PASSIVE_FAILURE = "passive_failure"
-
-# The reasons the router itself reports, by cause. The native audit event does
-# not carry a cause yet, so an ejection the router reported is recognised by
-# the reason it wrote; the builders below are the only writers of these.
-_PROCESS_EXIT_PREFIXES = ("worker process ", "failed to start: ")
-_PASSIVE_PREFIXES = ("task failed with a fatal error ", "submission answered 503 ")
 
 
 def iso_time(unix_time: float) -> str:
@@ -73,12 +59,14 @@ def start_failure_reason(error: object) -> str:
     return short_reason(f"failed to start: {error}")
 
 
-def passive_task_reason(rule: str, error: str) -> str:
-    return short_reason(f"task failed with a fatal error ({rule}): {error}")
+# The task's own error text can quote a user's document: reasons name the rule
+# only, since they reach the audit log, /health and other users' views.
+def passive_task_reason(rule: str) -> str:
+    return short_reason(f"a task failed with a fatal error (rule {rule})")
 
 
-def passive_submission_reason(rule: str, error: str) -> str:
-    return short_reason(f"submission answered 503 ({rule}): {error}")
+def passive_submission_reason(rule: str) -> str:
+    return short_reason(f"a submission was refused with 503 (rule {rule})")
 
 
 def project_event(server: Any, event: Any) -> None:
@@ -126,43 +114,15 @@ def add_policy_fields(
     entry["restarting"] = restarting
     delay = status.next_restart_in_s
     entry["next_restart_at"] = None if delay is None else iso_time(now + max(0.0, delay))
+    stable = status.stable_in_s
+    entry["restart_confirmed_at"] = None if stable is None else iso_time(now + max(0.0, stable))
+    entry["probe_endpoint"] = _native.to_string(status.endpoint)
+    entry["probe_url"] = status.probe_url
+    entry["last_cause"] = status.last_cause or None
+    entry["last_exit_code"] = status.last_exit_code
+    entry["ejection_suppressed"] = bool(status.ejection_suppressed)
+    probe = status.last_probe
+    entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
+    entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
     if entry.get("last_error") is None and not status.in_rotation and status.last_error:
         entry["last_error"] = status.last_error
-
-
-class EjectionCauses:
-    """Names the cause of each ``ejected`` audit event, for ``mineru_router_ejections_total``.
-
-    The poller queues a probe's event and the audit events that probe caused
-    together, under one lock, and events are handled in queue order; an
-    ejection needs a worker in rotation, and a failed probe of a worker in
-    rotation always ejects it. So an ejection right after a failed probe of
-    the same worker was caused by that probe (its status names the cause);
-    any other ejection came from a report of the router's, recognised by its
-    reason. Only the previous event is remembered, never a worker's state.
-    """
-
-    def __init__(self) -> None:
-        self._failed_probe: tuple[str, str] | None = None  # (worker id, probe status)
-
-    def cause_of(self, event: Any) -> str | None:
-        """Feed every event in order; returns the cause for an ``ejected`` audit, else None."""
-        previous, self._failed_probe = self._failed_probe, None
-        if event.kind == _PROBE:
-            if not event.probe.healthy:
-                self._failed_probe = (event.worker_id, _native.to_string(event.probe.status))
-            return None
-        if event.kind != _AUDIT or event.audit.action != _EJECTED:
-            return None
-        if previous is not None and previous[0] == event.worker_id:
-            return previous[1]
-        return report_cause(event.audit.reason)
-
-
-def report_cause(reason: str) -> str:
-    """``process_exit``, ``passive_failure`` or ``other`` for a reason the router reported."""
-    if reason.startswith(_PROCESS_EXIT_PREFIXES):
-        return PROCESS_EXIT
-    if reason.startswith(_PASSIVE_PREFIXES):
-        return PASSIVE_FAILURE
-    return "other"
