@@ -193,6 +193,10 @@ def parse_rules_file(path: str | os.PathLike[str]) -> ParsedRules:
     """
     source = os.fspath(path)
     rules, disabled, errors = _native.read_rules_file(_b(source))
+    if len(errors) == 1 and errors[0].line == 0 and not errors[0].rule_id:
+        # The file itself was refused (missing, not a regular file, too big).
+        raise RulesError(f"cannot read rules file {source}: {errors[0].message}",
+                         errors=_rule_errors(errors))
     if errors:
         _raise_rule_errors(errors, f"rules file {source}")
     return ParsedRules(tuple(Rule._from_native(rule) for rule in rules), tuple(disabled))

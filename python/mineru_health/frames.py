@@ -382,10 +382,8 @@ def frames_from_text(
     if max_frames <= 0:
         return []
     lines = [_LOG_PREFIX.sub("", raw, count=1) for raw in text.splitlines()]
-    has_traceback = any(
-        _TRACEBACK_HEADER.match(line.strip()) or "Exception Group Traceback" in line
-        for line in lines
-    )
+    has_traceback = _is_group_layout(lines) or any(
+        _TRACEBACK_HEADER.match(line.strip()) for line in lines)
     if not has_traceback:
         stripped = "\n".join(lines).strip()
         first, _, rest = stripped.partition("\n")

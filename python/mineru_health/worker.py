@@ -100,17 +100,20 @@ class WorkerHealth:
         error: str | None = None,
         rules: Rules | None = None,
         unix_time: float | None = None,
+        remote_engine: bool = False,
     ) -> Verdict:
         """Classifies ``failure`` (unless it is already a verdict) and records the outcome.
 
         ``error`` is the text kept for /health; by default the exception's
-        ``"Type: message"``, or the verdict's excerpt.
+        ``"Type: message"``, or the verdict's excerpt. ``remote_engine``: the
+        task used a remote engine (an ``*-http-client`` backend), so only this
+        process's own engine or device errors can make it unhealthy.
         """
         if isinstance(failure, Verdict):
             verdict = failure
             text = error if error is not None else verdict.excerpt
         else:
-            verdict = classify(failure, rules=rules)
+            verdict = classify(failure, rules=rules, remote_engine=remote_engine)
             text = error if error is not None else describe_exception(failure)
         if verdict.fatal:
             self.record_fatal(text, rule=verdict.rule, category=verdict.category,

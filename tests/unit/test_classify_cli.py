@@ -53,12 +53,12 @@ def test_full_traceback_file(tmp_path: Path) -> None:
 
 def test_rules_file_changes_the_verdict(tmp_path: Path) -> None:
     rules = tmp_path / "r.rules"
-    rules.write_text("site.gpu fatal gpu gpu\\s+fell\\s+off\n", encoding="utf-8")
-    assert run_cli("classify", input_text="gpu fell off the bus", env=_env()).returncode == 0
-    via_flag = run_cli("classify", "--rules", str(rules), input_text="gpu fell off the bus",
+    rules.write_text("site.gpu fatal gpu widget\\s+fell\\s+off\n", encoding="utf-8")
+    assert run_cli("classify", input_text="widget fell off the shelf", env=_env()).returncode == 0
+    via_flag = run_cli("classify", "--rules", str(rules), input_text="widget fell off the shelf",
                        env=_env())
     assert via_flag.returncode == 1
-    via_env = run_cli("classify", input_text="gpu fell off the bus",
+    via_env = run_cli("classify", input_text="widget fell off the shelf",
                       env=_env(MINERU_HEALTH_RULES=str(rules)))
     assert via_env.returncode == 1
 
@@ -76,7 +76,8 @@ def test_rules_listing_and_check(tmp_path: Path) -> None:
     assert listing.returncode == 0
     body = json.loads(listing.stdout)
     assert body["sources"] == ["<builtin>"]
-    assert {r["kind"] for r in body["rules"]} == {"fatal", "task_local"}
+    assert {r["kind"] for r in body["rules"]} == {
+        "fatal", "heuristic", "task_local", "generic", "ambiguous"}
     plain = run_cli("rules", env=_env())
     assert plain.returncode == 0 and plain.stdout.startswith("#")
 

@@ -214,7 +214,8 @@ def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Verdict | Non
     try:
         health = _runtime.health
         already_dead = not health.healthy
-        verdict = health.record(exc)
+        verdict = health.record(
+            exc, remote_engine=str(getattr(task, "backend", "")).endswith("http-client"))
         if verdict.fatal:
             metrics.record_worker_fatal(verdict.rule, verdict.category)
         else:
