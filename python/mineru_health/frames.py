@@ -138,7 +138,7 @@ def frames_from_exception(
         if id(current) in seen:
             continue
         seen.add(id(current))
-        module, type_name, bases = _class_names(type(current))
+        module, type_name, bases = _class_names(type(current))  # type: ignore[arg-type]
         site = _raise_site(current) or parent_site
         frames.append(Frame(module, type_name, bases, _safe_message(current, max_message_chars),
                             site, via, depth))
