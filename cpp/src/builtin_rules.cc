@@ -95,7 +95,8 @@ std::vector<Rule> builtin_rules() {
       engine_message("vllm.engine_core_fatal", kFatal, "engine_dead",
                      "engine ?core encountered a fatal error|engine ?core "
                      "proc\\S* \\S+ died unexpectedly|engine core client "
-                     "(?:is|has) (?:shut ?down|dead)"),
+                     "(?:is|has) (?:shut ?down|dead)|engine ?core hit an "
+                     "exception|got fatal signal from worker processes"),
       // Start-up: the core process failed (model load, KV-cache allocation).
       // MinerU builds the engine on the first task, so this reaches the
       // worker as a task failure and every later task would fail the same.
@@ -132,7 +133,9 @@ std::vector<Rule> builtin_rules() {
                      "process \\(pid \\d+\\) died|mqllmengine (?:is "
                      "dead|terminated)"),
       engine_message("vllm.v0.task_finished", kFatal, "engine_dead",
-                     "task finished unexpectedly\\. this should never happen"),
+                     "task finished unexpectedly\\. this should never happen|"
+                     "engine background task failed|engine iteration timed "
+                     "out"),
 
       // ==== Ordinary errors inside an engine loop ===========================
       // An assertion, a KeyError... raised by the scheduler or the model
@@ -151,11 +154,14 @@ std::vector<Rule> builtin_rules() {
                 "^(?:builtins\\.)?ValueError\\b[^@]*@(?:vllm\\.v1\\.core\\."
                 "sched|vllm\\.core\\.scheduler|vllm\\.core\\.block|lmdeploy\\."
                 "pytorch\\.paging\\.)"),
-      // Out of memory inside vLLM's model runner (prefill): its loop dies.
+      // Out of memory raised by an in-process engine's own code (model
+      // runner, model layers, executor, start-up): V0's loop and V1's core
+      // never recover from it, so every later request fails.
       type_rule("engine.loop_oom", kHeuristic, "engine_dead",
-                "OutOfMemoryError\\b[^@]*@(?:vllm\\.v1\\.worker\\.|vllm\\."
-                "worker\\.|vllm\\.v1\\.engine\\.core\\b|lmdeploy\\.pytorch\\."
-                "engine\\.)"),
+                "OutOfMemoryError\\b[^@]*@(?:vllm\\.(?:v1\\.(?:worker|core|"
+                "executor|engine\\.core\\b|attention)|worker|model_executor|"
+                "executor|attention|distributed|engine\\.llm_engine\\b|"
+                "engine\\.async_llm_engine\\b)|lmdeploy\\.pytorch\\.)"),
 
       // ==== lmdeploy ========================================================
       // PyTorch engine run in a child process (ZMQ): dead backend.
@@ -163,11 +169,22 @@ std::vector<Rule> builtin_rules() {
                 "(?:^|[ .(])RPCServerDeadError\\b"),
       engine_message("lmdeploy.engine_loop_stopped", kFatal, "engine_dead",
                      "engine (?:main |request )?loop (?:has stopped|is not "
-                     "alive|task has stopped)|engine main loop failed|zmq "
+                     "alive|task has stopped)|engine main loop failed|"
+                     "engine loop failed with error|zmq "
                      "engine process is not alive|mpengine \\S+ (?:is "
                      "dead|died)"),
       engine_message("lmdeploy.engine_stop_error", kFatal, "engine_dead",
                      "enginestoperror"),
+      // lmdeploy's environment checks log "<name> check failed!" and exit
+      // (lmdeploy/pytorch/check_env): the engine cannot be built here.
+      engine_message("lmdeploy.env_check_failed", kFatal, "engine_start",
+                     "<[\\w.]+> (?:check|test) failed!"),
+      type_rule("lmdeploy.env_check_exit", kFatal, "engine_start",
+                "SystemExit\\b[^@]*@lmdeploy\\.pytorch\\.check_env\\b"),
+      // TurboMind's extension missing or built without what the model needs.
+      engine_message("lmdeploy.turbomind_unbuilt", kFatal, "engine_start",
+                     "no module named '_turbomind'|turbomind has not been "
+                     "built with"),
       // The serving layer's ENGINE_UNAVAILABLE also covers a sleeping engine
       // and unknown sessions, which MinerU's one-shot sessions never hit.
       engine_message("lmdeploy.engine_unavailable", kHeuristic, "engine_dead",
@@ -204,6 +221,17 @@ std::vector<Rule> builtin_rules() {
                      "with signal sig(?:kill|segv|abrt|bus)|exited with "
                      "(?:exit ?)?code -?(?:9|11|6|137|139)\\b"),
 
+      // A C++ exception nobody caught: the process aborts (MLX without a
+      // Metal device, TurboMind, custom kernels).
+      engine_message("process.aborted", kFatal, "worker_dead",
+                     "terminate called after throwing an instance of|"
+                     "libc\\+\\+abi: terminating (?:due to uncaught exception|"
+                     "with uncaught exception)"),
+      // vLLM's custom all-reduce checks every CUDA call and exits the
+      // process on failure (CUDACHECK in csrc/custom_all_reduce.cuh).
+      engine_message("vllm.custom_all_reduce_exit", kFatal, "device",
+                     "failed: cuda error \\S+:\\d+ '"),
+
       // ==== CUDA and CUDA-like devices: sticky faults =======================
       // After these the device context is unusable for the rest of the
       // process: every later kernel launch fails. The same words come from
@@ -212,7 +240,9 @@ std::vector<Rule> builtin_rules() {
                      "illegal memory access was encountered|illegal memory "
                      "access|errorillegaladdress"),
       engine_message("cuda.device_assert", kFatal, "device",
-                     "device-side assert(?:ion)? triggered|cudaerrorassert"),
+                     "device-side assert(?:ion)? triggered|cudaerrorassert|"
+                     "\\.cu:\\d+: \\S+: block: \\[\\d+,\\d+,\\d+\\], thread: "
+                     "\\[\\d+,\\d+,\\d+\\] assertion"),
       engine_message("cuda.launch_failure", kFatal, "device",
                      "unspecified launch failure|errorlaunchfailure"),
       engine_message("cuda.ecc_uncorrectable", kFatal, "device",
@@ -232,7 +262,8 @@ std::vector<Rule> builtin_rules() {
       engine_message("cuda.library_execution_failed", kFatal, "device",
                      "(?:cublas|cudnn|cusparse|cusolver|hipblas|miopen|"
                      "rocblas|mublas|mudnn)_status_(?:execution_failed|"
-                     "mapping_error)"),
+                     "mapping_error)|cublas runtime error ?: the gpu program "
+                     "failed to execute"),
       engine_message("cuda.device_lost", kFatal, "device",
                      "gpu (?:is|has fallen|fell) (?:lost|off the bus)|fallen "
                      "off the bus|\\bxid\\b ?:? ?(?:48|62|63|64|74|79|92|94|"
@@ -240,6 +271,11 @@ std::vector<Rule> builtin_rules() {
                      "cudaerrordevicesunavailable"),
       engine_message("cuda.unknown_error", kHeuristic, "device",
                      device(" error: unknown error")),
+      // Anything raised while a CUDA graph is being captured: the capture
+      // (at engine start or on a new batch size) is invalidated, and the
+      // stream with it.
+      type_rule("cuda.graph_capture", kHeuristic, "device",
+                "@torch\\.cuda\\.graphs\\b"),
       engine_message("cuda.stream_capture", kHeuristic, "device",
                      "operation not permitted when stream is capturing|"
                      "errorstreamcaptureinvalidated"),
@@ -291,8 +327,18 @@ std::vector<Rule> builtin_rules() {
                      "abnormal|times out)|task scheduler loses the heartbeat|"
                      "there is an? (?:aicore|aivec|aic|aiv|aicpu|vector core) "
                      "(?:error )?exception|(?:aicore|aicpu) exception|"
+                     "exception of (?:fftsplus )?(?:aicore|aivec|aicpu|sdma) "
+                     "error|"
                      "hardware execution error|host device communication "
                      "\\(hdc\\) session is disconnected"),
+      // torch_npu's own words after a CANN inner error (EZ9999...).
+      engine_message("npu.inner_error", kFatal, "device",
+                     "the process exits for this inner error|\\bez9999: "
+                     "inner error"),
+      // HCCL reports its own failures with EI codes (EI0001...: transport
+      // init, link, timeout); the communicator is unusable afterwards.
+      engine_message("npu.hccl_error_code", kFatal, "collective",
+                     "\\bei\\d{4}: "),
       engine_message("npu.sync_failed", kFatal, "device",
                      "acl stream synchronize failed|aclrtsynchronize"
                      "(?:stream|device|event)(?:withtimeout)? failed|"
@@ -340,7 +386,9 @@ std::vector<Rule> builtin_rules() {
                      "failed|hccl op retry failed"),
       engine_message("collective.watchdog", kFatal, "collective",
                      "watchdog caught collective operation timeout|process "
-                     "group watchdog thread terminated|(?:nccl|hccl) "
+                     "group watchdog thread terminated|(?:nccl|rccl|hccl|"
+                     "cncl|mccl|eccl|tccl) watchdog thread terminated|"
+                     "(?:nccl|hccl) "
                      "communicator (?:was )?aborted|some (?:nccl|hccl) "
                      "operations have failed or timed out|wait execution of "
                      "the notify register times out"),

@@ -80,9 +80,12 @@ constexpr ModulePrefix kModulePrefixes[] = {
     {"mineru.model.table", Origin::kRuntime},
     {"mineru.model.utils", Origin::kRuntime},
     {"mineru.model.vlm", Origin::kRuntime},
+    // MinerU 1.x (magic_pdf): the same split.
+    {"magic_pdf.model", Origin::kRuntime},
     // Text from documents, users or remote servers.
     {"mineru", Origin::kUntrusted},
     {"mineru_vl_utils", Origin::kUntrusted},
+    {"magic_pdf", Origin::kUntrusted},
     {"lxml", Origin::kUntrusted},
     {"xml", Origin::kUntrusted},
     {"html", Origin::kUntrusted},

@@ -167,6 +167,16 @@ _CONTEXT_SEPARATOR = "During handling of the above exception, another exception 
 _TRACEBACK_HEADER = re.compile(r"^(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
 _GROUP_SEPARATOR = re.compile(r"^\+(?:-\+)?-+(?: *(\d+|\.\.\.) *-+)?$")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::(?: (.*))?)?$")
+# A bare "Name: text" line is an exception only when Name looks like a class
+# (dotted, or named like one); "Failed: ..." or "EI0009: ..." are just text.
+_DOTTED_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\.[A-Z]\w*$")
+_CLASS_LIKE = re.compile(r"(?:^|\.)[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Iteration|Group|Dead)$")
+
+
+def _looks_like_class(name: str) -> bool:
+    return bool(_DOTTED_CLASS.search(name) or _CLASS_LIKE.search(name))
+
+
 _FILE_LINE = re.compile(r'^\s*File "([^"]*)", line \d+(?:, in (\S+))?')
 # Log prefixes vLLM and friends put in front of each traceback line, e.g.
 # "(EngineCore_DP0 pid=54) ERROR 10-28 23:01:07 [core.py:708] ".
@@ -388,7 +398,7 @@ def frames_from_text(
         stripped = "\n".join(lines).strip()
         first, _, rest = stripped.partition("\n")
         match = _EXCEPTION_LINE.match(first)
-        if match and ("." in match.group(1) or match.group(2) is not None):
+        if match and _looks_like_class(match.group(1)):
             module, type_name = _split_name(match.group(1))
             message = (match.group(2) or "") + ("\n" + rest if rest else "")
             return [Frame(module, type_name, (), _cap(message, max_message_chars))]

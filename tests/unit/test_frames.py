@@ -151,6 +151,13 @@ def test_traceback_text_exception_group() -> None:
         ("ValueError: bad pdf", Frame("", "ValueError", (), "bad pdf")),
         ("torch.OutOfMemoryError", Frame("torch", "OutOfMemoryError", (), "")),
         ("Timeout", Frame("", "", (), "Timeout")),
+        # "Name: text" is an exception line only when Name looks like a class.
+        ("Failed: Cuda error x.cuh:455 'invalid argument'",
+         Frame("", "", (), "Failed: Cuda error x.cuh:455 'invalid argument'")),
+        ("EI0009: Transport init error.", Frame("", "", (), "EI0009: Transport init error.")),
+        ("KeyboardInterrupt: ", Frame("", "KeyboardInterrupt", (), "")),
+        ("vllm.v1.engine.exceptions.EngineDeadError: x",
+         Frame("vllm.v1.engine.exceptions", "EngineDeadError", (), "x")),
     ],
 )
 def test_plain_messages(text: str, expected: Frame) -> None:
