@@ -246,3 +246,11 @@ def test_engine_text_from_a_document_never_decides(rule_id: str, module: str, ty
     verdict = default_rules().classify_frames([frame])
     assert not verdict.fatal and not verdict.ambiguous, verdict
     assert verdict.rule != rule_id
+
+
+def test_docs_list_every_builtin_rule() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "rules.md").read_text(encoding="utf-8")
+    missing = [rule.id for rule in builtin_rules() if f"`{rule.id}`" not in docs]
+    assert missing == [], "docs/rules.md does not list: " + ", ".join(missing)
