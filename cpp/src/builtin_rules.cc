@@ -163,6 +163,20 @@ std::vector<Rule> builtin_rules() {
                 "executor|attention|distributed|engine\\.llm_engine\\b|"
                 "engine\\.async_llm_engine\\b)|lmdeploy\\.pytorch\\.)"),
 
+      // Start-up: the engine cannot be built from this configuration or
+      // install (vLLM's config and argument checks, model loading and
+      // platform detection; lmdeploy's config, architecture and TurboMind
+      // conversion checks; MLX model loading). MinerU builds its engine on
+      // the first task, so every later task fails the same way.
+      type_rule("engine.start_config", kHeuristic, "engine_start",
+                "^(?:builtins\\.)?(?:ValueError|TypeError|KeyError|"
+                "AssertionError|NotImplementedError|ImportError|"
+                "ModuleNotFoundError|OSError|RuntimeError)\\b[^@]*@(?:vllm\\."
+                "(?:config|engine\\.arg_utils|v1\\.engine\\.utils|"
+                "model_executor\\.model_loader|platforms)\\b|lmdeploy\\."
+                "(?:messages|archs|pytorch\\.config|turbomind\\.deploy|"
+                "turbomind\\.supported_models)\\b|mlx_(?:vlm|lm)\\.utils\\b)"),
+
       // ==== lmdeploy ========================================================
       // PyTorch engine run in a child process (ZMQ): dead backend.
       type_rule("lmdeploy.rpc_server_dead", kFatal, "engine_dead",

@@ -53,6 +53,13 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
                                      "vllm.core.block_manager"),
     "engine.loop_oom": ("torch", "OutOfMemoryError", RT, ("CUDA out of memory. Tried to allocate "
                         "2.00 GiB"), "vllm.model_executor.layers.linear"),
+    "engine.start_config": (
+        "builtins",
+        "ValueError",
+        EXC,
+        "Unknown quantization method: awq_x",
+        "vllm.config.model",
+    ),
     # lmdeploy
     "lmdeploy.rpc_server_dead": ("lmdeploy.pytorch.engine.mp_engine", "RPCServerDeadError", EXC,
                                  "", "lmdeploy.pytorch.engine.mp_engine.zmq_rpc"),

@@ -424,3 +424,34 @@ def test_rules_file_with_too_many_or_too_costly_rules(tmp_path: Path) -> None:
         load_rules(evil)
     assert "evil.0" in str(info.value) and "too costly" in str(info.value)
     assert len(info.value.errors) == 40
+
+
+def test_adversarial_inputs_stay_bounded(tmp_path: Path) -> None:
+    """Issue 10's cases: a 100,000-rule file, and the heaviest accepted rules on a 64 x 1 MB chain."""
+    import time
+
+    huge = tmp_path / "huge.rules"
+    huge.write_text("".join(f"site.r{i} fatal x a[ab]+c{i}q\n" for i in range(100_000)))
+    start = time.perf_counter()
+    with pytest.raises(RulesError, match="larger than the limit"):
+        load_rules(huge)
+    assert time.perf_counter() - start < 2.0
+
+    # The costly pattern's accepted cousin (a run of 8 classes), 40 times.
+    heavy = tmp_path / "heavy.rules"
+    heavy.write_text("".join(f"heavy.{i} fatal x a[ab]{{1,6}}c{i}q\n" for i in range(40)))
+    rules = load_rules(heavy)
+    chain: BaseException = RuntimeError("ab" * (1 << 19))
+    for _ in range(63):
+        outer = RuntimeError("ab" * (1 << 19))
+        outer.__cause__ = chain
+        chain = outer
+    for rule_set in (rules, classifier.default_rules()):
+        start = time.perf_counter()
+        verdict = rule_set.classify(chain)
+        assert time.perf_counter() - start < 2.0
+        assert not verdict.fatal
+    one_mb = RuntimeError("ab" * (1 << 19) + "ab1q")
+    start = time.perf_counter()
+    rules.classify(one_mb)
+    assert time.perf_counter() - start < 2.0
