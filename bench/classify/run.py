@@ -13,13 +13,21 @@ Both run in this process on the same exceptions, so the printed ratios (not
 the absolute numbers) are what to compare across machines. Nothing here is a
 pass/fail test.
 
+A last table gives worst cases as ratios against the typical case (the mean
+over the real mix, built-in rules) of the same run: a 64-deep chain of 1 MB
+messages, an exception group of 10,000 members, a 10 MB message, and the
+same against the largest rules file the loader accepts (2,000 rules at the
+class-run limit, 1 MiB at most) loaded through load_rules().
+
     PYTHONPATH=/tmp/classifier-site python bench/classify/run.py [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +119,69 @@ def sized() -> list[tuple[str, BaseException]]:
     ]
 
 
+def _near_miss(size: int, seed: int) -> str:
+    pieces = ["CUDA error: ", "engine core ", "EngineCor ", "NCCL/", "[TM][", "errcode:50701 ",
+              "HIP out of ", "aicore exceptio ", "推理失败 ", "Background loop ", "abababab "]
+    rng = random.Random(seed)
+    out: list[str] = []
+    length = 0
+    while length < size:
+        piece = rng.choice(pieces)
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)[:size]
+
+
+def worst_cases() -> list[tuple[str, BaseException]]:
+    chain: BaseException = AcceleratorError(_near_miss(1 << 20, 0))
+    for depth in range(1, 64):
+        outer = RuntimeError(_near_miss(1 << 20, depth))
+        outer.__cause__ = chain
+        chain = outer
+    members = [KeyError(_near_miss(1 << 10, i)) for i in range(10_000)]
+    return [
+        ("64-deep chain, 1 MB messages", chain),
+        ("group of 10,000 members", ExceptionGroup("many", members)),
+        ("one 10 MB message", RuntimeError(_near_miss(10 << 20, 7))),
+    ]
+
+
+def _rules_file(directory: str, alternatives: int) -> str:
+    """kMaxRulesFileRules rules at the class-run limit, each with `alternatives` literals."""
+    path = Path(directory) / f"rules-{alternatives}.txt"
+    tail = "|".join(f"x{a}z" for a in range(alternatives))
+    lines = [
+        f"op.r{i} {'fatal' if i % 2 == 0 else 'heuristic'} operator "
+        f"target={'message' if i % 2 == 0 else 'frame'} [a-z]{{1,6}}[0-9]q{i}(?:{tail})"
+        for i in range(mineru_health.classifier._native.MAX_RULES_FILE_RULES)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def largest_rules_file(directory: str) -> tuple[str, int]:
+    """The file with the most alternatives per rule that load_rules() still accepts."""
+
+    def fits(alternatives: int) -> bool:
+        path = _rules_file(directory, alternatives)
+        if Path(path).stat().st_size > mineru_health.classifier._native.MAX_RULES_FILE_BYTES:
+            return False
+        try:
+            mineru_health.load_rules(path)
+        except mineru_health.RulesError:
+            return False
+        return True
+
+    low, high = 1, 64
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return _rules_file(directory, low), low
+
+
 # ---- timing ---------------------------------------------------------------------
 
 
@@ -184,6 +255,35 @@ def main(argv: list[str] | None = None) -> int:
             f"verdicts differ on: {', '.join(disagreements)} (expected: chains, CUDA/NCCL, "
             "task-local carve-outs are outside the baseline's markers)"
         )
+
+    # ---- worst cases, as ratios against the typical case -----------------------
+    typical = mix_native / len(mix)
+    with tempfile.TemporaryDirectory() as directory:
+        path, alternatives = largest_rules_file(directory)
+        start = time.perf_counter()
+        heavy = mineru_health.load_rules(path)
+        load_ms = (time.perf_counter() - start) * 1000
+        size_kib = Path(path).stat().st_size / 1024
+    builtin = mineru_health.default_rules()
+    print(
+        f"\nworst cases (typical = real-mix mean, {typical:.0f} ns; largest rules file: "
+        f"{len(heavy) - len(builtin)} rules with {alternatives} alternatives each, "
+        f"{size_kib:.0f} KiB, loaded and compiled in {load_ms:.0f} ms)"
+    )
+    header = f"{'input':<32} {'rules':<10} {'ns/classify':>14} {'x typical':>10}  verdict"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    rows = [("vllm v1 EngineDeadError", mix[0][1]), *worst_cases()]
+    for name, exc in rows:
+        for label, rules in (("builtin", builtin), ("2000-file", heavy)):
+            verdict = rules.classify(exc)
+            ns = ns_per_call(lambda e=exc, r=rules: r.classify(e), budget, 3)
+            worst = max(worst, ns / typical)
+            print(f"{name:<32} {label:<10} {ns:>14.0f} {ns / typical:>10.1f}  "
+                  f"{verdict.kind}:{verdict.rule or '-'}")
+    print(f"worst/typical = {worst:.0f}x (frames are cut to 64 and messages to their head "
+          "and tail before the native call)")
     return 0
 
 

@@ -42,7 +42,16 @@ def _text(exc: BaseException) -> str:
 
 def is_engine_fatal(exc: BaseException) -> bool:
     """The marker check; also the baseline of bench/classify."""
-    text = _text(exc)
+    return is_engine_fatal_text(_text(exc))
+
+
+def is_engine_fatal_parts(module: str, class_names: list[str], message: str) -> bool:
+    """The same check on an exception described by its parts (bench/accuracy's corpus)."""
+    return is_engine_fatal_text(" ".join([module, *class_names, message]).lower())
+
+
+def is_engine_fatal_text(text: str) -> bool:
+    text = text.lower()
     if any(marker in text for marker in PLAIN_MARKERS):
         return True
     compact = _NON_ALNUM.sub("", text)

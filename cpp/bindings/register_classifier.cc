@@ -42,61 +42,102 @@ std::shared_ptr<RuleSet> mutable_holder(
   return std::const_pointer_cast<RuleSet>(rule_set);
 }
 
+py::tuple parse_result(const ParseRulesResult& result) {
+  return py::make_tuple(py::cast(result.rules), to_py_strs(result.disabled),
+                        py::cast(result.errors));
+}
+
+using FrameTuple =
+    std::tuple<std::string, std::string, std::vector<std::string>, std::string,
+               std::string, Via, int>;
+
+template <typename T>
+void text_property(py::class_<T>& cls, const char* name,
+                   std::string T::*field) {
+  cls.def_property(
+      name, [field](const T& self) { return to_py_str(self.*field); },
+      [field](T& self, std::string value) { self.*field = std::move(value); });
+}
+
 }  // namespace
 
 void register_classifier(py::module_& m) {
-  py::class_<Frame>(m, "Frame",
-                    "One exception of a failure chain, outermost first.")
-      .def(py::init([](std::string module, std::string type_name,
-                       std::vector<std::string> bases, std::string message) {
-             return Frame{std::move(module), std::move(type_name),
-                          std::move(bases), std::move(message)};
-           }),
-           py::arg("module"), py::arg("type_name"), py::arg("bases"),
-           py::arg("message"))
-      .def_property(
-          "module", [](const Frame& f) { return to_py_str(f.module); },
-          [](Frame& f, std::string v) { f.module = std::move(v); })
-      .def_property(
-          "type_name", [](const Frame& f) { return to_py_str(f.type_name); },
-          [](Frame& f, std::string v) { f.type_name = std::move(v); })
-      .def_property(
-          "bases", [](const Frame& f) { return to_py_strs(f.bases); },
-          [](Frame& f, std::vector<std::string> v) { f.bases = std::move(v); })
-      .def_property(
-          "message", [](const Frame& f) { return to_py_str(f.message); },
-          [](Frame& f, std::string v) { f.message = std::move(v); });
-
+  py::native_enum<Via>(m, "Via", "enum.Enum")
+      .value("ROOT", Via::kRoot)
+      .value("CAUSE", Via::kCause)
+      .value("CONTEXT", Via::kContext)
+      .value("GROUP", Via::kGroupMember)
+      .finalize();
   py::native_enum<RuleKind>(m, "RuleKind", "enum.Enum")
       .value("FATAL", RuleKind::kFatal)
       .value("TASK_LOCAL", RuleKind::kTaskLocal)
+      .value("HEURISTIC", RuleKind::kHeuristic)
+      .value("AMBIGUOUS", RuleKind::kAmbiguous)
+      .value("GENERIC", RuleKind::kGeneric)
+      .finalize();
+  py::native_enum<RuleTarget>(m, "RuleTarget", "enum.Enum")
+      .value("TYPE", RuleTarget::kType)
+      .value("MESSAGE", RuleTarget::kMessage)
+      .value("FRAME", RuleTarget::kFrame)
+      .finalize();
+  py::native_enum<RuleScope>(m, "RuleScope", "enum.Enum")
+      .value("ENGINE", RuleScope::kEngine)
+      .value("ANY", RuleScope::kAny)
       .finalize();
   m.def(
       "rule_kind_name",
       [](RuleKind kind) { return std::string(to_string(kind)); },
       py::arg("kind"));
+  m.def(
+      "strength_name",
+      [](RuleKind kind) { return std::string(strength_name(kind)); },
+      py::arg("kind"));
+  m.def(
+      "via_name", [](Via via) { return std::string(to_string(via)); },
+      py::arg("via"));
+  m.def(
+      "target_name",
+      [](RuleTarget target) { return std::string(to_string(target)); },
+      py::arg("target"));
+  m.def(
+      "scope_name",
+      [](RuleScope scope) { return std::string(to_string(scope)); },
+      py::arg("scope"));
 
-  py::class_<Rule>(m, "Rule", "One classification rule.")
-      .def(py::init([](std::string id, RuleKind kind, std::string category,
-                       std::string pattern) {
-             return Rule{std::move(id), kind, std::move(category),
-                         std::move(pattern)};
-           }),
+  py::class_<Frame> frame(m, "Frame",
+                          "One exception of a failure chain, in pre-order.");
+  frame.def(py::init<std::string, std::string, std::vector<std::string>,
+                     std::string, std::string, Via, int>(),
+            py::arg("module"), py::arg("type_name"), py::arg("bases"),
+            py::arg("message"), py::arg("raised_in"), py::arg("via"),
+            py::arg("depth"));
+  text_property(frame, "module", &Frame::module);
+  text_property(frame, "type_name", &Frame::type_name);
+  text_property(frame, "message", &Frame::message);
+  text_property(frame, "raised_in", &Frame::raised_in);
+  frame
+      .def_property(
+          "bases", [](const Frame& f) { return to_py_strs(f.bases); },
+          [](Frame& f, std::vector<std::string> v) { f.bases = std::move(v); })
+      .def_readwrite("via", &Frame::via)
+      .def_readwrite("depth", &Frame::depth);
+
+  py::class_<Rule> rule(m, "Rule", "One classification rule.");
+  rule.def(py::init<std::string, RuleKind, std::string, std::string, RuleTarget,
+                    RuleScope, bool>(),
            py::arg("id"), py::arg("kind"), py::arg("category"),
-           py::arg("pattern"))
-      .def_property(
-          "id", [](const Rule& r) { return to_py_str(r.id); },
-          [](Rule& r, std::string v) { r.id = std::move(v); })
-      .def_readwrite("kind", &Rule::kind)
-      .def_property(
-          "category", [](const Rule& r) { return to_py_str(r.category); },
-          [](Rule& r, std::string v) { r.category = std::move(v); })
-      .def_property(
-          "pattern", [](const Rule& r) { return to_py_str(r.pattern); },
-          [](Rule& r, std::string v) { r.pattern = std::move(v); });
+           py::arg("pattern"), py::arg("target"), py::arg("scope"),
+           py::arg("from_operator"));
+  text_property(rule, "id", &Rule::id);
+  text_property(rule, "category", &Rule::category);
+  text_property(rule, "pattern", &Rule::pattern);
+  rule.def_readwrite("kind", &Rule::kind)
+      .def_readwrite("target", &Rule::target)
+      .def_readwrite("scope", &Rule::scope)
+      .def_readwrite("from_operator", &Rule::from_operator);
 
   py::class_<RuleError>(m, "RuleError",
-                        "Why a rule could not be compiled or parsed.")
+                        "Why a rule could not be compiled, parsed or read.")
       .def_property_readonly(
           "source", [](const RuleError& e) { return to_py_str(e.source); })
       .def_readonly("line", &RuleError::line)
@@ -112,20 +153,43 @@ void register_classifier(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("max_frames", &ClassifierLimits::max_frames)
       .def_readwrite("max_message_bytes", &ClassifierLimits::max_message_bytes)
+      .def_readwrite("max_total_message_bytes",
+                     &ClassifierLimits::max_total_message_bytes)
       .def_readwrite("excerpt_bytes", &ClassifierLimits::excerpt_bytes);
+
+  py::class_<RuleSetLimits>(m, "RuleSetLimits",
+                            "Bounds on what a rule set may contain.")
+      .def(py::init<>())
+      .def_readwrite("max_rules", &RuleSetLimits::max_rules)
+      .def_readwrite("max_pattern_bytes", &RuleSetLimits::max_pattern_bytes)
+      .def_readwrite("max_program_size", &RuleSetLimits::max_program_size)
+      .def_readwrite("max_class_run", &RuleSetLimits::max_class_run)
+      .def_readwrite("pattern_max_mem", &RuleSetLimits::pattern_max_mem)
+      .def_readwrite("set_max_mem", &RuleSetLimits::set_max_mem)
+      .def_readwrite("max_total_program_size",
+                     &RuleSetLimits::max_total_program_size);
+
+  py::class_<ClassifyOptions>(m, "ClassifyOptions",
+                              "The context of one classification.")
+      .def(py::init<>())
+      .def_readwrite("remote_engine", &ClassifyOptions::remote_engine)
+      .def_readwrite("trust_unknown_origin",
+                     &ClassifyOptions::trust_unknown_origin);
 
   py::class_<RuleSet, std::shared_ptr<RuleSet>>(
       m, "RuleSet", "An immutable, compiled rule set.")
       .def_static(
           "compile",
-          [](std::vector<Rule> rules, const std::string& source) {
-            CompileResult result = RuleSet::compile(std::move(rules), source);
+          [](std::vector<Rule> rules, const std::string& source,
+             const RuleSetLimits& limits) {
+            CompileResult result =
+                RuleSet::compile(std::move(rules), source, limits);
             return py::make_tuple(
                 result.rule_set ? py::cast(mutable_holder(result.rule_set))
                                 : py::none(),
                 py::cast(result.errors));
           },
-          py::arg("rules"), py::arg("source") = "<builtin>",
+          py::arg("rules"), py::arg("source"), py::arg("limits"),
           "Returns (rule_set or None, errors).")
       .def_property_readonly("rules", [](const RuleSet& rule_set) {
         return std::vector<Rule>(rule_set.rules());
@@ -134,6 +198,9 @@ void register_classifier(py::module_& m) {
   py::class_<Verdict>(m, "Verdict", "The classifier's decision on one failure.")
       .def_readonly("fatal", &Verdict::fatal)
       .def_readonly("matched", &Verdict::matched)
+      .def_readonly("ambiguous", &Verdict::ambiguous)
+      .def_readonly("remote_engine", &Verdict::remote_engine)
+      .def_readonly("kind", &Verdict::kind)
       .def_property_readonly(
           "rule_id", [](const Verdict& v) { return to_py_str(v.rule_id); })
       .def_property_readonly(
@@ -148,46 +215,68 @@ void register_classifier(py::module_& m) {
                        ClassifierLimits limits) {
              return std::make_shared<Classifier>(rule_set, limits);
            }),
-           py::arg("rule_set").none(false),
-           py::arg("limits") = ClassifierLimits{})
+           py::arg("rule_set").none(false), py::arg("limits"))
       .def(
           "classify",
-          [](const Classifier& classifier, const std::vector<Frame>& frames) {
+          [](const Classifier& classifier, const std::vector<Frame>& frames,
+             const ClassifyOptions& options) {
             // The frames are C++ values by now; matching may take a while on
             // big messages, so other Python threads run meanwhile.
             py::gil_scoped_release release;
-            return classifier.classify(frames);
+            return classifier.classify(frames, options);
           },
-          py::arg("frames"))
+          py::arg("frames"), py::arg("options"))
       .def(
           "classify_tuples",
-          [](const Classifier& classifier,
-             std::vector<std::tuple<std::string, std::string,
-                                    std::vector<std::string>, std::string>>
-                 tuples) {
-            // Same as classify, from plain (module, type_name, bases, message)
-            // tuples: building them in Python costs far less than Frame
-            // objects.
+          [](const Classifier& classifier, std::vector<FrameTuple> tuples,
+             const ClassifyOptions& options) {
+            // Same as classify, from plain (module, type_name, bases, message,
+            // raised_in, via, depth) tuples: building them in Python costs
+            // far less than Frame objects. pybind11 converted them with the
+            // GIL held; only C++ values cross into the matching.
             std::vector<Frame> frames;
             frames.reserve(tuples.size());
-            for (auto& [module, type_name, bases, message] : tuples) {
-              frames.push_back(Frame{std::move(module), std::move(type_name),
-                                     std::move(bases), std::move(message)});
+            for (auto& [module, type_name, bases, message, raised_in, via,
+                        depth] : tuples) {
+              frames.emplace_back(std::move(module), std::move(type_name),
+                                  std::move(bases), std::move(message),
+                                  std::move(raised_in), via, depth);
             }
             py::gil_scoped_release release;
-            return classifier.classify(frames);
+            return classifier.classify(frames, options);
           },
-          py::arg("frames"));
+          py::arg("frames"), py::arg("options"));
 
   m.def("builtin_rules", &builtin_rules);
-  m.def("merge_rules", &merge_rules, py::arg("base"), py::arg("overrides"));
+  m.def(
+      "merge_rules",
+      [](std::vector<Rule> base, const std::vector<Rule>& overrides,
+         const std::vector<std::string>& disabled) {
+        return merge_rules(std::move(base), overrides, disabled);
+      },
+      py::arg("base"), py::arg("overrides"), py::arg("disabled"));
   m.def(
       "parse_rules_text",
       [](const std::string& text, const std::string& source) {
-        ParseRulesResult result = parse_rules_text(text, source);
-        return py::make_tuple(py::cast(result.rules), py::cast(result.errors));
+        return parse_result(parse_rules_text(text, source));
       },
-      py::arg("text"), py::arg("source"), "Returns (rules, errors).");
+      py::arg("text"), py::arg("source"),
+      "Returns (rules, disabled ids, errors).");
+  m.def(
+      "read_rules_file",
+      [](const std::string& path) {
+        ParseRulesResult result;
+        {
+          // Reading a file is I/O: other Python threads run meanwhile.
+          py::gil_scoped_release release;
+          result = read_rules_file(path);
+        }
+        return parse_result(result);
+      },
+      py::arg("path"), "Returns (rules, disabled ids, errors).");
+  m.def("pattern_class_run", &pattern_class_run, py::arg("pattern"));
+  m.attr("MAX_RULES_FILE_BYTES") = kMaxRulesFileBytes;
+  m.attr("MAX_RULES_FILE_RULES") = kMaxRulesFileRules;
   m.def(
       "sanitize_utf8",
       [](const std::string& text) { return to_py_str(sanitize_utf8(text)); },

@@ -1,7 +1,11 @@
 // libFuzzer target for the operator's rules file: arbitrary text through
 // parse_rules_text, then, when it parses, through RuleSet::compile on its
 // own and merged over the builtin rules (what a worker does with
-// MINERU_HEALTH_RULES), and a classification with the result.
+// MINERU_HEALTH_RULES: overrides replace built-ins in place, "<id> off"
+// removes them), and a classification with the result. Also checks that the
+// pattern-cost analysis (pattern_class_run) never crashes or loops on any
+// line, and that a parsed rule respects the cost limits it was checked
+// against.
 //
 // Input: the file's bytes. Every violated invariant ends in __builtin_trap().
 #include <cstddef>
@@ -29,6 +33,7 @@ using mineru_health::Rule;
 using mineru_health::RuleError;
 using mineru_health::RuleKind;
 using mineru_health::RuleSet;
+using mineru_health::RuleSetLimits;
 using mineru_health::Verdict;
 
 constexpr char kSource[] = "<fuzz>";
@@ -88,7 +93,9 @@ void check_classification(const std::shared_ptr<const RuleSet>& rule_set,
     if (rule.id != verdict.rule_id) continue;
     found = true;
     require(rule.category == verdict.category &&
-                (rule.kind == RuleKind::kFatal) == verdict.fatal,
+                mineru_health::is_fatal(rule.kind) == verdict.fatal &&
+                (rule.kind == RuleKind::kAmbiguous) == verdict.ambiguous &&
+                rule.kind == verdict.kind,
             "verdict carries its rule's kind and category");
   }
   require(found, "rule_id names a rule of the set");
@@ -105,6 +112,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
 
   std::size_t line_count = 1;
   for (char c : text) line_count += c == '\n';
+  // The cost analysis takes any line, valid pattern or not.
+  {
+    std::size_t begin = 0;
+    while (begin <= text.size()) {
+      std::size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      require(mineru_health::pattern_class_run(
+                  text.substr(begin, end - begin)) >= 0,
+              "pattern_class_run is never negative");
+      begin = end + 1;
+    }
+  }
   for (const RuleError& error : parsed.errors) {
     require(error.source == kSource, "error names the source");
     require(
@@ -129,6 +148,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
                 rule.pattern.back() != '\r',
             "pattern trimmed");
     require(ids.insert(rule.id).second, "ids unique");
+    require(rule.from_operator, "a rules file's rules are the operator's");
+    require(rule.pattern.size() <= RuleSetLimits{}.max_pattern_bytes,
+            "pattern within max_pattern_bytes");
+    require(mineru_health::pattern_class_run(rule.pattern) <=
+                RuleSetLimits{}.max_class_run,
+            "pattern within max_class_run");
+  }
+  require(parsed.rules.size() + parsed.disabled.size() <=
+              mineru_health::kMaxRulesFileRules,
+          "at most kMaxRulesFileRules lines");
+  const std::vector<Rule> builtin = mineru_health::builtin_rules();
+  for (const std::string& id : parsed.disabled) {
+    bool known = false;
+    for (const Rule& b : builtin) known = known || b.id == id;
+    require(known, "'off' names a built-in rule");
+    require(ids.insert(id).second, "an id is defined or turned off once");
   }
 
   const CompileResult own = RuleSet::compile(parsed.rules, kSource);
@@ -139,7 +174,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
     check_classification(own.rule_set, text);
   }
 
-  const std::vector<Rule> builtin = mineru_health::builtin_rules();
   std::size_t new_ids = 0;
   for (const Rule& rule : parsed.rules) {
     bool replaces = false;
@@ -147,9 +181,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
     new_ids += replaces ? 0 : 1;
   }
   const std::vector<Rule> merged =
-      mineru_health::merge_rules(builtin, parsed.rules);
-  require(merged.size() == builtin.size() + new_ids,
-          "merge replaces same ids in place and appends the rest");
+      mineru_health::merge_rules(builtin, parsed.rules, parsed.disabled);
+  require(merged.size() == builtin.size() + new_ids - parsed.disabled.size(),
+          "merge replaces same ids in place, appends the rest, drops 'off'");
+  for (const Rule& rule : merged) {
+    for (const std::string& id : parsed.disabled) {
+      require(rule.id != id, "a rule turned off is gone");
+    }
+  }
   const CompileResult combined = RuleSet::compile(merged, kSource);
   check_compiled(combined);
   if (combined.ok()) check_classification(combined.rule_set, text);

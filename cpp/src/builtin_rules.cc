@@ -1,34 +1,27 @@
-// The rules that ship with the package.
+// The rules that ship with the package, grouped by engine and device. The
+// precedence they take part in (strengths, targets, origin scopes) is
+// documented in docs/rules.md; the sources each family was researched from
+// are listed there too.
 //
-// Every pattern is matched, case-insensitively, against two forms of each
-// frame's text "module.Type (Base1 Base2): message" (see docs/rules.md):
-// the sanitized text, and its compact form (ASCII letters and digits
-// lower-cased, other ASCII dropped, non-ASCII kept). A pattern written in
-// lower-case letters and digits only, such as `enginedeaderror`, therefore
-// also meets "Engine_Dead_Error" or "engine-dead-error"; a pattern with
-// spaces or punctuation can only meet the sanitized text.
+// Conventions:
+// - Type rules (target kType) see "module.Type (Base1 Base2) @raised_in". A
+//   class name is evidence no document or remote server can forge, so they
+//   decide for any frame; `[^@]*@module` pins the raise site.
+// - Message rules (target kMessage, scope kEngine) decide only for frames an
+//   engine or device runtime raised (vllm, torch, lmdeploy...), never for
+//   text from document libraries, HTTP clients or MinerU's conversion code.
+// - A pattern in lower-case letters and digits only also meets the compact
+//   form (punctuation and spaces dropped).
 //
-// Order matters only for ties: when several rules of one kind match the same
-// frame, the first listed names the verdict.
-//
-// Deliberately absent:
-// - CUDA out of memory (torch.OutOfMemoryError, "CUDA out of memory"). When
-//   vLLM's EngineCore hits it inside a step, the core process dies and the
-//   worker sees EngineDeadError, which is fatal by its own rule. When it is
-//   raised in the worker's own process (layout/OCR models, one oversized
-//   page, an in-process engine refusing one request), PyTorch's allocator
-//   recovers once the request's tensors are freed and the next task usually
-//   succeeds; restarting the worker would drop every other task in flight.
-//   It is not a task-local rule either, so that a fatal frame elsewhere in
-//   the same chain still decides.
+// Deliberately absent or weak:
+// - lmdeploy's "internal error happened, status code ..." (lmdeploy 0.10 and
+//   0.11): it comes back as generated text, not as an exception, so there is
+//   nothing to classify; the liveness check covers that engine.
 // - PIL's "Operation on closed image": under concurrency it has killed
-//   vLLM's EngineCore (MinerU PR #4979). When that happens the engine's own
-//   EngineDeadError follows and is fatal; a task-local rule here would
-//   override it whenever both appear in one chain.
-// - lmdeploy's ErrorCode ENGINE_UNAVAILABLE ("The inference engine is
-//   unavailable."): it also covers a sleeping engine and unknown sessions,
-//   which are not fatal.
+//   vLLM's EngineCore (MinerU PR #4979); the engine's own EngineDeadError
+//   then follows and decides. A task-local rule here would be wrong then.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mineru_health/classifier.h"
@@ -37,154 +30,454 @@ namespace mineru_health {
 
 namespace {
 
-Rule fatal(std::string id, std::string category, std::string pattern) {
-  return Rule{std::move(id), RuleKind::kFatal, std::move(category),
-              std::move(pattern)};
+Rule type_rule(std::string id, RuleKind kind, std::string category,
+               std::string pattern) {
+  return Rule{std::move(id),
+              kind,
+              std::move(category),
+              std::move(pattern),
+              RuleTarget::kType,
+              RuleScope::kAny,
+              false};
 }
 
-Rule task_local(std::string id, std::string category, std::string pattern) {
-  return Rule{std::move(id), RuleKind::kTaskLocal, std::move(category),
-              std::move(pattern)};
+Rule engine_message(std::string id, RuleKind kind, std::string category,
+                    std::string pattern) {
+  return Rule{std::move(id),
+              kind,
+              std::move(category),
+              std::move(pattern),
+              RuleTarget::kMessage,
+              RuleScope::kEngine,
+              false};
+}
+
+// Task-local message rules that may judge any frame: a document can only
+// make its own task fail by quoting them. Kept to texts that are specific.
+Rule any_message(std::string id, RuleKind kind, std::string category,
+                 std::string pattern) {
+  return Rule{std::move(id),
+              kind,
+              std::move(category),
+              std::move(pattern),
+              RuleTarget::kMessage,
+              RuleScope::kAny,
+              false};
+}
+
+constexpr RuleKind kFatal = RuleKind::kFatal;
+constexpr RuleKind kHeuristic = RuleKind::kHeuristic;
+constexpr RuleKind kTaskLocal = RuleKind::kTaskLocal;
+constexpr RuleKind kAmbiguous = RuleKind::kAmbiguous;
+constexpr RuleKind kGeneric = RuleKind::kGeneric;
+
+// Device runtimes word their errors after CUDA's ("MUSA error: ...").
+constexpr char kDevicePrefix[] =
+    "(?:cuda|hip|musa|maca|mc|sdaa|gcu|tops|cnrt|mlu|npu|xpu|cuda driver)";
+
+std::string device(const std::string& tail) {
+  return std::string("\\b") + kDevicePrefix + tail;
 }
 
 }  // namespace
 
 std::vector<Rule> builtin_rules() {
   return {
-      // ---- vLLM -----------------------------------------------------------
-      // v0: AsyncLLMEngine raises AsyncEngineDeadError once its background
-      // loop failed; the multiprocessing front end raises MQEngineDeadError.
-      // Listed before the v1 rule so their own id names the verdict.
-      fatal("vllm.v0.engine_dead", "engine_dead",
-            "asyncenginedeaderror|mqenginedeaderror"),
-      // v1: vllm.v1.engine.exceptions.EngineDeadError, raised to every
-      // caller once the EngineCore process is gone. Compact form, so the
-      // class name also matches when re-spelled or embedded in a message.
-      fatal("vllm.engine_dead", "engine_dead", "enginedeaderror"),
-      // v1 EngineDeadError's fixed message, for wrappers that keep only str().
-      fatal("vllm.engine_core_issue", "engine_dead",
-            "engine ?core encountered an issue"),
-      // v1 startup: the core process failed while loading the model or
-      // allocating the KV cache. In MinerU the engine is built on the first
-      // task, so this reaches the worker as a task failure.
-      fatal("vllm.engine_core_init_failed", "engine_start",
-            "engine core initialization failed"),
-      // v1 client-side monitor text when a core process exits.
-      fatal("vllm.engine_core_proc_died", "engine_dead",
-            "engine ?core proc\\S* \\S+ died unexpectedly"),
-      // v0 AsyncLLMEngine messages.
-      fatal("vllm.v0.background_loop", "engine_dead",
-            "background loop has errored already|background loop is not "
-            "running"),
-      // v0 multiprocessing engine messages.
-      fatal("vllm.v0.engine_loop", "engine_dead",
-            "engine loop is not running|engine loop has died|engine process "
-            "\\(pid \\d+\\) died"),
-
-      // ---- SGLang -----------------------------------------------------------
-      // A server subprocess logs "<Component> hit an exception" before it
-      // signals the parent, which then tears the whole tree down.
-      fatal("sglang.subprocess_exception", "engine_dead",
-            "(?:scheduler|detokenizer ?(?:manager)?|tokenizer ?manager|data "
-            "?parallel ?controller) hit an exception"),
-      fatal("sglang.child_failed", "engine_dead",
-            "received sigquit from a child process"),
-      fatal("sglang.scheduler_dead", "engine_dead",
-            "rank \\d+ scheduler is dead"),
-
-      // ---- lmdeploy -------------------------------------------------------
-      // The PyTorch engine's health texts once its loops are gone, and the
-      // log line written when the main loop raised.
-      fatal("lmdeploy.engine_loop_stopped", "engine_dead",
-            "engine (?:main |request )?loop (?:has stopped|is not "
-            "alive|task has stopped)|engine main loop failed"),
-      // ResponseType.ENGINE_STOP_ERROR, set on requests whose engine loop
-      // died while they waited.
-      fatal("lmdeploy.engine_stop_error", "engine_dead", "enginestoperror"),
-
-      // ---- Any engine -------------------------------------------------------
-      // Plain-language death notices (the family MinerU PR #5188 matched).
-      // Word boundaries keep "engine deadline" out.
-      fatal("engine.dead", "engine_dead",
-            "\\b(?:inference )?engine (?:is |has )?(?:dead|died|gone)\\b"),
-      fatal("engine.unrecoverable", "engine_dead",
-            "\\bunrecoverable\\b[^\\n]*\\b(?:engine|vllm)\\b|\\b(?:engine|vllm)"
-            "\\b[^\\n]*\\bunrecoverable\\b"),
-
-      // ---- CUDA: sticky errors ----------------------------------------------
-      // After these the CUDA context is unusable for the rest of the
-      // process: every later kernel launch fails, so only a restart helps.
-      fatal("cuda.illegal_address", "cuda",
-            "illegal memory access was encountered|cudaerrorillegaladdress"),
-      fatal("cuda.device_assert", "cuda",
-            "device-side assert(?:ion)? triggered|cudaerrorassert"),
-      fatal("cuda.launch_failure", "cuda",
-            "unspecified launch failure|cudaerrorlaunchfailure"),
-      fatal("cuda.ecc_uncorrectable", "cuda",
-            "uncorrectable ecc error|cudaerroreccuncorrectable"),
-      fatal("cuda.illegal_instruction", "cuda",
-            "illegal instruction was encountered|"
-            "cudaerrorillegalinstruction"),
-      fatal("cuda.misaligned_address", "cuda",
-            "misaligned address|cudaerrormisalignedaddress"),
-      fatal("cuda.hardware_stack_error", "cuda",
-            "hardware stack error|cudaerrorhardwarestackerror"),
-      fatal("cuda.invalid_pc", "cuda",
-            "invalid program counter|cudaerrorinvalidpc"),
-      fatal("cuda.launch_timeout", "cuda",
-            "launch timed out and was terminated|cudaerrorlaunchtimeout"),
-
-      // ---- NCCL / torch.distributed -----------------------------------------
-      // A failed collective leaves the communicator (and usually the CUDA
-      // context) broken for every tensor-parallel rank.
-      fatal("nccl.error", "nccl", "\\bnccl error\\b"),
-      fatal("nccl.error_code", "nccl",
-            "ncclunhandledcudaerror|ncclsystemerror|ncclinternalerror|"
-            "ncclremoteerror"),
-      fatal("nccl.watchdog_timeout", "nccl",
-            "watchdog caught collective operation timeout"),
-      fatal("nccl.communicator_aborted", "nccl",
-            "nccl communicator (?:was )?aborted"),
-      fatal("torch.dist_backend_error", "nccl", "distbackenderror"),
-
-      // ---- Task-local: these win over any fatal rule in the same chain ----
-      // v1 AsyncLLM.generate() wraps a failure of one request in it; the
+      // ==== vLLM V1 ========================================================
+      // EngineDeadError: raised to every caller once the EngineCore process
+      // is gone (vllm/v1/engine/exceptions.py). Checked by class only: a
+      // message that merely names it is not one.
+      type_rule("vllm.engine_dead", kFatal, "engine_dead",
+                "(?:^|[ .(])EngineDeadError\\b"),
+      // Its fixed message, for engine code that re-raises str() only.
+      engine_message("vllm.engine_core_issue", kFatal, "engine_dead",
+                     "engine ?core encountered an issue"),
+      engine_message("vllm.engine_core_fatal", kFatal, "engine_dead",
+                     "engine ?core encountered a fatal error|engine ?core "
+                     "proc\\S* \\S+ died unexpectedly|engine core client "
+                     "(?:is|has) (?:shut ?down|dead)|engine ?core hit an "
+                     "exception|got fatal signal from worker processes"),
+      // Start-up: the core process failed (model load, KV-cache allocation).
+      // MinerU builds the engine on the first task, so this reaches the
+      // worker as a task failure and every later task would fail the same.
+      engine_message("vllm.engine_core_init_failed", kFatal, "engine_start",
+                     "engine core initiali[sz]ation failed|engine ?core "
+                     "failed to start|engine process failed to start"),
+      engine_message(
+          "vllm.kv_cache_start", kFatal, "engine_start",
+          "no available memory for the cache blocks|larger than the maximum "
+          "number of tokens that can be stored in kv cache|insufficient "
+          "memory for (?:the )?kv cache|not enough (?:gpu )?memory (?:for|to "
+          "allocate) (?:the )?kv cache"),
+      // Executor workers (multiproc / Ray) and their RPCs.
+      engine_message("vllm.worker_died", kFatal, "engine_dead",
+                     "worker ?proc\\S* \\S+ died unexpectedly|worker process "
+                     "died unexpectedly|worker failed with error|executor "
+                     "(?:failed|is dead|has died)"),
+      engine_message("vllm.rpc_timeout", kHeuristic, "engine_dead",
+                     "rpc call to \\S+ timed out|timed out waiting for "
+                     "(?:worker|engine|rpc) response"),
+      // V1 AsyncLLM wraps an unexpected failure of one request in this; the
       // engine itself is fine (its docstring calls it recoverable).
-      task_local("vllm.engine_generate_error", "request",
-                 "enginegenerateerror"),
-      // One prompt (text plus image tokens) over max_model_len: vLLM's
-      // processor and its OpenAI server each word it their own way.
-      task_local("vllm.context_length", "request_too_long",
-                 "longer than the maximum model length|maximum context "
-                 "length is \\d+"),
-      // mineru_vl_utils' RequestError: one request's output was unusable
-      // (e.g. truncated by the length limit).
-      task_local("mineru_vl_utils.request_error", "request",
-                 "^mineru_vl_utils\\.[\\w.]*RequestError\\b"),
-      // A corrupt, encrypted or truncated PDF (pypdfium2's PdfiumError,
-      // e.g. "Failed to load document (PDFium: Data format error).").
-      task_local("pdfium.error", "bad_input", "pdfiumerror"),
-      // MinerU's API wraps an unreadable upload this way.
-      task_local("mineru.load_file_failed", "bad_input",
-                 "failed to load file "),
-      task_local("pil.unidentified_image", "bad_input",
-                 "unidentifiedimageerror|cannot identify image file"),
-      task_local("pil.decompression_bomb", "bad_input",
-                 "decompressionbomberror"),
-      // MinerU's page rasterizer gave up on one document.
-      task_local("mineru.render_timeout", "timeout",
-                 "pdf image rendering timeout"),
-      // One request cancelled or timed out. Anchored on the exception's own
-      // type (the start of the frame text), so a message merely mentioning
-      // a timeout does not count.
-      task_local("request.cancelled", "cancelled",
-                 "^(?:asyncio(?:\\.exceptions)?\\.|concurrent\\.futures(?:\\._"
-                 "base)?\\.)?CancelledError\\b"),
-      task_local(
-          "request.timeout", "timeout",
-          "^(?:builtins\\.|asyncio(?:\\.exceptions)?\\.)?TimeoutError\\b|"
-          "^openai\\.[\\w.]*APITimeoutError\\b|"
-          "^httpx\\.[\\w.]*Timeout(?:Exception)?\\b"),
+      type_rule("vllm.engine_generate_error", kTaskLocal, "request",
+                "(?:^|[ .(])EngineGenerateError\\b"),
+
+      // ==== vLLM V0 ========================================================
+      type_rule("vllm.v0.engine_dead", kFatal, "engine_dead",
+                "(?:^|[ .(])(?:AsyncEngineDeadError|MQEngineDeadError)\\b"),
+      engine_message("vllm.v0.background_loop", kFatal, "engine_dead",
+                     "background loop has errored already|background loop is "
+                     "not running|background loop (?:is |has )?stopped"),
+      engine_message("vllm.v0.engine_loop", kFatal, "engine_dead",
+                     "engine loop is not running|engine loop has died|engine "
+                     "process \\(pid \\d+\\) died|mqllmengine (?:is "
+                     "dead|terminated)"),
+      engine_message("vllm.v0.task_finished", kFatal, "engine_dead",
+                     "task finished unexpectedly\\. this should never happen|"
+                     "engine background task failed|engine iteration timed "
+                     "out"),
+
+      // ==== Ordinary errors inside an engine loop ===========================
+      // An assertion, a KeyError... raised by the scheduler or the model
+      // runner of an in-process engine kills its loop: every later request
+      // fails. Judged by class and raise site, never by message.
+      type_rule(
+          "engine.loop_error", kHeuristic, "engine_dead",
+          "^(?:builtins\\.)?(?:AssertionError|KeyError|IndexError|"
+          "RuntimeError|TypeError|AttributeError|ZeroDivisionError|"
+          "StopIteration)\\b[^@]*@(?:vllm\\.v1\\.core\\.|vllm\\.v1\\."
+          "engine\\.core\\b|vllm\\.core\\.|vllm\\.engine\\.llm_engine\\b|"
+          "vllm\\.v1\\.worker\\.|vllm\\.worker\\.|vllm\\.v1\\.executor\\.|"
+          "vllm\\.executor\\.|lmdeploy\\.pytorch\\.engine\\.|lmdeploy\\."
+          "pytorch\\.paging\\.|lmdeploy\\.turbomind\\.)"),
+      type_rule("engine.scheduler_value_error", kHeuristic, "engine_dead",
+                "^(?:builtins\\.)?ValueError\\b[^@]*@(?:vllm\\.v1\\.core\\."
+                "sched|vllm\\.core\\.scheduler|vllm\\.core\\.block|lmdeploy\\."
+                "pytorch\\.paging\\.)"),
+      // Out of memory raised by an in-process engine's own code (model
+      // runner, model layers, executor, start-up): V0's loop and V1's core
+      // never recover from it, so every later request fails.
+      type_rule("engine.loop_oom", kHeuristic, "engine_dead",
+                "OutOfMemoryError\\b[^@]*@(?:vllm\\.(?:v1\\.(?:worker|core|"
+                "executor|engine\\.core\\b|attention)|worker|model_executor|"
+                "executor|attention|distributed|engine\\.llm_engine\\b|"
+                "engine\\.async_llm_engine\\b)|lmdeploy\\.pytorch\\.)"),
+
+      // Start-up: the engine cannot be built from this configuration or
+      // install (vLLM's config and argument checks, model loading and
+      // platform detection; lmdeploy's config, architecture and TurboMind
+      // conversion checks; MLX model loading). MinerU builds its engine on
+      // the first task, so every later task fails the same way.
+      type_rule("engine.start_config", kHeuristic, "engine_start",
+                "^(?:builtins\\.)?(?:ValueError|TypeError|KeyError|"
+                "AssertionError|NotImplementedError|ImportError|"
+                "ModuleNotFoundError|OSError|RuntimeError)\\b[^@]*@(?:vllm\\."
+                "(?:config|engine\\.arg_utils|v1\\.engine\\.utils|"
+                "model_executor\\.model_loader|platforms)\\b|lmdeploy\\."
+                "(?:messages|archs|pytorch\\.config|turbomind\\.deploy|"
+                "turbomind\\.supported_models)\\b|mlx_(?:vlm|lm)\\.utils\\b)"),
+
+      // ==== lmdeploy ========================================================
+      // PyTorch engine run in a child process (ZMQ): dead backend.
+      type_rule("lmdeploy.rpc_server_dead", kFatal, "engine_dead",
+                "(?:^|[ .(])RPCServerDeadError\\b"),
+      engine_message("lmdeploy.engine_loop_stopped", kFatal, "engine_dead",
+                     "engine (?:main |request )?loop (?:has stopped|is not "
+                     "alive|task has stopped)|engine main loop failed|"
+                     "engine loop failed with error|zmq "
+                     "engine process is not alive|mpengine \\S+ (?:is "
+                     "dead|died)"),
+      engine_message("lmdeploy.engine_stop_error", kFatal, "engine_dead",
+                     "enginestoperror"),
+      // lmdeploy's environment checks log "<name> check failed!" and exit
+      // (lmdeploy/pytorch/check_env): the engine cannot be built here.
+      engine_message("lmdeploy.env_check_failed", kFatal, "engine_start",
+                     "<[\\w.]+> (?:check|test) failed!"),
+      type_rule("lmdeploy.env_check_exit", kFatal, "engine_start",
+                "SystemExit\\b[^@]*@lmdeploy\\.pytorch\\.check_env\\b"),
+      // TurboMind's extension missing or built without what the model needs.
+      engine_message("lmdeploy.turbomind_unbuilt", kFatal, "engine_start",
+                     "no module named '_turbomind'|turbomind has not been "
+                     "built with"),
+      // The serving layer's ENGINE_UNAVAILABLE also covers a sleeping engine
+      // and unknown sessions, which MinerU's one-shot sessions never hit.
+      engine_message("lmdeploy.engine_unavailable", kHeuristic, "engine_dead",
+                     "the inference engine is unavailable"),
+      // TurboMind's C++ checks.
+      engine_message("lmdeploy.turbomind_fatal", kHeuristic, "engine_dead",
+                     "\\[tm\\]\\[(?:fatal|error)\\]"),
+      engine_message("lmdeploy.context_length", kTaskLocal, "request_too_long",
+                     "the request exceeds the model context length"),
+
+      // ==== SGLang ==========================================================
+      engine_message("sglang.subprocess_exception", kFatal, "engine_dead",
+                     "(?:scheduler|detokenizer ?(?:manager)?|tokenizer "
+                     "?manager|data ?parallel ?controller) hit an exception"),
+      engine_message("sglang.child_failed", kFatal, "engine_dead",
+                     "received sigquit from a child process"),
+      engine_message("sglang.scheduler_dead", kFatal, "engine_dead",
+                     "rank \\d+ scheduler is dead"),
+
+      // ==== Distributed runtime (Ray, worker processes) =====================
+      type_rule("ray.actor_died", kFatal, "worker_dead",
+                "^ray\\.[\\w.]*(?:RayActorError|ActorDiedError|"
+                "ActorUnavailableError|WorkerCrashedError|NodeDiedError|"
+                "LocalRayletDiedError)\\b"),
+      engine_message("ray.actor_died_message", kFatal, "worker_dead",
+                     "the actor died unexpectedly|actor \\S+ (?:has )?died|"
+                     "the worker died unexpectedly|worker crashed while "
+                     "executing|raylet (?:has )?died"),
+      type_rule("ray.out_of_memory", kHeuristic, "worker_dead",
+                "^ray\\.[\\w.]*OutOfMemoryError\\b"),
+      engine_message("process.killed_by_signal", kHeuristic, "worker_dead",
+                     "(?:process|worker|proc) \\S+ (?:terminated|was "
+                     "terminated|exited|died) (?:with|by) signal|terminated "
+                     "with signal sig(?:kill|segv|abrt|bus)|exited with "
+                     "(?:exit ?)?code -?(?:9|11|6|137|139)\\b"),
+
+      // A C++ exception nobody caught: the process aborts (MLX without a
+      // Metal device, TurboMind, custom kernels).
+      engine_message("process.aborted", kFatal, "worker_dead",
+                     "terminate called after throwing an instance of|"
+                     "libc\\+\\+abi: terminating (?:due to uncaught exception|"
+                     "with uncaught exception)"),
+      // vLLM's custom all-reduce checks every CUDA call and exits the
+      // process on failure (CUDACHECK in csrc/custom_all_reduce.cuh).
+      engine_message("vllm.custom_all_reduce_exit", kFatal, "device",
+                     "failed: cuda error \\S+:\\d+ '"),
+
+      // ==== CUDA and CUDA-like devices: sticky faults =======================
+      // After these the device context is unusable for the rest of the
+      // process: every later kernel launch fails. The same words come from
+      // HIP, MUSA, MACA and the other CUDA-like runtimes.
+      engine_message("cuda.illegal_address", kFatal, "device",
+                     "illegal memory access was encountered|illegal memory "
+                     "access|errorillegaladdress"),
+      engine_message("cuda.device_assert", kFatal, "device",
+                     "device-side assert(?:ion)? triggered|cudaerrorassert|"
+                     "\\.cu:\\d+: \\S+: block: \\[\\d+,\\d+,\\d+\\], thread: "
+                     "\\[\\d+,\\d+,\\d+\\] assertion"),
+      engine_message("cuda.launch_failure", kFatal, "device",
+                     "unspecified launch failure|errorlaunchfailure"),
+      engine_message("cuda.ecc_uncorrectable", kFatal, "device",
+                     "uncorrectable ecc error|erroreccuncorrectable|"
+                     "uncorrectable nvlink error"),
+      engine_message("cuda.illegal_instruction", kFatal, "device",
+                     "illegal instruction was encountered|"
+                     "errorillegalinstruction"),
+      engine_message("cuda.misaligned_address", kFatal, "device",
+                     "misaligned address|errormisalignedaddress"),
+      engine_message("cuda.hardware_stack_error", kFatal, "device",
+                     "hardware stack error|errorhardwarestackerror"),
+      engine_message("cuda.invalid_pc", kFatal, "device",
+                     "invalid program counter|errorinvalidpc"),
+      engine_message("cuda.launch_timeout", kFatal, "device",
+                     "launch timed out and was terminated|errorlaunchtimeout"),
+      engine_message("cuda.library_execution_failed", kFatal, "device",
+                     "(?:cublas|cudnn|cusparse|cusolver|hipblas|miopen|"
+                     "rocblas|mublas|mudnn)_status_(?:execution_failed|"
+                     "mapping_error)|cublas runtime error ?: the gpu program "
+                     "failed to execute"),
+      engine_message("cuda.device_lost", kFatal, "device",
+                     "gpu (?:is|has fallen|fell) (?:lost|off the bus)|fallen "
+                     "off the bus|\\bxid\\b ?:? ?(?:48|62|63|64|74|79|92|94|"
+                     "95)\\b|errordevicesunavailable|"
+                     "cudaerrordevicesunavailable"),
+      engine_message("cuda.unknown_error", kHeuristic, "device",
+                     device(" error: unknown error")),
+      // Anything raised while a CUDA graph is being captured: the capture
+      // (at engine start or on a new batch size) is invalidated, and the
+      // stream with it.
+      type_rule("cuda.graph_capture", kHeuristic, "device",
+                "@torch\\.cuda\\.graphs\\b"),
+      engine_message("cuda.stream_capture", kHeuristic, "device",
+                     "operation not permitted when stream is capturing|"
+                     "errorstreamcaptureinvalidated"),
+      // ROCm: the HSA runtime's faults.
+      engine_message("rocm.memory_fault", kFatal, "device",
+                     "memory access fault by gpu|hsa_status_error_memory_"
+                     "(?:aperture_violation|fault)|hsa_status_error_exception|"
+                     "hsa_status_error_illegal_instruction"),
+      // Start-up: no kernels for this device, no usable driver.
+      engine_message("device.missing_kernels", kFatal, "engine_start",
+                     "no kernel image is available for execution on the "
+                     "device|invalid device function|hiperrornobinaryforgpu|"
+                     "unable to find code object for all current devices|"
+                     "the provided ptx was compiled with an unsupported "
+                     "toolchain"),
+      engine_message("device.no_driver", kHeuristic, "engine_start",
+                     "found no nvidia driver|cuda driver initiali[sz]ation "
+                     "failed|no cuda-capable device is detected|nvidia driver "
+                     "on your system is too old|cannot re-initiali[sz]e cuda "
+                     "in forked subprocess|cuda-capable device\\(s\\) is/are "
+                     "busy or unavailable"),
+      // Out of memory: the device may be fine once this task's tensors are
+      // freed, or may be failing; the worker's error budget decides.
+      type_rule("device.out_of_memory_type", kAmbiguous, "out_of_memory",
+                "^torch\\.[\\w.]*OutOfMemoryError\\b"),
+      engine_message("device.out_of_memory", kAmbiguous, "out_of_memory",
+                     device(" out of memory") +
+                         "|\\bmps backend out of memory|" +
+                         device(" error: out of memory") +
+                         "|(?:cuda|hip)error(?:outofmemory|memoryallocation)|"
+                         "(?:cublas|cudnn|hipblas|miopen)_status_alloc_failed|"
+                         "cuda_error_out_of_memory|hipoutofmemory"),
+
+      // ==== Ascend NPU (torch_npu, CANN) ====================================
+      // Task-queue stops and hardware faults torch_npu reports as text
+      // (torch_npu/csrc/core/npu/NPUException.cpp).
+      engine_message("npu.device_fault", kFatal, "device",
+                     "\\bforce stop\\b|\\buce error\\b|hbm multi bit ecc "
+                     "error|suspect mem error|(?:hccs|ub) link error|device "
+                     "task abort|suspect remote error"),
+      // ACL runtime error codes (CANN's acl error codes, 507xxx): AI Core,
+      // AI CPU and vector core exceptions and timeouts, lost heartbeat, DMA
+      // errors, stream synchronisation timeouts, a broken host-device link.
+      engine_message("npu.acl_runtime_error", kFatal, "device",
+                     "(?:error ?code(?: is)?|ret(?:urn)? ?code|errno)[ =:]*"
+                     "(?:5070(?:1[0345678]|3[456]|4[2-9]|50)|50790[01])\\b"),
+      engine_message("npu.execution_abnormal", kFatal, "device",
+                     "the (?:aicore|aicpu|vector core) execution (?:is "
+                     "abnormal|times out)|task scheduler loses the heartbeat|"
+                     "there is an? (?:aicore|aivec|aic|aiv|aicpu|vector core) "
+                     "(?:error )?exception|(?:aicore|aicpu) exception|"
+                     "exception of (?:fftsplus )?(?:aicore|aivec|aicpu|sdma) "
+                     "error|"
+                     "hardware execution error|host device communication "
+                     "\\(hdc\\) session is disconnected"),
+      // torch_npu's own words after a CANN inner error (EZ9999...).
+      engine_message("npu.inner_error", kFatal, "device",
+                     "the process exits for this inner error|\\bez9999: "
+                     "inner error"),
+      // HCCL reports its own failures with EI codes (EI0001...: transport
+      // init, link, timeout); the communicator is unusable afterwards.
+      engine_message("npu.hccl_error_code", kFatal, "collective",
+                     "\\bei\\d{4}: "),
+      engine_message("npu.sync_failed", kFatal, "device",
+                     "acl stream synchronize failed|aclrtsynchronize"
+                     "(?:stream|device|event)(?:withtimeout)? failed|"
+                     "rtstreamsynchronize\\S* (?:execute )?failed|all tasks "
+                     "in the specified stream are not completed|stream "
+                     "synchroni[sz]e timeout"),
+      engine_message("npu.out_of_memory", kAmbiguous, "out_of_memory",
+                     "\\bel0004\\b|failed to allocate memory|the memory on "
+                     "the device is exhausted|acl_error_rt_memory_allocation|"
+                     "(?:error ?code(?: is)?)[ =:]*20(?:70(?:01|05|18)|0000)"
+                     "\\b"),
+
+      // ==== Apple silicon: MLX (Metal) and PyTorch MPS ======================
+      // MLX poisons the device after a failed command buffer, so every later
+      // evaluation fails (mlx/backend/metal/device.cpp).
+      engine_message("metal.command_buffer_fault", kFatal, "device",
+                     "command buffer execution failed: (?:caused gpu "
+                     "(?:address fault|timeout|hang)|discarded|internal "
+                     "error|invalid resource|page ?fault|not permitted|"
+                     "ignored)|kiogpucommandbuffercallbackerror(?:pagefault|"
+                     "timeout|hang|submissionsignored|invalidresource|"
+                     "notpermitted)|victim of gpu error"),
+      engine_message("metal.mps_command_buffer", kHeuristic, "device",
+                     "command buffer exited with error status"),
+      engine_message("metal.out_of_memory", kAmbiguous, "out_of_memory",
+                     "kiogpucommandbuffercallbackerroroutofmemory|command "
+                     "buffer execution failed: insufficient memory|"
+                     "\\[metal::malloc\\] attempting to allocate|resource "
+                     "limit \\(\\d+\\) exceeded"),
+      engine_message("metal.missing_kernels", kFatal, "engine_start",
+                     "failed to load the (?:default )?metallib|can not load "
+                     "metallib|unable to load (?:kernel|function)|unable to "
+                     "build metal library"),
+
+      // ==== Collective communication ========================================
+      // A failed collective leaves the communicator (and usually the device
+      // context) broken on every tensor-parallel rank. NCCL's names and their
+      // RCCL, HCCL (Ascend), CNCL (Cambricon), MCCL (Moore Threads / MetaX),
+      // ECCL (Enflame) and TCCL (Tecorigin) counterparts.
+      engine_message("collective.error", kFatal, "collective",
+                     "\\b(?:nccl|rccl|hccl|cncl|mccl|eccl|tccl) error\\b|"
+                     "\\b(?:nccl|rccl|hccl|cncl|mccl|eccl|tccl)(?:unhandled"
+                     "\\w*error|systemerror|internalerror|remoteerror|"
+                     "invalidusage)\\b|hccl function error|call hccl api "
+                     "failed|hccl op retry failed"),
+      engine_message("collective.watchdog", kFatal, "collective",
+                     "watchdog caught collective operation timeout|process "
+                     "group watchdog thread terminated|(?:nccl|rccl|hccl|"
+                     "cncl|mccl|eccl|tccl) watchdog thread terminated|"
+                     "(?:nccl|hccl) "
+                     "communicator (?:was )?aborted|some (?:nccl|hccl) "
+                     "operations have failed or timed out|wait execution of "
+                     "the notify register times out"),
+      type_rule("collective.backend_error", kFatal, "collective",
+                "^torch\\.[\\w.]*DistBackendError\\b"),
+      engine_message("collective.store_timeout", kHeuristic, "collective",
+                     "timed out after \\d+ seconds waiting for clients|"
+                     "(?:barrier|rendezvous|store) (?:timed out|timeout)|"
+                     "connection closed by peer"),
+      type_rule("collective.store_error", kHeuristic, "collective",
+                "^torch\\.[\\w.]*DistStoreError\\b"),
+
+      // ==== Any engine: plain-language death notices =========================
+      engine_message("engine.dead", kHeuristic, "engine_dead",
+                     "\\b(?:inference )?engine (?:is |has )?(?:dead|died|"
+                     "gone)\\b"),
+      engine_message("engine.unrecoverable", kHeuristic, "engine_dead",
+                     "\\bunrecoverable\\b[^\\n]*\\b(?:engine|vllm)\\b|\\b(?:"
+                     "engine|vllm)\\b[^\\n]*\\bunrecoverable\\b"),
+
+      // ==== Task-local: one request or one document =========================
+      // One prompt over the model's context length.
+      any_message("vllm.context_length", kTaskLocal, "request_too_long",
+                  "longer than the maximum model length|maximum context "
+                  "length is \\d+|exceeds the maximum model length|"
+                  "prompt \\(length \\d+\\) is longer"),
+      // mineru_vl_utils' RequestError: one request's output was unusable.
+      type_rule("mineru_vl_utils.request_error", kTaskLocal, "request",
+                "^mineru_vl_utils\\.[\\w.]*RequestError\\b"),
+      // The VLM server of an http-client backend failed or is unreachable:
+      // a remote engine, never this worker's.
+      type_rule("remote.server_error", kTaskLocal, "remote_engine",
+                "^mineru_vl_utils\\.[\\w.]*ServerError\\b[^@]*@mineru_vl_"
+                "utils\\.vlm_client\\.http_client\\b"),
+      type_rule("remote.http_error", kTaskLocal, "remote_engine",
+                "^(?:httpx|httpcore|openai|aiohttp|requests|urllib3)\\.[\\w.]*"
+                "(?:ConnectError|RemoteProtocolError|ReadError|WriteError|"
+                "NetworkError|HTTPStatusError|APIConnectionError|"
+                "InternalServerError|APIStatusError|ServerDisconnectedError|"
+                "ClientConnectorError|ClientResponseError|ConnectionError|"
+                "ProtocolError|HTTPError)\\b"),
+      // Documents: corrupt, encrypted, unreadable or hostile files.
+      type_rule("pdfium.error", kTaskLocal, "bad_input",
+                "^pypdfium2\\.[\\w.]*PdfiumError\\b"),
+      any_message("pdfium.error_message", kTaskLocal, "bad_input",
+                  "failed to load (?:document|page) \\(pdfium: "),
+      type_rule("pil.unidentified_image", kTaskLocal, "bad_input",
+                "^PIL\\.[\\w.]*UnidentifiedImageError\\b"),
+      type_rule("pil.decompression_bomb", kTaskLocal, "bad_input",
+                "^PIL\\.[\\w.]*DecompressionBombError\\b"),
+      type_rule("document.bad_file", kTaskLocal, "bad_input",
+                "^(?:lxml\\.[\\w.]*(?:XMLSyntaxError|ParserError|"
+                "DocumentInvalid)|xml\\.[\\w.]*(?:ParseError|ExpatError)|"
+                "zipfile\\.[\\w.]*(?:BadZipFile|BadZipfile|LargeZipFile)|"
+                "docx\\.[\\w.]*(?:PackageNotFoundError|InvalidXmlError)|"
+                "openpyxl\\.[\\w.]*InvalidFileException|pptx\\.[\\w.]*"
+                "PackageNotFoundError|pdfminer\\.[\\w.]*(?:PDFSyntaxError|"
+                "PSEOF|PDFEncryptionError|PDFPasswordIncorrect)|pypdf\\."
+                "[\\w.]*(?:PdfReadError|PdfStreamError|FileNotDecryptedError))"
+                "\\b"),
+      any_message("mineru.load_file_failed", kTaskLocal, "bad_input",
+                  "failed to load file "),
+      any_message("mineru.render_timeout", kTaskLocal, "timeout",
+                  "pdf image rendering timeout"),
+      // One request cancelled or timed out, judged by class. Generic: task-
+      // local only when nothing else in the chain says the engine is gone.
+      type_rule("request.cancelled", kGeneric, "cancelled",
+                "^(?:asyncio(?:\\.exceptions)?\\.|concurrent\\.futures(?:\\._"
+                "base)?\\.)?CancelledError\\b"),
+      type_rule("request.timeout", kGeneric, "timeout",
+                "^(?:builtins\\.|asyncio(?:\\.exceptions)?\\.|concurrent\\."
+                "futures(?:\\._base)?\\.)?TimeoutError\\b|^openai\\.[\\w.]*"
+                "APITimeoutError\\b|^httpx\\.[\\w.]*Timeout(?:Exception)?\\b|"
+                "^(?:httpcore|aiohttp|requests|urllib3)\\.[\\w.]*"
+                "(?:Timeout|TimeoutError)\\b"),
   };
 }
 

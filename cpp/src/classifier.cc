@@ -1,334 +1,279 @@
-// Classifier: compiles rules into one RE2::Set per kind and decides, for a
-// chain of exception frames, whether the failure killed the engine.
+// Classifier::classify: matches every frame of a failure chain against the
+// rule set and combines the matches by the precedence of docs/rules.md
+// ("Deciding"): operator rules first, then strength, then the frame's place
+// in the chain (__cause__, __context__, exception-group member).
 #include "mineru_health/classifier.h"
 
 #include <re2/re2.h>
-#include <re2/set.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdint>
+#include <climits>
 #include <limits>
-#include <unordered_set>
+#include <string>
 #include <utility>
+#include <vector>
+
+#include "rule_set_internal.h"
+#include "text_forms.h"
 
 namespace mineru_health {
 
 namespace {
 
-// Identifier-like fields (module, type name, base names) are short in any
-// real exception; a hostile object could make them huge, so they are capped
-// independently of the message limit.
+// Identifier-like fields (module, type name, base names, raise site) are
+// short in any real exception; a hostile object could make them huge, so
+// they are capped independently of the message limits.
 constexpr std::size_t kMaxNameBytes = 1024;
 constexpr std::size_t kMaxBases = 64;
 
-// The set's DFA gets a generous budget: RE2 never bails out of a many-match
-// (Set) DFA for being slow, it only resets its cache, so a larger cache means
-// fewer resets on hostile input. Memory stays bounded by this number.
-constexpr std::int64_t kSetMaxMem = 64 << 20;
+// ---- origins ----------------------------------------------------------------
 
-RE2::Options matching_options() {
-  RE2::Options options;
-  options.set_encoding(RE2::Options::EncodingUTF8);
-  options.set_case_sensitive(false);
-  // Errors are reported as values (RuleError); RE2 must not write to stderr
-  // from inside a serving worker.
-  options.set_log_errors(false);
-  return options;
-}
+struct ModulePrefix {
+  const char* prefix;
+  Origin origin;
+};
 
-bool is_valid_id(const std::string& id) {
-  if (id.empty()) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    unsigned char u = static_cast<unsigned char>(c);
-    return (u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') ||
-           (u >= '0' && u <= '9') || u == '_' || u == '.' || u == '-';
-  });
-}
+// Module prefixes (whole dotted components) and the origin they stand for;
+// the longest matching prefix wins, so MinerU's model-inference packages are
+// a runtime while the rest of MinerU is not. docs/rules.md lists them.
+constexpr ModulePrefix kModulePrefixes[] = {
+    // Engines and their IPC.
+    {"vllm", Origin::kRuntime},
+    {"vllm_ascend", Origin::kRuntime},
+    {"vllm_metal", Origin::kRuntime},
+    {"lmdeploy", Origin::kRuntime},
+    {"_turbomind", Origin::kRuntime},
+    {"dlinfer", Origin::kRuntime},
+    {"sglang", Origin::kRuntime},
+    {"sgl_kernel", Origin::kRuntime},
+    {"mlx", Origin::kRuntime},
+    {"mlx_lm", Origin::kRuntime},
+    {"mlx_vlm", Origin::kRuntime},
+    {"transformers", Origin::kRuntime},
+    {"accelerate", Origin::kRuntime},
+    {"ray", Origin::kRuntime},
+    {"zmq", Origin::kRuntime},
+    // Device runtimes and kernels.
+    {"torch", Origin::kRuntime},
+    {"torch_npu", Origin::kRuntime},
+    {"torchair", Origin::kRuntime},
+    {"torch_mlu", Origin::kRuntime},
+    {"torch_gcu", Origin::kRuntime},
+    {"torch_musa", Origin::kRuntime},
+    {"torch_sdaa", Origin::kRuntime},
+    {"torch_dipu", Origin::kRuntime},
+    {"acl", Origin::kRuntime},
+    {"triton", Origin::kRuntime},
+    {"flash_attn", Origin::kRuntime},
+    {"flashinfer", Origin::kRuntime},
+    {"xformers", Origin::kRuntime},
+    {"cupy", Origin::kRuntime},
+    {"pynvml", Origin::kRuntime},
+    {"onnxruntime", Origin::kRuntime},
+    {"ultralytics", Origin::kRuntime},
+    {"doclayout_yolo", Origin::kRuntime},
+    // MinerU's model inference (layout, formula, OCR, table models on the
+    // device), as opposed to its document conversion.
+    {"mineru.model.layout", Origin::kRuntime},
+    {"mineru.model.mfr", Origin::kRuntime},
+    {"mineru.model.ocr", Origin::kRuntime},
+    {"mineru.model.table", Origin::kRuntime},
+    {"mineru.model.utils", Origin::kRuntime},
+    {"mineru.model.vlm", Origin::kRuntime},
+    // MinerU 1.x (magic_pdf): the same split.
+    {"magic_pdf.model", Origin::kRuntime},
+    // Text from documents, users or remote servers.
+    {"mineru", Origin::kUntrusted},
+    {"mineru_vl_utils", Origin::kUntrusted},
+    {"magic_pdf", Origin::kUntrusted},
+    {"lxml", Origin::kUntrusted},
+    {"xml", Origin::kUntrusted},
+    {"html", Origin::kUntrusted},
+    {"bs4", Origin::kUntrusted},
+    {"html5lib", Origin::kUntrusted},
+    {"pypdfium2", Origin::kUntrusted},
+    {"pdfminer", Origin::kUntrusted},
+    {"pdfplumber", Origin::kUntrusted},
+    {"pypdf", Origin::kUntrusted},
+    {"PyPDF2", Origin::kUntrusted},
+    {"fitz", Origin::kUntrusted},
+    {"pymupdf", Origin::kUntrusted},
+    {"PIL", Origin::kUntrusted},
+    {"cv2", Origin::kUntrusted},
+    {"zipfile", Origin::kUntrusted},
+    {"zlib", Origin::kUntrusted},
+    {"gzip", Origin::kUntrusted},
+    {"tarfile", Origin::kUntrusted},
+    {"docx", Origin::kUntrusted},
+    {"openpyxl", Origin::kUntrusted},
+    {"pptx", Origin::kUntrusted},
+    {"xlrd", Origin::kUntrusted},
+    {"olefile", Origin::kUntrusted},
+    {"markdown", Origin::kUntrusted},
+    {"json", Origin::kUntrusted},
+    {"csv", Origin::kUntrusted},
+    {"email", Origin::kUntrusted},
+    {"base64", Origin::kUntrusted},
+    {"binascii", Origin::kUntrusted},
+    {"encodings", Origin::kUntrusted},
+    {"codecs", Origin::kUntrusted},
+    {"httpx", Origin::kUntrusted},
+    {"httpcore", Origin::kUntrusted},
+    {"httpx_retries", Origin::kUntrusted},
+    {"openai", Origin::kUntrusted},
+    {"aiohttp", Origin::kUntrusted},
+    {"requests", Origin::kUntrusted},
+    {"urllib3", Origin::kUntrusted},
+    {"urllib", Origin::kUntrusted},
+    {"http", Origin::kUntrusted},
+    {"fastapi", Origin::kUntrusted},
+    {"starlette", Origin::kUntrusted},
+    {"pydantic", Origin::kUntrusted},
+};
 
-// Length of the valid UTF-8 sequence starting at text[i], or 0 when the
-// bytes there are not one (overlong forms, surrogates such as those Python's
-// 'surrogatepass' writes, code points above U+10FFFF, truncated sequences).
-std::size_t utf8_sequence_length(const std::string& text, std::size_t i) {
-  const auto byte = [&](std::size_t k) {
-    return static_cast<unsigned char>(text[k]);
-  };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  std::size_t length = 0;
-  unsigned char lo = 0x80;
-  unsigned char hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-  } else if (b0 == 0xE0) {
-    length = 3;
-    lo = 0xA0;
-  } else if (b0 == 0xED) {
-    length = 3;
-    hi = 0x9F;  // D800..DFFF are surrogates
-  } else if (b0 >= 0xE1 && b0 <= 0xEF) {
-    length = 3;
-  } else if (b0 == 0xF0) {
-    length = 4;
-    lo = 0x90;
-  } else if (b0 >= 0xF1 && b0 <= 0xF3) {
-    length = 4;
-  } else if (b0 == 0xF4) {
-    length = 4;
-    hi = 0x8F;
-  } else {
-    return 0;
+// kUnknown for no module or builtins (which says nothing about the raiser).
+Origin module_origin(const std::string& module) {
+  if (module.empty() || module == "builtins") return Origin::kUnknown;
+  std::size_t best_length = 0;
+  Origin best = Origin::kOther;
+  for (const ModulePrefix& entry : kModulePrefixes) {
+    const std::string prefix = entry.prefix;
+    if (prefix.size() <= best_length) continue;
+    if (module.compare(0, prefix.size(), prefix) != 0) continue;
+    if (module.size() != prefix.size() && module[prefix.size()] != '.') {
+      continue;
+    }
+    best_length = prefix.size();
+    best = entry.origin;
   }
-  if (i + length > text.size()) return 0;
-  const unsigned char b1 = byte(i + 1);
-  if (b1 < lo || b1 > hi) return 0;
-  for (std::size_t k = 2; k < length; ++k) {
-    const unsigned char b = byte(i + k);
-    if (b < 0x80 || b > 0xBF) return 0;
-  }
-  return length;
+  return best;
 }
 
-bool is_utf8_continuation(char c) {
-  return (static_cast<unsigned char>(c) & 0xC0) == 0x80;
-}
+// ---- frame texts ------------------------------------------------------------
 
-// Moves `pos` back to the start of the UTF-8 sequence it falls in; `text`
-// must be valid UTF-8.
-std::size_t floor_to_boundary(const std::string& text, std::size_t pos) {
-  if (pos >= text.size()) return text.size();
-  while (pos > 0 && is_utf8_continuation(text[pos])) --pos;
-  return pos;
-}
-
-std::string truncated_copy(const std::string& text, std::size_t max_bytes) {
-  return text.size() <= max_bytes ? text : text.substr(0, max_bytes);
-}
-
-// Messages over the limit keep their head and tail: an exception's type tends
-// to be echoed at the start and its root cause at the end. The joint is a
-// newline so that no pattern using '.' can match across it.
-std::string bounded_message(const std::string& message, std::size_t max_bytes) {
-  if (message.size() <= max_bytes) return message;
-  const std::size_t half = max_bytes / 2;
-  std::string out;
-  out.reserve(max_bytes + 8);
-  out.append(message, 0, half);
-  out.append("\n...\n");
-  out.append(message, message.size() - half, half);
-  return out;
-}
-
-// "module.Type (Base1 Base2): message", the one string rules are written
-// against (see docs/rules.md).
-std::string frame_text(const Frame& frame, const ClassifierLimits& limits) {
-  std::string text = truncated_copy(frame.module, kMaxNameBytes);
+// "module.Type (Base1 Base2)", the class part of the type and frame texts.
+std::string class_text(const Frame& frame) {
+  std::string text = text::truncated_copy(frame.module, kMaxNameBytes);
   if (!text.empty()) text.push_back('.');
-  text += truncated_copy(frame.type_name, kMaxNameBytes);
+  text += text::truncated_copy(frame.type_name, kMaxNameBytes);
   if (!frame.bases.empty()) {
     text += " (";
     const std::size_t count = std::min(frame.bases.size(), kMaxBases);
     for (std::size_t i = 0; i < count; ++i) {
       if (i > 0) text.push_back(' ');
-      text += truncated_copy(frame.bases[i], kMaxNameBytes);
+      text += text::truncated_copy(frame.bases[i], kMaxNameBytes);
     }
     text.push_back(')');
   }
-  // A frame parsed from bare text has no name; its line is the message.
-  if (!text.empty()) text += ": ";
-  text += bounded_message(frame.message, limits.max_message_bytes);
   return text;
 }
 
-std::string head_excerpt(const std::string& sanitized, std::size_t max_bytes) {
-  if (sanitized.size() <= max_bytes) return sanitized;
-  return sanitized.substr(0, floor_to_boundary(sanitized, max_bytes));
+std::string type_text(const Frame& frame) {
+  std::string text = class_text(frame);
+  if (!frame.raised_in.empty()) {
+    if (!text.empty()) text.push_back(' ');
+    text += "@" + text::truncated_copy(frame.raised_in, kMaxNameBytes);
+  }
+  return text;
 }
 
-// A window of at most `max_bytes` of valid UTF-8 around [begin, end).
-std::string window_excerpt(const std::string& sanitized, std::size_t begin,
-                           std::size_t end, std::size_t max_bytes) {
-  if (sanitized.size() <= max_bytes) return sanitized;
-  const std::size_t match_length = end - begin;
-  std::size_t start = 0;
-  if (match_length >= max_bytes) {
-    start = begin;
-  } else {
-    const std::size_t context = (max_bytes - match_length) / 2;
-    start = begin > context ? begin - context : 0;
+// "module.Type (Base1 Base2): message"; a frame parsed from bare text has no
+// name, so its text is the message.
+std::string frame_text(const Frame& frame, const std::string& message) {
+  std::string text = class_text(frame);
+  if (!text.empty()) text += ": ";
+  text += message;
+  return text;
+}
+
+// ---- precedence -------------------------------------------------------------
+
+constexpr int kNoMatch = INT_MAX;
+
+// One candidate for the verdict: the rule's kind as a rank (RuleKind's order
+// is the ladder, strongest first), the frame it matched and the rule.
+struct Hit {
+  int rank = kNoMatch;
+  int frame = -1;
+  std::size_t rule = 0;
+
+  bool found() const { return rank != kNoMatch; }
+  bool fatal() const {
+    return found() && is_fatal(static_cast<RuleKind>(rank));
   }
-  start = std::min(start, sanitized.size() - max_bytes);
-  start = floor_to_boundary(sanitized, start);
-  std::size_t stop = floor_to_boundary(sanitized, start + max_bytes);
-  return sanitized.substr(start, stop - start);
+};
+
+// Stronger first; at equal strength the outer frame (earlier in pre-order)
+// decides, then the rule listed first.
+bool better(const Hit& a, const Hit& b) {
+  if (a.rank != b.rank) return a.rank < b.rank;
+  if (a.frame != b.frame) return a.frame < b.frame;
+  return a.rule < b.rule;
+}
+
+const Hit& best(const Hit& a, const Hit& b) { return better(b, a) ? b : a; }
+
+// What a frame's subtree has gathered from its children so far.
+struct Pending {
+  Hit cause;
+  Hit context;
+  Hit group_fatal;
+  Hit group_other;
+};
+
+// Combines one frame's own match with its children's results (docs/rules.md,
+// "Deciding").
+Hit decide(const Hit& own, const Pending& children) {
+  Hit main = best(own, children.cause);
+  // A group is fatal when any member is, whatever the others say.
+  const Hit& group = children.group_fatal.found() ? children.group_fatal
+                                                  : children.group_other;
+  main = best(main, group);
+  // An exception raised while handling another never turns a fatal verdict
+  // into a milder one; it may still make it stronger.
+  const Hit& context = children.context;
+  if (main.fatal()) {
+    if (context.fatal() && context.rank < main.rank) main = context;
+  } else {
+    main = best(main, context);
+  }
+  return main;
 }
 
 }  // namespace
 
-const char* to_string(RuleKind kind) {
-  switch (kind) {
-    case RuleKind::kFatal:
-      return "fatal";
-    case RuleKind::kTaskLocal:
-      return "task_local";
+const char* to_string(Origin origin) {
+  switch (origin) {
+    case Origin::kUnknown:
+      return "unknown";
+    case Origin::kRuntime:
+      return "runtime";
+    case Origin::kUntrusted:
+      return "untrusted";
+    case Origin::kOther:
+      return "other";
   }
   return "unknown";
 }
 
-std::string RuleError::to_string() const {
-  std::string out = source;
-  if (line > 0) out += ":" + std::to_string(line);
-  out += ": ";
-  if (!rule_id.empty()) out += "rule '" + rule_id + "': ";
-  out += message;
-  return out;
-}
-
-std::string sanitize_utf8(const std::string& text) {
-  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
-  std::string out;
-  out.reserve(text.size());
-  const std::size_t size = text.size();
-  std::size_t i = 0;
-  std::size_t run_start = 0;  // start of the valid bytes not yet copied
-  bool in_invalid_run = false;
-  while (i < size) {
-    // Runs of ASCII are the common case: skip them without decoding.
-    while (i < size && static_cast<unsigned char>(text[i]) < 0x80) ++i;
-    if (i == size) break;
-    const std::size_t length = utf8_sequence_length(text, i);
-    if (length > 0) {
-      i += length;
-      continue;
-    }
-    out.append(text, run_start, i - run_start);
-    // One U+FFFD per run of bad bytes keeps the output no larger than twice
-    // the input whatever the bytes are.
-    if (!in_invalid_run || run_start != i) out.append(kReplacement, 3);
-    in_invalid_run = true;
-    ++i;
-    run_start = i;
+Origin frame_origin(const Frame& frame) {
+  const Origin of_class =
+      module_origin(text::truncated_copy(frame.module, kMaxNameBytes));
+  const Origin of_site =
+      module_origin(text::truncated_copy(frame.raised_in, kMaxNameBytes));
+  // Untrusted text wins: a document library's exception, or anything MinerU's
+  // conversion code raised, never counts as the engine's, whatever it says.
+  if (of_class == Origin::kUntrusted || of_site == Origin::kUntrusted) {
+    return Origin::kUntrusted;
   }
-  out.append(text, run_start, size - run_start);
-  return out;
-}
-
-std::string compact_form(const std::string& text) {
-  // 0: drop; 1: keep as is (ASCII alnum lower case, digits, non-ASCII);
-  // 2: lower-case.
-  static const auto kAction = [] {
-    std::array<unsigned char, 256> table{};
-    for (int c = 0; c < 256; ++c) {
-      if (c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-        table[static_cast<std::size_t>(c)] = 1;
-      } else if (c >= 'A' && c <= 'Z') {
-        table[static_cast<std::size_t>(c)] = 2;
-      }
-    }
-    return table;
-  }();
-  std::string out(text.size(), '\0');
-  char* const begin = &out[0];
-  char* dst = begin;
-  for (char c : text) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    const unsigned char action = kAction[u];
-    // Branch-free: always write, advance only past kept bytes. Adding 32
-    // lower-cases an ASCII capital.
-    *dst = static_cast<char>(u + (action == 2 ? 32 : 0));
-    dst += action != 0;
+  if (of_class == Origin::kRuntime || of_site == Origin::kRuntime) {
+    return Origin::kRuntime;
   }
-  out.resize(static_cast<std::size_t>(dst - begin));
-  return out;
-}
-
-// All rules of one kind: the set for the single matching pass, and each
-// rule's own RE2 to locate an excerpt or to fall back on if the set's DFA
-// ever runs out of memory.
-struct RuleSet::KindSet {
-  explicit KindSet(const RE2::Options& set_options)
-      : set(set_options, RE2::UNANCHORED) {}
-  RE2::Set set;
-  std::vector<std::size_t> rule_index;  // set index -> RuleSet::rules_ index
-  std::vector<std::unique_ptr<RE2>> regexps;
-
-  // Smallest matching set index, or -1.
-  int first_match(const std::string& text) const {
-    if (regexps.empty()) return -1;
-    std::vector<int> hits;
-    RE2::Set::ErrorInfo info{RE2::Set::kNoError};
-    if (set.Match(text, &hits, &info)) {
-      return *std::min_element(hits.begin(), hits.end());
-    }
-    if (info.kind == RE2::Set::kNoError) return -1;
-    // The set could not decide (out of memory): each RE2 falls back to its
-    // NFA, still linear in the text.
-    for (std::size_t i = 0; i < regexps.size(); ++i) {
-      if (RE2::PartialMatch(text, *regexps[i])) return static_cast<int>(i);
-    }
-    return -1;
+  if (of_class == Origin::kUnknown && of_site == Origin::kUnknown &&
+      frame.raised_in.empty()) {
+    return Origin::kUnknown;
   }
-};
-
-RuleSet::RuleSet() = default;
-RuleSet::~RuleSet() = default;
-
-CompileResult RuleSet::compile(std::vector<Rule> rules,
-                               const std::string& source) {
-  CompileResult result;
-  std::unique_ptr<RuleSet> rule_set(new RuleSet());
-  RE2::Options set_options = matching_options();
-  set_options.set_max_mem(kSetMaxMem);
-  rule_set->fatal_ = std::make_unique<KindSet>(set_options);
-  rule_set->task_local_ = std::make_unique<KindSet>(set_options);
-
-  std::unordered_set<std::string> seen;
-  for (std::size_t i = 0; i < rules.size(); ++i) {
-    const Rule& rule = rules[i];
-    auto add_error = [&](std::string message) {
-      result.errors.push_back({source, 0, rule.id, std::move(message)});
-    };
-    if (!is_valid_id(rule.id)) {
-      add_error("invalid rule id '" + rule.id +
-                "': use letters, digits, '_', '.', '-'");
-      continue;
-    }
-    if (!seen.insert(rule.id).second) {
-      add_error("duplicate rule id");
-      continue;
-    }
-    if (rule.pattern.empty()) {
-      add_error("empty pattern");
-      continue;
-    }
-    auto regexp = std::make_unique<RE2>(rule.pattern, matching_options());
-    if (!regexp->ok()) {
-      add_error("bad pattern: " + regexp->error());
-      continue;
-    }
-    KindSet& kind_set = rule.kind == RuleKind::kFatal ? *rule_set->fatal_
-                                                      : *rule_set->task_local_;
-    std::string error;
-    if (kind_set.set.Add(rule.pattern, &error) < 0) {
-      add_error("bad pattern: " + error);
-      continue;
-    }
-    kind_set.rule_index.push_back(i);
-    kind_set.regexps.push_back(std::move(regexp));
-  }
-  if (!result.errors.empty()) return result;
-  for (KindSet* kind_set :
-       {rule_set->fatal_.get(), rule_set->task_local_.get()}) {
-    if (kind_set->regexps.empty()) continue;  // an empty set is never matched
-    if (!kind_set->set.Compile()) {
-      result.errors.push_back(
-          {source, 0, "", "rule set too large to compile (RE2 out of memory)"});
-      return result;
-    }
-  }
-  rule_set->rules_ = std::move(rules);
-  result.rule_set = std::move(rule_set);
-  return result;
+  return Origin::kOther;
 }
 
 Classifier::Classifier(std::shared_ptr<const RuleSet> rule_set,
@@ -341,83 +286,172 @@ Classifier::Classifier(std::shared_ptr<const RuleSet> rule_set,
   }
 }
 
-Verdict Classifier::classify(const std::vector<Frame>& frames) const {
-  struct Hit {
-    const RuleSet::KindSet* kind_set = nullptr;
-    int set_index = -1;
-    int frame_index = -1;
-    bool in_sanitized = false;
-    std::string sanitized;
-  };
-  // Matches one frame against one kind, sanitized form first so that an
-  // excerpt can be located; the compact form only when that missed.
-  auto match = [](const RuleSet::KindSet& kind_set,
-                  const std::string& sanitized, const std::string& compact,
-                  Hit* hit) {
-    int index = kind_set.first_match(sanitized);
-    bool in_sanitized = index >= 0;
-    const int compact_index = kind_set.first_match(compact);
-    // The lower rule index wins whichever form it matched, so that rule
-    // order alone decides ties.
-    if (compact_index >= 0 && (index < 0 || compact_index < index)) {
-      index = compact_index;
-      in_sanitized = false;
-    }
-    if (index < 0) return false;
-    hit->kind_set = &kind_set;
-    hit->set_index = index;
-    hit->in_sanitized = in_sanitized;
-    return true;
-  };
-
-  Hit fatal_hit;
-  Hit task_local_hit;
+Verdict Classifier::classify(const std::vector<Frame>& frames,
+                             const ClassifyOptions& options) const {
+  const std::vector<Rule>& rules = rule_set_->rules();
   const std::size_t count =
       std::min({frames.size(), limits_.max_frames,
                 static_cast<std::size_t>(std::numeric_limits<int>::max())});
-  for (std::size_t f = 0; f < count; ++f) {
-    std::string sanitized = sanitize_utf8(frame_text(frames[f], limits_));
-    const std::string compact = compact_form(sanitized);
-    if (match(*rule_set_->task_local_, sanitized, compact, &task_local_hit)) {
-      // Task-local wins over any fatal frame, so later frames cannot change
-      // the answer.
-      task_local_hit.frame_index = static_cast<int>(f);
-      task_local_hit.sanitized = std::move(sanitized);
-      break;
-    }
-    if (fatal_hit.kind_set == nullptr &&
-        match(*rule_set_->fatal_, sanitized, compact, &fatal_hit)) {
-      fatal_hit.frame_index = static_cast<int>(f);
-      fatal_hit.sanitized = std::move(sanitized);
+  if (count == 0) return Verdict{};
+
+  // ---- 1. the tree: every frame's parent and how it was reached ----------
+  std::vector<int> depth(count, 0);
+  std::vector<Via> via(count, Via::kRoot);
+  std::vector<int> parent(count, -1);
+  {
+    std::vector<int> ancestors;  // the path from the root to frame i - 1
+    for (std::size_t i = 0; i < count; ++i) {
+      const Frame& frame = frames[i];
+      if (i > 0) {
+        const int previous = depth[i - 1];
+        int d = frame.depth;
+        if (d < 1 || d > previous + 1) d = previous + 1;
+        depth[i] = d;
+        via[i] = frame.via == Via::kRoot ? Via::kCause : frame.via;
+      }
+      while (!ancestors.empty() &&
+             depth[static_cast<std::size_t>(ancestors.back())] >= depth[i]) {
+        ancestors.pop_back();
+      }
+      parent[i] = ancestors.empty() ? -1 : ancestors.back();
+      ancestors.push_back(static_cast<int>(i));
     }
   }
 
+  // ---- 2. every frame's matching rules, scopes applied --------------------
+  std::vector<std::vector<std::size_t>> matches(count);
+  std::vector<Origin> origins(count);
+  std::vector<std::string> bounded_messages(count);
+  std::size_t message_budget = limits_.max_total_message_bytes;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Frame& frame = frames[i];
+    origins[i] = frame_origin(frame);
+    const std::size_t allowance =
+        std::min(limits_.max_message_bytes, message_budget);
+    bounded_messages[i] =
+        sanitize_utf8(text::head_and_tail(frame.message, allowance));
+    message_budget -= std::min(frame.message.size(), allowance);
+
+    std::vector<std::size_t> found;
+    auto scan = [&found](const RuleSet::TargetSet& set,
+                         const std::string& sanitized) {
+      if (set.empty() || sanitized.empty()) return;
+      set.match(sanitized, &found);
+      set.match(compact_form(sanitized), &found);
+    };
+    scan(*rule_set_->type_, sanitize_utf8(type_text(frame)));
+    scan(*rule_set_->message_, bounded_messages[i]);
+    if (!rule_set_->frame_->empty()) {
+      scan(*rule_set_->frame_,
+           sanitize_utf8(frame_text(frame, bounded_messages[i])));
+    }
+    const bool engine_may_judge =
+        origins[i] == Origin::kRuntime ||
+        (origins[i] == Origin::kUnknown && options.trust_unknown_origin);
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+    for (std::size_t rule_index : found) {
+      const Rule& rule = rules[rule_index];
+      if (rule.target != RuleTarget::kType &&
+          rule.scope == RuleScope::kEngine && !engine_may_judge) {
+        continue;
+      }
+      matches[i].push_back(rule_index);
+    }
+  }
+
+  // ---- 3. decide, operator rules first ------------------------------------
+  auto decide_layer = [&](bool from_operator) {
+    std::vector<Pending> pending(count);
+    Hit root;
+    for (std::size_t k = count; k-- > 0;) {
+      Hit own;
+      for (std::size_t rule_index : matches[k]) {
+        const Rule& rule = rules[rule_index];
+        if (rule.from_operator != from_operator) continue;
+        own = best(own, Hit{static_cast<int>(rule.kind), static_cast<int>(k),
+                            rule_index});
+      }
+      const Hit result = decide(own, pending[k]);
+      if (parent[k] < 0) {
+        root = result;
+        continue;
+      }
+      Pending& up = pending[static_cast<std::size_t>(parent[k])];
+      switch (via[k]) {
+        case Via::kRoot:
+        case Via::kCause:
+          up.cause = best(up.cause, result);
+          break;
+        case Via::kContext:
+          up.context = best(up.context, result);
+          break;
+        case Via::kGroupMember:
+          if (result.fatal()) {
+            up.group_fatal = best(up.group_fatal, result);
+          } else {
+            up.group_other = best(up.group_other, result);
+          }
+          break;
+      }
+    }
+    return root;
+  };
+  Hit hit = decide_layer(true);
+  if (!hit.found()) hit = decide_layer(false);
+
   Verdict verdict;
-  Hit* hit = task_local_hit.kind_set != nullptr ? &task_local_hit
-             : fatal_hit.kind_set != nullptr    ? &fatal_hit
-                                                : nullptr;
-  if (hit == nullptr) return verdict;
-  const std::size_t set_index = static_cast<std::size_t>(hit->set_index);
-  const Rule& rule = rule_set_->rules()[hit->kind_set->rule_index[set_index]];
+  if (!hit.found()) return verdict;
+  const Rule& rule = rules[hit.rule];
+  const std::size_t frame_index = static_cast<std::size_t>(hit.frame);
   verdict.matched = true;
-  verdict.fatal = rule.kind == RuleKind::kFatal;
+  verdict.kind = rule.kind;
+  verdict.fatal = is_fatal(rule.kind);
+  verdict.ambiguous = rule.kind == RuleKind::kAmbiguous;
   verdict.rule_id = rule.id;
   verdict.category = rule.category;
-  verdict.frame_index = hit->frame_index;
+  verdict.frame_index = hit.frame;
+  if (options.remote_engine) {
+    // With a remote engine only this process's own engine or device
+    // exceptions can mean this worker is broken; the rest came from (or
+    // about) the remote server. Operator rules keep their word.
+    if (verdict.fatal && !rule.from_operator &&
+        origins[frame_index] != Origin::kRuntime) {
+      verdict.fatal = false;
+      verdict.remote_engine = true;
+      verdict.category = "remote_engine";
+    } else if (verdict.category == "remote_engine") {
+      verdict.remote_engine = true;
+    }
+  }
 
-  const std::string& text = hit->sanitized;
+  // ---- 4. an excerpt of the deciding frame around the match ---------------
+  const Frame& frame = frames[frame_index];
+  const std::string text =
+      rule.target == RuleTarget::kType ? sanitize_utf8(type_text(frame))
+      : rule.target == RuleTarget::kMessage
+          ? bounded_messages[frame_index]
+          : sanitize_utf8(frame_text(frame, bounded_messages[frame_index]));
+  const RuleSet::TargetSet& set =
+      rule.target == RuleTarget::kType      ? *rule_set_->type_
+      : rule.target == RuleTarget::kMessage ? *rule_set_->message_
+                                            : *rule_set_->frame_;
+  const RE2* regexp = nullptr;
+  for (std::size_t s = 0; s < set.rule_index.size(); ++s) {
+    if (set.rule_index[s] == hit.rule) regexp = set.regexps[s].get();
+  }
   re2::StringPiece found;
-  if (hit->in_sanitized &&
-      hit->kind_set->regexps[set_index]->Match(text, 0, text.size(),
-                                               RE2::UNANCHORED, &found, 1)) {
+  if (regexp != nullptr &&
+      regexp->Match(text, 0, text.size(), RE2::UNANCHORED, &found, 1)) {
     const auto begin = static_cast<std::size_t>(found.data() - text.data());
-    verdict.excerpt = window_excerpt(text, begin, begin + found.size(),
-                                     limits_.excerpt_bytes);
+    verdict.excerpt = text::window_excerpt(text, begin, begin + found.size(),
+                                           limits_.excerpt_bytes);
   } else {
-    const Frame& frame = frames[static_cast<std::size_t>(hit->frame_index)];
-    verdict.excerpt = head_excerpt(
-        sanitize_utf8(truncated_copy(frame.message, limits_.excerpt_bytes + 4)),
-        limits_.excerpt_bytes);
+    // Matched in the compact form only: the message's head says the most.
+    verdict.excerpt =
+        text::head_excerpt(sanitize_utf8(text::truncated_copy(
+                               frame.message, limits_.excerpt_bytes + 4)),
+                           limits_.excerpt_bytes);
   }
   return verdict;
 }

@@ -1,13 +1,17 @@
-"""Decide whether a task failure killed the inference engine (fatal) or only the task.
+"""Decide whether a task failure killed the inference engine (fatal), only the task, or is ambiguous.
 
     >>> from mineru_health import classify
-    >>> verdict = classify(exc)          # any exception object
-    >>> verdict.fatal, verdict.rule, verdict.category
+    >>> verdict = classify(exc)                       # any exception object
+    >>> verdict.fatal, verdict.rule, verdict.category, verdict.strength
+    >>> classify(exc, remote_engine=True)             # an http-client backend's task
 
-The rules are the built-in ones (vLLM, SGLang, lmdeploy, CUDA, NCCL) merged
-with the operator's file named by ``MINERU_HEALTH_RULES`` (same id replaces a
-built-in rule). The default rule set is compiled once, lazily, and shared by
-every thread; :func:`reload_rules` swaps in a new one atomically.
+The rules are the built-in ones (every engine and device MinerU drives)
+merged with the operator's file named by ``MINERU_HEALTH_RULES`` (same id
+replaces a built-in rule, ``<id> off`` disables one; operator rules are
+consulted first). How a verdict is decided is documented in docs/rules.md.
+The default rule set is compiled once, lazily, and shared by every thread;
+:func:`reload_rules` swaps in a new one atomically. Matching runs in native
+code without the GIL.
 
 Thread-safety: every function here may be called from any thread at once.
 """
@@ -18,18 +22,22 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from . import _native
-from ._native import RuleKind
+from ._native import RuleKind, RuleScope, RuleTarget
 from .errors import RulesError
 from .frames import Frame, frames_from_exception, frames_from_text
 
 __all__ = [
+    "MAX_RULES_FILE_BYTES",
+    "MAX_RULES_FILE_RULES",
     "RULES_ENV",
+    "ParsedRules",
     "Rule",
     "RuleKind",
+    "RuleScope",
+    "RuleTarget",
     "Rules",
     "Verdict",
     "builtin_rules",
@@ -43,6 +51,12 @@ __all__ = [
 ]
 
 RULES_ENV = "MINERU_HEALTH_RULES"
+#: A rules file larger than this is refused before it is read.
+MAX_RULES_FILE_BYTES: int = _native.MAX_RULES_FILE_BYTES
+#: A rules file with more rule lines than this is refused.
+MAX_RULES_FILE_RULES: int = _native.MAX_RULES_FILE_RULES
+
+VerdictKind = Literal["fatal", "task_local", "ambiguous"]
 
 
 def _b(text: str) -> bytes:
@@ -53,26 +67,52 @@ def _b(text: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One rule: ``pattern`` (RE2, case-insensitive) classifies a failure as ``kind``."""
+    """One rule: ``pattern`` (RE2, case-insensitive) on ``target`` text classifies as ``kind``.
+
+    ``scope`` says which frames a message or frame rule may judge
+    (``RuleScope.ENGINE``: only those an engine or device runtime raised).
+    ``from_operator`` marks rules from a rules file; they are consulted first.
+    """
 
     id: str
     kind: RuleKind
     category: str
     pattern: str
+    target: RuleTarget = RuleTarget.FRAME
+    scope: RuleScope = RuleScope.ANY
+    from_operator: bool = False
 
     @classmethod
     def _from_native(cls, rule: _native.Rule) -> Rule:
-        return cls(rule.id, rule.kind, rule.category, rule.pattern)
+        return cls(rule.id, rule.kind, rule.category, rule.pattern, rule.target, rule.scope,
+                   rule.from_operator)
 
     def _to_native(self) -> _native.Rule:
-        return _native.Rule(
-            id=_b(self.id), kind=self.kind, category=_b(self.category), pattern=_b(self.pattern)
-        )
+        return _native.Rule(_b(self.id), self.kind, _b(self.category), _b(self.pattern),
+                            self.target, self.scope, self.from_operator)
 
     @property
     def kind_name(self) -> str:
-        """``"fatal"`` or ``"task_local"``, as written in rules files."""
+        """``"fatal"``, ``"heuristic"``, ``"task_local"``, ``"generic"`` or ``"ambiguous"``."""
         return _native.rule_kind_name(self.kind)
+
+    @property
+    def strength(self) -> str:
+        """The rule's place on the precedence ladder (``"definitive"`` for fatal rules)."""
+        return _native.strength_name(self.kind)
+
+    @property
+    def target_name(self) -> str:
+        return _native.target_name(self.target)
+
+    @property
+    def scope_name(self) -> str:
+        return _native.scope_name(self.scope)
+
+    def to_line(self) -> str:
+        """The rule as one line of a rules file."""
+        return (f"{self.id} {self.kind_name} {self.category} target={self.target_name} "
+                f"origin={self.scope_name} {self.pattern}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +120,14 @@ class Verdict:
     """The decision on one failure.
 
     ``matched`` is false when no rule matched: the failure then counts as
-    task-local. ``frame_index`` points into the frames classified (outermost
-    first) and ``frame`` is that frame.
+    task-local. ``ambiguous`` marks a device error that may or may not recur
+    (never fatal by itself; the worker's error budget decides).
+    ``remote_engine`` says the failure belongs to a remote engine (an
+    http-client backend): never a reason to restart this worker.
+    ``strength`` is the deciding rule's (``"definitive"``, ``"task_local"``,
+    ``"heuristic"``, ``"ambiguous"``, ``"generic"``; ``""`` when unmatched).
+    ``frame_index`` points into the frames classified and ``frame`` is that
+    frame.
     """
 
     fatal: bool
@@ -92,18 +138,24 @@ class Verdict:
     excerpt: str
     frame: Frame | None
     ambiguous: bool = False
+    strength: str = ""
+    remote_engine: bool = False
 
     @property
-    def kind(self) -> Literal["fatal", "task_local"]:
-        return "fatal" if self.fatal else "task_local"
+    def kind(self) -> VerdictKind:
+        if self.fatal:
+            return "fatal"
+        return "ambiguous" if self.ambiguous else "task_local"
 
     def __repr__(self) -> str:
         if not self.matched:
             return "Verdict(task_local, no rule matched)"
         where = self.frame.qualified_name if self.frame is not None else "?"
+        remote = ", remote_engine" if self.remote_engine else ""
         return (
             f"Verdict({self.kind}, rule={self.rule!r}, category={self.category!r}, "
-            f"frame={self.frame_index}:{where}, excerpt={self.excerpt!r})"
+            f"strength={self.strength!r}{remote}, frame={self.frame_index}:{where}, "
+            f"excerpt={self.excerpt!r})"
         )
 
 
@@ -123,20 +175,31 @@ def builtin_rules() -> list[Rule]:
     return [Rule._from_native(rule) for rule in _native.builtin_rules()]
 
 
-def parse_rules_file(path: str | os.PathLike[str]) -> list[Rule]:
-    """Parses an operator rules file; raises :class:`RulesError` naming file, line and rule."""
+@dataclass(frozen=True, slots=True)
+class ParsedRules:
+    """An operator's rules file: its rules and the built-in ids it turns off."""
+
+    rules: tuple[Rule, ...]
+    disabled: tuple[str, ...]
+
+
+def parse_rules_file(path: str | os.PathLike[str]) -> ParsedRules:
+    """Reads and parses an operator rules file.
+
+    The file must be a regular file of at most :data:`MAX_RULES_FILE_BYTES`
+    with at most :data:`MAX_RULES_FILE_RULES` rules (checked before reading:
+    a FIFO, a device or a directory is refused at once). Raises
+    :class:`RulesError` naming the file, line and rule.
+    """
     source = os.fspath(path)
-    try:
-        data = Path(source).read_bytes()
-    except OSError as error:
-        raise RulesError(
-            f"cannot read rules file {source}: {error.strerror or error}",
-            errors=[f"{source}: {error}"],
-        ) from error
-    rules, errors = _native.parse_rules_text(data, source)
+    rules, disabled, errors = _native.read_rules_file(_b(source))
+    if len(errors) == 1 and errors[0].line == 0 and not errors[0].rule_id:
+        # The file itself was refused (missing, not a regular file, too big).
+        raise RulesError(f"cannot read rules file {source}: {errors[0].message}",
+                         errors=_rule_errors(errors))
     if errors:
         _raise_rule_errors(errors, f"rules file {source}")
-    return [Rule._from_native(rule) for rule in rules]
+    return ParsedRules(tuple(Rule._from_native(rule) for rule in rules), tuple(disabled))
 
 
 class Rules:
@@ -151,12 +214,13 @@ class Rules:
     def __init__(self, rules: Iterable[Rule], *, source: str = "<builtin>",
                  sources: Sequence[str] | None = None) -> None:
         native_rules = [rule._to_native() for rule in rules]
-        rule_set, errors = _native.RuleSet.compile(native_rules, _b(source))
+        rule_set, errors = _native.RuleSet.compile(native_rules, _b(source),
+                                                   _native.RuleSetLimits())
         if rule_set is None:
             _raise_rule_errors(errors, f"rules from {source}")
         assert rule_set is not None
         self._rule_set = rule_set
-        self._classifier = _native.Classifier(rule_set)
+        self._classifier = _native.Classifier(rule_set, _native.ClassifierLimits())
         self._rules = tuple(Rule._from_native(rule) for rule in rule_set.rules)
         self._sources = tuple(sources) if sources is not None else (source,)
 
@@ -173,16 +237,23 @@ class Rules:
         return len(self._rules)
 
     def __repr__(self) -> str:
-        fatal = sum(1 for rule in self._rules if rule.kind == RuleKind.FATAL)
-        return (
-            f"Rules({len(self._rules)} rules: {fatal} fatal, "
-            f"{len(self._rules) - fatal} task_local; from {', '.join(self._sources)})"
-        )
+        counts: dict[str, int] = {}
+        for rule in self._rules:
+            counts[rule.kind_name] = counts.get(rule.kind_name, 0) + 1
+        summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+        return (f"Rules({len(self._rules)} rules: {summary}; "
+                f"from {', '.join(self._sources)})")
 
-    def classify_frames(self, frames: Sequence[Frame]) -> Verdict:
+    def classify_frames(self, frames: Sequence[Frame], *, remote_engine: bool = False,
+                        trust_unknown_origin: bool = True) -> Verdict:
+        """Classifies frames (see :mod:`mineru_health.frames`)."""
+        options = _native.ClassifyOptions()
+        options.remote_engine = remote_engine
+        options.trust_unknown_origin = trust_unknown_origin
         result = self._classifier.classify_tuples(
-            [(_b(f.module), _b(f.type_name), [_b(b) for b in f.bases], _b(f.message))
-             for f in frames]
+            [(_b(f.module), _b(f.type_name), [_b(b) for b in f.bases], _b(f.message),
+              _b(f.raised_in), f.via, f.depth) for f in frames],
+            options,
         )
         index = result.frame_index
         frame = frames[index] if 0 <= index < len(frames) else None
@@ -194,13 +265,25 @@ class Rules:
             frame_index=index,
             excerpt=result.excerpt,
             frame=frame,
+            ambiguous=result.ambiguous,
+            strength=_native.strength_name(result.kind) if result.matched else "",
+            remote_engine=result.remote_engine,
         )
 
-    def classify(self, exc: BaseException) -> Verdict:
-        return self.classify_frames(frames_from_exception(exc))
+    def classify(self, exc: BaseException, *, remote_engine: bool = False) -> Verdict:
+        """Classifies ``exc`` and its whole chain (causes, contexts, group members)."""
+        return self.classify_frames(frames_from_exception(exc), remote_engine=remote_engine)
 
-    def classify_text(self, text: str) -> Verdict:
-        return self.classify_frames(frames_from_text(text))
+    def classify_text(self, text: str, *, remote_engine: bool = False,
+                      trust_unknown_origin: bool = True) -> Verdict:
+        """Classifies a printed traceback or a bare error message.
+
+        Text carries no class objects: a frame without a traceback line
+        (``trust_unknown_origin``) is trusted as much as whoever wrote the
+        text. Turn it off for text from untrusted sources.
+        """
+        return self.classify_frames(frames_from_text(text), remote_engine=remote_engine,
+                                    trust_unknown_origin=trust_unknown_origin)
 
 
 def load_rules(path: str | os.PathLike[str] | None = None) -> Rules:
@@ -216,8 +299,9 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> Rules:
     if path is None:
         return Rules((Rule._from_native(r) for r in base), source="<builtin>")
     source = os.fspath(path)
-    overrides = [rule._to_native() for rule in parse_rules_file(source)]
-    merged = _native.merge_rules(base, overrides)
+    parsed = parse_rules_file(source)
+    merged = _native.merge_rules(base, [rule._to_native() for rule in parsed.rules],
+                                 [_b(rule_id) for rule_id in parsed.disabled])
     return Rules((Rule._from_native(r) for r in merged), source=source,
                  sources=("<builtin>", source))
 
@@ -253,14 +337,25 @@ def reload_rules(path: str | os.PathLike[str] | None = None) -> Rules:
 
 def classify(exc: BaseException, *, rules: Rules | None = None,
              remote_engine: bool = False) -> Verdict:
-    """Classifies ``exc`` and its whole chain (causes, contexts, group members)."""
-    return (rules if rules is not None else default_rules()).classify(exc)
+    """Classifies ``exc`` and its whole chain (causes, contexts, group members).
+
+    ``remote_engine``: the task's engine is remote (an ``*-http-client``
+    backend); failures that only a remote engine could cause become
+    task-local with category ``remote_engine``.
+    """
+    return (rules if rules is not None else default_rules()).classify(
+        exc, remote_engine=remote_engine)
 
 
-def classify_text(text: str, *, rules: Rules | None = None) -> Verdict:
-    """Classifies a printed traceback or a bare error message."""
-    return (rules if rules is not None else default_rules()).classify_text(text)
+def classify_text(text: str, *, rules: Rules | None = None, remote_engine: bool = False,
+                  trust_unknown_origin: bool = True) -> Verdict:
+    """Classifies a printed traceback or a bare error message (see :meth:`Rules.classify_text`)."""
+    return (rules if rules is not None else default_rules()).classify_text(
+        text, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin)
 
 
-def classify_frames(frames: Sequence[Frame], *, rules: Rules | None = None) -> Verdict:
-    return (rules if rules is not None else default_rules()).classify_frames(frames)
+def classify_frames(frames: Sequence[Frame], *, rules: Rules | None = None,
+                    remote_engine: bool = False, trust_unknown_origin: bool = True) -> Verdict:
+    """Classifies frames built by hand or by :mod:`mineru_health.frames`."""
+    return (rules if rules is not None else default_rules()).classify_frames(
+        frames, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin)

@@ -9,11 +9,12 @@ modified by someone else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import MineruHealthError, PatchError
 
@@ -71,46 +72,71 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 # --- classify --------------------------------------------------------------------------------
 
 
+def _read_input(source: str | None) -> str:
+    """The text to classify, any bytes accepted: invalid UTF-8 becomes U+FFFD."""
+    if source in (None, "-"):
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "replace")
+    else:
+        data = Path(source).read_bytes()
+    return data.decode("utf-8", "replace")
+
+
+def _verdict_json(verdict: Any) -> dict[str, Any]:
+    frame = verdict.frame
+    return {
+        "fatal": verdict.fatal,
+        "kind": verdict.kind,
+        "ambiguous": verdict.ambiguous,
+        "remote_engine": verdict.remote_engine,
+        "matched": verdict.matched,
+        "rule": verdict.rule,
+        "category": verdict.category,
+        "strength": verdict.strength,
+        "frame_index": verdict.frame_index,
+        "frame": None if frame is None else {
+            "module": frame.module,
+            "type_name": frame.type_name,
+            "bases": list(frame.bases),
+            "raised_in": frame.raised_in,
+            "via": frame.via.name.lower(),
+            "depth": frame.depth,
+        },
+        "excerpt": verdict.excerpt,
+        "exit_code": EXIT_FATAL if verdict.fatal else EXIT_OK,
+    }
+
+
 def _cmd_classify(args: argparse.Namespace) -> int:
     from .classifier import classify_text, load_rules
 
-    if args.file in (None, "-"):
-        text = sys.stdin.read()
-    else:
-        text = Path(args.file).read_text(encoding="utf-8", errors="surrogateescape")
+    text = _read_input(args.file)
     rules = load_rules(args.rules) if args.rules else None
-    verdict = classify_text(text, rules=rules)
+    verdict = classify_text(text, rules=rules, remote_engine=args.remote_engine,
+                            trust_unknown_origin=not args.untrusted)
     if args.json:
-        frame = verdict.frame
-        _print_json(
-            {
-                "fatal": verdict.fatal,
-                "kind": verdict.kind,
-                "matched": verdict.matched,
-                "rule": verdict.rule,
-                "category": verdict.category,
-                "frame_index": verdict.frame_index,
-                "frame": None if frame is None else {
-                    "module": frame.module,
-                    "type_name": frame.type_name,
-                    "bases": list(frame.bases),
-                },
-                "excerpt": verdict.excerpt,
-            }
-        )
+        _print_json(_verdict_json(verdict))
     else:
         print(verdict.kind)
         if verdict.matched:
             where = verdict.frame.qualified_name if verdict.frame is not None else ""
-            print(f"  rule:     {verdict.rule} ({verdict.category})")
+            print(f"  rule:     {verdict.rule} ({verdict.category}, {verdict.strength})")
             print(f"  frame:    #{verdict.frame_index} {where}".rstrip())
             print(f"  excerpt:  {verdict.excerpt}")
+            if verdict.remote_engine:
+                print("  remote:   the engine is remote; this worker stays healthy")
         else:
             print("  no rule matched: the failure stays local to its task")
     return EXIT_FATAL if verdict.fatal else EXIT_OK
 
 
 # --- rules -----------------------------------------------------------------------------------
+
+
+def _rule_json(rule: Any) -> dict[str, Any]:
+    return {"id": rule.id, "kind": rule.kind_name, "strength": rule.strength,
+            "category": rule.category, "target": rule.target_name, "origin": rule.scope_name,
+            "operator": rule.from_operator, "pattern": rule.pattern}
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
@@ -120,29 +146,24 @@ def _cmd_rules(args: argparse.Namespace) -> int:
         parsed = parse_rules_file(args.check)
         merged = load_rules(args.check)  # also compiles the merged set
         if args.json:
-            _print_json({"file": args.check, "ok": True, "rules": len(parsed),
-                         "total_after_merge": len(merged)})
+            _print_json({"file": args.check, "ok": True, "rules": len(parsed.rules),
+                         "disabled": list(parsed.disabled),
+                         "total_after_merge": len(merged), "exit_code": EXIT_OK})
         else:
-            print(f"{args.check}: OK, {len(parsed)} rule(s); {len(merged)} after merging "
-                  "with the built-in rules")
+            off = f", {len(parsed.disabled)} built-in(s) off" if parsed.disabled else ""
+            print(f"{args.check}: OK, {len(parsed.rules)} rule(s){off}; {len(merged)} after "
+                  "merging with the built-in rules")
         return EXIT_OK
 
     rules = load_rules(args.rules)
     if args.json:
-        _print_json(
-            {
-                "sources": list(rules.sources),
-                "rules": [
-                    {"id": r.id, "kind": r.kind_name, "category": r.category,
-                     "pattern": r.pattern}
-                    for r in rules.rules
-                ],
-            }
-        )
+        _print_json({"sources": list(rules.sources),
+                     "rules": [_rule_json(r) for r in rules.rules]})
     else:
         print(f"# {len(rules)} rules from {', '.join(rules.sources)}")
+        print("# <id> <kind> <category> target=<type|message|frame> origin=<engine|any> <pattern>")
         for r in rules.rules:
-            print(f"{r.id} {r.kind_name} {r.category} {r.pattern}")
+            print(r.to_line())
     return EXIT_OK
 
 
@@ -214,7 +235,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mineru-health",
         description="Self-healing health checks for MinerU 3.4 workers and router.",
         epilog="Exit codes: 0 ok, 1 fatal verdict / not patched, 2 error, "
@@ -244,13 +265,20 @@ def build_parser() -> argparse.ArgumentParser:
     classify = sub.add_parser(
         "classify",
         help="classify a traceback or error message (exit 1 if fatal)",
-        description="Read a Python traceback or an error message and say whether it means "
-        "the inference engine died (fatal, exit 1) or only the task failed (exit 0).",
+        description="Read a Python traceback or an error message (any bytes) and say whether "
+        "it means the inference engine died (fatal, exit 1) or only the task failed (exit 0, "
+        "also for an ambiguous device error such as out of memory); exit 2 on any error.",
     )
     classify.add_argument("file", nargs="?", default="-", help="file to read (default: stdin)")
     classify.add_argument("--rules", metavar="FILE",
                           help="rules file to merge (default: $MINERU_HEALTH_RULES)")
-    classify.add_argument("--json", action="store_true", help="machine-readable output")
+    classify.add_argument("--remote-engine", action="store_true",
+                          help="the failing task's engine was remote (an *-http-client backend)")
+    classify.add_argument("--untrusted", action="store_true",
+                          help="the text comes from an untrusted source: frames without a "
+                          "traceback line do not count as an engine's")
+    classify.add_argument("--json", action="store_true",
+                          help="machine-readable output (always JSON, errors included)")
     classify.set_defaults(func=_cmd_classify)
 
     rules = sub.add_parser(
@@ -302,30 +330,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report_error(args: argparse.Namespace | None, error: BaseException, exit_code: int,
+                  as_json: bool) -> int:
+    """Prints ``error`` (JSON with ``--json``) and returns ``exit_code``."""
+    details = [str(detail) for detail in getattr(error, "errors", [])]
+    if as_json:
+        _print_json({"error": str(error), "type": type(error).__name__, "errors": details,
+                     "exit_code": exit_code})
+    else:
+        print(f"mineru-health: error: {error}", file=sys.stderr)
+        for detail in details[1:]:
+            print(f"  {detail}", file=sys.stderr)
+    return exit_code
+
+
+class _UsageError(Exception):
+    """A command line argparse refused."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage and exits with 2 by itself; raising instead lets
+    # main() answer in JSON when --json was asked for.
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+def _safe_streams() -> None:
+    # Whatever PYTHONIOENCODING says, an unencodable character becomes '?'
+    # instead of a traceback halfway through the output.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(errors="replace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _safe_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    as_json = "--json" in arguments
     if arguments[:1] == ["demo"]:
         # argparse's REMAINDER drops option-like first arguments ("demo --help"),
         # so the demo gets its arguments untouched.
         args = argparse.Namespace(func=_cmd_demo, demo_args=arguments[1:], json=False)
     else:
-        args = parser.parse_args(arguments)
+        try:
+            args = parser.parse_args(arguments)
+        except _UsageError as error:
+            if not as_json:
+                parser.print_usage(sys.stderr)
+            return _report_error(None, error, EXIT_ERROR, as_json)
+    as_json = bool(getattr(args, "json", False))
     try:
         code: int = args.func(args)
     except MineruHealthError as error:
-        exit_code = getattr(error, "exit_code", EXIT_ERROR)
-        if getattr(args, "json", False):
-            _print_json({"error": str(error), "type": type(error).__name__,
-                         "errors": getattr(error, "errors", []), "exit_code": exit_code})
-        else:
-            print(f"mineru-health: error: {error}", file=sys.stderr)
-            for detail in getattr(error, "errors", [])[1:]:
-                print(f"  {detail}", file=sys.stderr)
-        return int(exit_code)
-    except OSError as error:
-        print(f"mineru-health: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return _report_error(args, error, int(getattr(error, "exit_code", EXIT_ERROR)), as_json)
+    except Exception as error:  # noqa: BLE001 - exit 1 means "fatal": never end in a traceback
+        return _report_error(args, error, EXIT_ERROR, as_json)
     return code
 
 

@@ -1,15 +1,16 @@
 """Turn an exception (or a printed traceback) into classifier frames.
 
 A *frame* is one exception of a failure chain: its module, class name, base
-class names and message. Frames are listed outermost first: the exception that
-was caught, then what it wraps (``__cause__``, else ``__context__`` unless
-suppressed) and the members of exception groups.
+class names, message, where it was raised (``raised_in``: the module of the
+innermost traceback entry) and how it was reached (``via``: the exception
+caught, a ``__cause__``, a ``__context__`` or an exception-group member) at
+which ``depth``. Frames are listed in pre-order: a frame, then what it wraps.
 
     >>> try:
     ...     raise RuntimeError("wrapper") from ValueError("root")
     ... except RuntimeError as exc:
-    ...     [f.type_name for f in frames_from_exception(exc)]
-    ['RuntimeError', 'ValueError']
+    ...     [(f.type_name, f.via.name, f.depth) for f in frames_from_exception(exc)]
+    [('RuntimeError', 'ROOT', 0), ('ValueError', 'CAUSE', 1)]
 
 Everything here is iterative and bounded: a 10,000-deep chain, a cycle, a
 ``__str__`` that raises or a 10 MB message all give a result in linear time.
@@ -19,12 +20,16 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import TracebackType
+
+from ._native import Via
 
 __all__ = [
     "DEFAULT_MAX_FRAMES",
     "DEFAULT_MAX_MESSAGE_CHARS",
     "Frame",
+    "Via",
     "frames_from_exception",
     "frames_from_text",
 ]
@@ -32,8 +37,10 @@ __all__ = [
 #: Frames beyond this are dropped; the classifier looks at no more either.
 DEFAULT_MAX_FRAMES = 64
 #: Longer messages keep their head and tail. The native classifier bounds
-#: bytes too; cutting here first keeps the UTF-8 encoding step small.
-DEFAULT_MAX_MESSAGE_CHARS = 1 << 20
+#: bytes too (64 KiB a frame); cutting here first keeps the encoding step small.
+DEFAULT_MAX_MESSAGE_CHARS = 64 << 10
+#: Traceback entries walked to find where an exception was raised.
+MAX_TRACEBACK_ENTRIES = 10_000
 
 _ELISION = "\n[... message truncated by mineru-health ...]\n"
 
@@ -46,6 +53,9 @@ class Frame:
     type_name: str
     bases: tuple[str, ...] = ()
     message: str = ""
+    raised_in: str = ""
+    via: Via = Via.ROOT
+    depth: int = 0
 
     @property
     def qualified_name(self) -> str:
@@ -86,9 +96,22 @@ def _class_names(cls: type) -> tuple[str, str, tuple[str, ...]]:
     return (module if isinstance(module, str) else "", cls.__name__, bases)
 
 
-def _frame_of(exc: BaseException, max_chars: int) -> Frame:
-    module, type_name, bases = _class_names(type(exc))  # type: ignore[arg-type]
-    return Frame(module, type_name, bases, _safe_message(exc, max_chars))
+def _raise_site(exc: BaseException) -> str:
+    """Module of the innermost traceback entry of ``exc``, "" if it was never raised."""
+    tb: TracebackType | None = exc.__traceback__
+    last: TracebackType | None = None
+    for _ in range(MAX_TRACEBACK_ENTRIES):
+        if tb is None:
+            break
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    try:
+        name = last.tb_frame.f_globals.get("__name__")
+    except Exception:  # noqa: BLE001 - a hostile globals mapping must not hide the failure
+        return ""
+    return name if isinstance(name, str) else ""
 
 
 def frames_from_exception(
@@ -97,33 +120,41 @@ def frames_from_exception(
     max_frames: int = DEFAULT_MAX_FRAMES,
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS,
 ) -> list[Frame]:
-    """Frames of ``exc`` and everything it wraps, outermost first, depth first.
+    """Frames of ``exc`` and everything it wraps, in pre-order.
 
     Each exception appears once (cycles are cut by identity); at most
-    ``max_frames`` frames are returned.
+    ``max_frames`` frames are returned. An exception that was never raised
+    itself (a cause built in place, a group member) takes the raise site of
+    the exception that wraps it: it was made there.
     """
     if max_frames <= 0:
         return []
     frames: list[Frame] = []
     seen: set[int] = set()
-    stack: list[BaseException] = [exc]
+    # (exception, how it was reached, depth, the wrapper's raise site)
+    stack: list[tuple[BaseException, Via, int, str]] = [(exc, Via.ROOT, 0, "")]
     while stack and len(frames) < max_frames:
-        current = stack.pop()
+        current, via, depth, parent_site = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        frames.append(_frame_of(current, max_message_chars))
+        module, type_name, bases = _class_names(type(current))  # type: ignore[arg-type]
+        site = _raise_site(current) or parent_site
+        frames.append(Frame(module, type_name, bases, _safe_message(current, max_message_chars),
+                            site, via, depth))
 
-        children: list[BaseException] = []
+        children: list[tuple[BaseException, Via, int, str]] = []
         cause = current.__cause__
         if isinstance(cause, BaseException):
-            children.append(cause)
-        elif not current.__suppress_context__ and isinstance(
-            current.__context__, BaseException
-        ):
-            children.append(current.__context__)
+            children.append((cause, Via.CAUSE, depth + 1, site))
+        elif not current.__suppress_context__ and isinstance(current.__context__, BaseException):
+            children.append((current.__context__, Via.CONTEXT, depth + 1, site))
         if isinstance(current, BaseExceptionGroup):
-            children.extend(e for e in current.exceptions if isinstance(e, BaseException))
+            children.extend(
+                (member, Via.GROUP, depth + 1, site)
+                for member in current.exceptions
+                if isinstance(member, BaseException)
+            )
         # Pushed in reverse so the first child is visited next (pre-order).
         stack.extend(reversed(children))
     return frames
@@ -131,20 +162,67 @@ def frames_from_exception(
 
 # --- traceback text -------------------------------------------------------------------------
 
-_CHAIN_SEPARATORS = (
-    "The above exception was the direct cause of the following exception:",
-    "During handling of the above exception, another exception occurred:",
-)
-_TRACEBACK_HEADER = re.compile(r"^(?:Exception Group )?Traceback \(most recent call last\):")
-_GROUP_RULE = re.compile(r"^\s*\+[-+]")
-_GROUP_PREFIX = re.compile(r"^\s*[|+] ?")
+_CAUSE_SEPARATOR = "The above exception was the direct cause of the following exception:"
+_CONTEXT_SEPARATOR = "During handling of the above exception, another exception occurred:"
+_TRACEBACK_HEADER = re.compile(r"^(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
+_GROUP_SEPARATOR = re.compile(r"^\+(?:-\+)?-+(?: *(\d+|\.\.\.) *-+)?$")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::(?: (.*))?)?$")
+# A bare "Name: text" line is an exception only when Name looks like a class
+# (dotted, or named like one); "Failed: ..." or "EI0009: ..." are just text.
+_DOTTED_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\.[A-Z]\w*$")
+_CLASS_LIKE = re.compile(r"(?:^|\.)[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Iteration|Group|Dead)$")
+
+
+def _looks_like_class(name: str) -> bool:
+    return bool(_DOTTED_CLASS.search(name) or _CLASS_LIKE.search(name))
+
+
+_FILE_LINE = re.compile(r'^\s*File "([^"]*)", line \d+(?:, in (\S+))?')
+# Log prefixes vLLM and friends put in front of each traceback line, e.g.
+# "(EngineCore_DP0 pid=54) ERROR 10-28 23:01:07 [core.py:708] ".
+_LOG_PREFIX = re.compile(
+    r"^\((?:[\w.-]+ )?pid=\d+\) (?:(?:ERROR|WARNING|INFO|DEBUG|CRITICAL) "
+    r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)?"
+)
+_SITE_DIRS = ("site-packages/", "dist-packages/")
+# Packages whose files may be found outside site-packages (source checkouts).
+_KNOWN_ROOTS = frozenset({
+    "vllm", "vllm_ascend", "lmdeploy", "sglang", "torch", "torch_npu", "mlx", "mlx_vlm",
+    "mlx_lm", "transformers", "ray", "mineru", "mineru_vl_utils", "triton",
+})
+
+
+def _module_of_path(path: str, function: str | None) -> str:
+    """The module a traceback ``File "<path>"`` line names, or "" when it cannot tell."""
+    path = path.replace("\\", "/")
+    for marker in _SITE_DIRS:
+        index = path.rfind(marker)
+        if index >= 0:
+            return _dotted(path[index + len(marker):])
+    if path.endswith((".pyx", ".pxi")) and function and "." in function:
+        # Cython frames name their module in the function ("lxml.etree.XML").
+        return function.rpartition(".")[0]
+    parts = path.split("/")
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index] in _KNOWN_ROOTS:
+            return _dotted("/".join(parts[index:]))
+    stdlib = re.search(r"/lib/python\d+(?:\.\d+)?/(.+)$", path)
+    return _dotted(stdlib.group(1)) if stdlib else ""
+
+
+def _dotted(relative: str) -> str:
+    stem = re.sub(r"\.(?:py|pyx|pxi|pyc)$", "", relative)
+    parts = [part for part in stem.split("/") if part]
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 @dataclass(slots=True)
 class _Pending:
     name: str
     lines: list[str]
+    raised_in: str
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -152,18 +230,22 @@ def _split_name(name: str) -> tuple[str, str]:
     return (module, type_name) if dot else ("", name)
 
 
-def _frames_of_block(lines: list[str], max_chars: int) -> list[Frame]:
-    """Exception lines of one traceback block (a group prints several)."""
+def _block_frames(lines: list[str], max_chars: int) -> list[Frame]:
+    """The exception line(s) of one traceback block, with the block's raise site."""
     found: list[_Pending] = []
     current: _Pending | None = None
+    site = ""
     for line in lines:
-        if _TRACEBACK_HEADER.match(line) or _GROUP_RULE.match(line):
+        if _TRACEBACK_HEADER.match(line.strip()):
             current = None
             continue
         if not line.strip():
             continue
         if line[0].isspace():
             # Traceback body (File ... / source line); ends any message.
+            file_line = _FILE_LINE.match(line)
+            if file_line:
+                site = _module_of_path(file_line.group(1), file_line.group(2))
             current = None
             continue
         if current is not None:
@@ -171,15 +253,122 @@ def _frames_of_block(lines: list[str], max_chars: int) -> list[Frame]:
             continue
         match = _EXCEPTION_LINE.match(line)
         if match:
-            current = _Pending(match.group(1), [match.group(2) or ""])
+            current = _Pending(match.group(1), [match.group(2) or ""], site)
         else:
-            current = _Pending("", [line])
+            current = _Pending("", [line], site)
         found.append(current)
     frames = []
     for pending in found:
         module, type_name = _split_name(pending.name)
         message = _cap("\n".join(pending.lines).strip("\n"), max_chars)
-        frames.append(Frame(module=module, type_name=type_name, message=message))
+        frames.append(Frame(module, type_name, (), message, pending.raised_in))
+    return frames
+
+
+def _marker_column(line: str) -> int:
+    """Column of a group-layout marker ('|' or '+') that starts ``line``, or -1."""
+    stripped = line.lstrip(" ")
+    return len(line) - len(stripped) if stripped[:1] in ("|", "+") else -1
+
+
+def _strip_marker(line: str, column: int) -> str:
+    """``line`` without the "| " (or "+ ") marker at ``column``."""
+    if len(line) > column and line[column] in "|+" and not line[:column].strip():
+        rest = line[column + 1:]
+        return rest[1:] if rest[:1] == " " else rest
+    return line
+
+
+def _is_group_layout(lines: list[str]) -> bool:
+    return any(
+        "Exception Group Traceback" in line
+        or (_marker_column(line) >= 0 and _GROUP_SEPARATOR.match(line.strip()) is not None)
+        for line in lines
+    )
+
+
+def _unmarked(lines: list[str]) -> list[str]:
+    columns = [column for column in map(_marker_column, lines) if column >= 0]
+    if not columns:
+        return lines
+    column = min(columns)
+    return [_strip_marker(line, column) for line in lines]
+
+
+def _group_frames(lines: list[str], depth: int, via: Via, max_chars: int,
+                  budget: int) -> list[Frame]:
+    """One exception group's block: the group's own frame, then its members."""
+    column = min(column for column in map(_marker_column, lines) if column >= 0)
+    own: list[str] = []
+    members: list[list[str]] = []
+    member: list[str] | None = None
+    for line in lines:
+        stripped = line.strip()
+        separator = _GROUP_SEPARATOR.match(stripped)
+        at = _marker_column(line)
+        # This group's member rules: the first ("+-+--- 1 ---") at the group's
+        # column, the others ("+--- 2 ---" and the closing "+------") one level
+        # in; a nested group's first rule ("+-+") one level in is content.
+        ours = separator is not None and (
+            (at == column and stripped.startswith("+-+"))
+            or (at == column + 2 and not stripped.startswith("+-+")))
+        if ours:
+            if separator is not None and separator.group(1) is not None:
+                member = []
+                members.append(member)
+            else:
+                member = None
+            continue
+        if member is not None:
+            prefix = line[:column + 2]
+            member.append(line[column + 2:] if not prefix.strip() else line.lstrip())
+        else:
+            own.append(_strip_marker(line, column))
+    frames = [replace(frame, via=via if index == 0 else Via.CAUSE, depth=depth + index)
+              for index, frame in enumerate(_block_frames(own, max_chars)[:1])]
+    if not frames:
+        frames = [Frame("", "", (), "", "", via, depth)]
+    for lines_of_member in members:
+        if len(frames) >= budget:
+            break
+        frames.extend(_text_frames(lines_of_member, depth + 1, Via.GROUP, max_chars,
+                                   budget - len(frames)))
+    return frames
+
+
+def _text_frames(lines: list[str], depth: int, via: Via, max_chars: int,
+                 budget: int) -> list[Frame]:
+    """Frames of printed traceback lines in pre-order, exception groups included."""
+    if not _is_group_layout(lines):
+        lines = _unmarked(lines)  # a group member's own chain
+    blocks: list[list[str]] = [[]]
+    links: list[Via] = []  # links[i] joins blocks[i] (inner) to blocks[i + 1]
+    for line in lines:
+        stripped = line.strip()
+        if stripped in (_CAUSE_SEPARATOR, _CONTEXT_SEPARATOR) and _marker_column(line) < 0:
+            links.append(Via.CAUSE if stripped == _CAUSE_SEPARATOR else Via.CONTEXT)
+            blocks.append([])
+            continue
+        blocks[-1].append(line)
+    frames: list[Frame] = []
+    level = depth
+    how = via
+    # Python prints the innermost exception first; frames are outermost first.
+    for index in range(len(blocks) - 1, -1, -1):
+        if len(frames) >= budget:
+            break
+        block = blocks[index]
+        if _is_group_layout(block):
+            part = _group_frames(block, level, how, max_chars, budget - len(frames))
+            step = 1
+        else:
+            part = [replace(frame, via=how if offset == 0 else Via.CAUSE, depth=level + offset)
+                    for offset, frame in enumerate(_block_frames(_unmarked(block), max_chars))]
+            step = len(part)
+        frames.extend(part)
+        level += step
+        if part and index > 0:
+            how = links[index - 1]
     return frames
 
 
@@ -189,47 +378,29 @@ def frames_from_text(
     max_frames: int = DEFAULT_MAX_FRAMES,
     max_message_chars: int = DEFAULT_MAX_MESSAGE_CHARS,
 ) -> list[Frame]:
-    """Frames from a printed Python traceback (or a bare error message), outermost first.
+    """Frames from a printed Python traceback (or a bare error message), in pre-order.
 
     Understands the ``Traceback (most recent call last):`` blocks Python prints,
-    the two chain separators ("direct cause" / "during handling") and the
-    ``| ``-prefixed layout of exception groups. Text that is not a traceback
-    becomes a single frame: ``module.Type: message`` when the first line looks
-    like that, otherwise the whole text as the message.
+    the two chain separators ("direct cause" / "during handling", which give
+    ``via``), the ``|``-prefixed layout of exception groups (members become
+    ``Via.GROUP`` frames), and vLLM-style ``(Proc pid=N) ERROR ...`` log
+    prefixes. ``raised_in`` is read from the last ``File "..."`` line of each
+    block. Text that is not a traceback becomes a single frame:
+    ``module.Type: message`` when the first line looks like that, otherwise the
+    whole text as the message.
     """
     if max_frames <= 0:
         return []
-    raw_lines = text.splitlines()
-    grouped = any(
-        "Exception Group Traceback" in line or _GROUP_RULE.match(line) for line in raw_lines
-    )
-    blocks: list[list[str]] = [[]]
-    for raw in raw_lines:
-        line = raw
-        if grouped and not _GROUP_RULE.match(raw):
-            line = _GROUP_PREFIX.sub("", raw, count=1) if raw.lstrip()[:1] in ("|", "+") else raw
-        if line.strip() in _CHAIN_SEPARATORS:
-            blocks.append([])
-            continue
-        blocks[-1].append(line)
-
-    has_traceback = grouped or any(
-        _TRACEBACK_HEADER.match(line) for block in blocks for line in block
-    )
+    lines = [_LOG_PREFIX.sub("", raw, count=1) for raw in text.splitlines()]
+    has_traceback = _is_group_layout(lines) or any(
+        _TRACEBACK_HEADER.match(line.strip()) for line in lines)
     if not has_traceback:
-        stripped = text.strip()
+        stripped = "\n".join(lines).strip()
         first, _, rest = stripped.partition("\n")
         match = _EXCEPTION_LINE.match(first)
-        if match and ("." in match.group(1) or match.group(2) is not None):
+        if match and _looks_like_class(match.group(1)):
             module, type_name = _split_name(match.group(1))
             message = (match.group(2) or "") + ("\n" + rest if rest else "")
             return [Frame(module, type_name, (), _cap(message, max_message_chars))]
         return [Frame("", "", (), _cap(stripped, max_message_chars))]
-
-    frames: list[Frame] = []
-    # Python prints the innermost exception first; frames are outermost first.
-    for block in reversed(blocks):
-        frames.extend(_frames_of_block(block, max_message_chars))
-        if len(frames) >= max_frames:
-            break
-    return frames[:max_frames]
+    return _text_frames(lines, 0, Via.ROOT, max_message_chars, max_frames)[:max_frames]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -11,6 +13,8 @@ from mineru_health.classifier import (
     Rule,
     RuleKind,
     Rules,
+    RuleScope,
+    RuleTarget,
     Verdict,
     classify,
     classify_text,
@@ -18,6 +22,7 @@ from mineru_health.classifier import (
     reload_rules,
 )
 from mineru_health.errors import ConfigError, RulesError
+from mineru_health.frames import Via, frames_from_exception
 from mineru_health.testing.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
 
 
@@ -214,3 +219,239 @@ def test_classify_from_many_threads() -> None:
     for t in threads:
         t.join(60)
     assert len(results) == 800 and all(results)
+
+
+# --- precedence on real exception objects (docs/rules.md, "Deciding") ----------------------
+
+
+def _raise_in(module: str, statement: str, **names: object) -> BaseException:
+    """Raises ``statement`` from code whose module is ``module``; returns the exception."""
+    scope: dict[str, object] = {"__name__": module, **names}
+    code = compile(f"def boom():\n    {statement}\n", f"/site-packages/{module}.py", "exec")
+    exec(code, scope)  # noqa: S102 - code whose module is `module`, as if raised there
+    try:
+        scope["boom"]()  # type: ignore[operator]
+    except BaseException as error:  # noqa: BLE001 - whatever the statement raised
+        return error
+    raise AssertionError("did not raise")
+
+
+def test_v1_abort_engine_dead_while_handling_cancelled() -> None:
+    # AsyncLLM.generate() aborts a cancelled request; abort() finds the engine
+    # dead and raises EngineDeadError while handling the CancelledError.
+    dead = _vllm_class("EngineDeadError")
+
+    def generate() -> None:
+        try:
+            raise asyncio.CancelledError()
+        except asyncio.CancelledError:
+            raise dead(ENGINE_DEAD_MESSAGE)
+
+    with pytest.raises(Exception) as info:
+        generate()
+    assert isinstance(info.value.__context__, asyncio.CancelledError)
+    verdict = classify(info.value)
+    assert verdict.fatal and verdict.rule == "vllm.engine_dead" and verdict.strength == "definitive"
+
+
+def test_v0_engine_death_raised_from_the_timeout_that_killed_the_loop() -> None:
+    cls = type("AsyncEngineDeadError", (RuntimeError,), {"__module__": "vllm.engine.async_llm_engine"})
+    try:
+        try:
+            raise TimeoutError()
+        except TimeoutError as timeout:
+            raise cls("Task finished unexpectedly.") from timeout
+    except RuntimeError as exc:
+        verdict = classify(exc)
+    assert verdict.fatal and verdict.rule == "vllm.v0.engine_dead"
+
+
+def test_task_group_of_engine_deaths_and_cancelled_siblings() -> None:
+    dead = _vllm_class("EngineDeadError")
+    group = BaseExceptionGroup("unhandled errors in a TaskGroup", [
+        asyncio.CancelledError(), dead(ENGINE_DEAD_MESSAGE), asyncio.CancelledError()])
+    verdict = classify(group)
+    assert verdict.fatal and verdict.frame is not None
+    assert verdict.frame.via == Via.GROUP and verdict.frame.type_name == "EngineDeadError"
+
+
+def test_real_task_group() -> None:
+    dead = _vllm_class("EngineDeadError")
+
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise dead(ENGINE_DEAD_MESSAGE)
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(asyncio.sleep(10))
+            group.create_task(failing())
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        asyncio.run(main())
+    assert classify(info.value).fatal
+
+
+def test_timeout_alone_is_generic_task_local() -> None:
+    verdict = classify(_raise_in("asyncio.timeouts", "raise TimeoutError()"))
+    assert not verdict.fatal and verdict.strength == "generic" and verdict.kind == "task_local"
+
+
+# --- untrusted text never decides ------------------------------------------------------------
+
+
+def test_crafted_docx_tag_named_engine_dead_error() -> None:
+    lxml_etree = pytest.importorskip("lxml.etree")
+    with pytest.raises(Exception) as info:
+        lxml_etree.fromstring(
+            b'<w:document xmlns:w="urn:w"><EngineDeadError>EngineCore encountered an issue. '
+            b"CUDA error: an illegal memory access was encountered</w:body></w:document>")
+    verdict = classify(info.value)
+    assert not verdict.fatal
+    assert verdict.category == "bad_input"
+
+
+@pytest.mark.parametrize(
+    ("module", "fatal"),
+    [
+        ("torch.cuda", True),
+        ("vllm.v1.worker.gpu_model_runner", True),
+        ("torch_npu.npu.utils", True),
+        ("mineru.backend.office.docx_analyze", False),
+        ("mineru.utils.pdf_reader", False),
+        ("pypdfium2._helpers.document", False),
+        ("docx.oxml.parser", False),
+        ("myapp.handlers", False),
+    ],
+)
+def test_message_rules_decide_only_for_runtime_raise_sites(module: str, fatal: bool) -> None:
+    exc = _raise_in(module, "raise RuntimeError('CUDA error: an illegal memory access was "
+                            "encountered')")
+    frames = frames_from_exception(exc)
+    assert frames[0].raised_in == module
+    assert classify(exc).fatal is fatal
+
+
+def test_message_naming_engine_dead_error_is_not_one() -> None:
+    exc = _raise_in("vllm.entrypoints.llm", "raise RuntimeError('EngineDeadError')")
+    assert not classify(exc).matched
+
+
+# --- remote engines and ambiguous errors ----------------------------------------------------
+
+
+def _server_error(message: str) -> BaseException:
+    cls = type("ServerError", (RuntimeError,),
+               {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+    return _raise_in("mineru_vl_utils.vlm_client.http_client", "raise ServerError(text)",
+                     ServerError=cls, text=message)
+
+
+def test_remote_engine_death_text_is_task_local() -> None:
+    exc = _server_error('Unexpected status code: [500], response body: {"message": '
+                        '"EngineCore encountered an issue. See stack trace (above)"}')
+    verdict = classify(exc, remote_engine=True)
+    assert not verdict.fatal and verdict.remote_engine and verdict.category == "remote_engine"
+    assert not classify(exc).fatal  # an HTTP client never speaks for a local engine either
+
+
+def test_remote_engine_keeps_local_device_faults_fatal() -> None:
+    exc = _raise_in("torch.cuda", "raise RuntimeError('CUDA error: unspecified launch failure')")
+    verdict = classify(exc, remote_engine=True)
+    assert verdict.fatal and not verdict.remote_engine
+
+
+def test_remote_engine_downgrades_text_without_origin() -> None:
+    verdict = classify_text("EngineCore encountered an issue.", remote_engine=True)
+    assert not verdict.fatal and verdict.remote_engine and verdict.rule == "vllm.engine_core_issue"
+
+
+def test_standalone_out_of_memory_is_ambiguous() -> None:
+    oom = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
+    exc = _raise_in("torch.nn.modules.conv", "raise OutOfMemoryError('CUDA out of memory. "
+                    "Tried to allocate 2.00 GiB')", OutOfMemoryError=oom)
+    verdict = classify(exc)
+    assert verdict.ambiguous and not verdict.fatal and verdict.kind == "ambiguous"
+    assert verdict.strength == "ambiguous" and verdict.category == "out_of_memory"
+    inside_engine = _raise_in("vllm.v1.worker.gpu_model_runner", "raise OutOfMemoryError('x')",
+                              OutOfMemoryError=oom)
+    assert classify(inside_engine).fatal
+
+
+# --- operator rules ---------------------------------------------------------------------------
+
+
+def test_operator_rule_beats_builtins_and_off_disables(tmp_path: Path) -> None:
+    rules_file = tmp_path / "ops.rules"
+    rules_file.write_text(
+        "site.oom fatal device target=message origin=engine out of memory\n"
+        "cuda.launch_failure off\n", encoding="utf-8")
+    rules = load_rules(rules_file)
+    assert "cuda.launch_failure" not in {r.id for r in rules.rules}
+    site = next(r for r in rules.rules if r.id == "site.oom")
+    assert site.from_operator and site.target == RuleTarget.MESSAGE
+    assert site.scope == RuleScope.ENGINE
+    assert "target=message origin=engine" in site.to_line()
+    oom = _raise_in("torch.cuda", "raise RuntimeError('CUDA out of memory')")
+    assert classify(oom, rules=rules).rule == "site.oom"
+    launch = _raise_in("torch.cuda", "raise RuntimeError('unspecified launch failure')")
+    assert not classify(launch, rules=rules).matched
+
+
+# --- bounded rules files (issue 10) -------------------------------------------------------
+
+
+def test_rules_file_that_is_not_a_small_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.rules"
+    big.write_bytes(b"#" * (classifier.MAX_RULES_FILE_BYTES + 1))
+    for path, words in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"),
+                        (tmp_path, "a directory"), (big, "larger than the limit")):
+        with pytest.raises(RulesError, match=words):
+            load_rules(path)
+
+
+def test_rules_file_with_too_many_or_too_costly_rules(tmp_path: Path) -> None:
+    many = tmp_path / "many.rules"
+    many.write_text("".join(f"site.r{i} fatal x literal{i}\n"
+                            for i in range(classifier.MAX_RULES_FILE_RULES + 1)))
+    with pytest.raises(RulesError, match="more than 2000 rules"):
+        load_rules(many)
+    evil = tmp_path / "evil.rules"
+    evil.write_text("".join(f"evil.{i} fatal x a[ab]{{14,19}}c{i}q\n" for i in range(40)))
+    with pytest.raises(RulesError) as info:
+        load_rules(evil)
+    assert "evil.0" in str(info.value) and "too costly" in str(info.value)
+    assert len(info.value.errors) == 40
+
+
+def test_adversarial_inputs_stay_bounded(tmp_path: Path) -> None:
+    """Issue 10's cases: a 100,000-rule file, and the heaviest accepted rules on a 64 x 1 MB chain."""
+    import time
+
+    huge = tmp_path / "huge.rules"
+    huge.write_text("".join(f"site.r{i} fatal x a[ab]+c{i}q\n" for i in range(100_000)))
+    start = time.perf_counter()
+    with pytest.raises(RulesError, match="larger than the limit"):
+        load_rules(huge)
+    assert time.perf_counter() - start < 2.0
+
+    # The costly pattern's accepted cousin (a run of 8 classes), 40 times.
+    heavy = tmp_path / "heavy.rules"
+    heavy.write_text("".join(f"heavy.{i} fatal x a[ab]{{1,6}}c{i}q\n" for i in range(40)))
+    rules = load_rules(heavy)
+    chain: BaseException = RuntimeError("ab" * (1 << 19))
+    for _ in range(63):
+        outer = RuntimeError("ab" * (1 << 19))
+        outer.__cause__ = chain
+        chain = outer
+    for rule_set in (rules, classifier.default_rules()):
+        start = time.perf_counter()
+        verdict = rule_set.classify(chain)
+        assert time.perf_counter() - start < 2.0
+        assert not verdict.fatal
+    one_mb = RuntimeError("ab" * (1 << 19) + "ab1q")
+    start = time.perf_counter()
+    rules.classify(one_mb)
+    assert time.perf_counter() - start < 2.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 
 import pytest
-from mineru_health.frames import Frame, frames_from_exception, frames_from_text
+from mineru_health.frames import Frame, Via, frames_from_exception, frames_from_text
 
 
 def _raise_chain() -> BaseException:
@@ -151,7 +151,76 @@ def test_traceback_text_exception_group() -> None:
         ("ValueError: bad pdf", Frame("", "ValueError", (), "bad pdf")),
         ("torch.OutOfMemoryError", Frame("torch", "OutOfMemoryError", (), "")),
         ("Timeout", Frame("", "", (), "Timeout")),
+        # "Name: text" is an exception line only when Name looks like a class.
+        ("Failed: Cuda error x.cuh:455 'invalid argument'",
+         Frame("", "", (), "Failed: Cuda error x.cuh:455 'invalid argument'")),
+        ("EI0009: Transport init error.", Frame("", "", (), "EI0009: Transport init error.")),
+        ("KeyboardInterrupt: ", Frame("", "KeyboardInterrupt", (), "")),
+        ("vllm.v1.engine.exceptions.EngineDeadError: x",
+         Frame("vllm.v1.engine.exceptions", "EngineDeadError", (), "x")),
     ],
 )
 def test_plain_messages(text: str, expected: Frame) -> None:
     assert frames_from_text(text) == [expected]
+
+
+def _raise_in(module: str, statement: str) -> BaseException:
+    scope: dict[str, object] = {"__name__": module}
+    exec(compile(f"def boom():\n    {statement}\n", "x.py", "exec"), scope)  # noqa: S102
+    try:
+        scope["boom"]()  # type: ignore[operator]
+    except BaseException as error:  # noqa: BLE001
+        return error
+    raise AssertionError("did not raise")
+
+
+def test_raise_site_via_and_depth_from_objects() -> None:
+    exc = _raise_in("torch.cuda", "raise RuntimeError('outer') from ValueError('made here')")
+    frames = frames_from_exception(exc)
+    assert [(f.raised_in, f.via, f.depth) for f in frames] == [
+        ("torch.cuda", Via.ROOT, 0), ("torch.cuda", Via.CAUSE, 1)]  # never raised: inherits
+    try:
+        try:
+            raise _raise_in("lxml.etree", "raise ValueError('doc')")
+        except ValueError:
+            raise KeyError("k")
+    except KeyError as outer:
+        frames = frames_from_exception(outer)
+    assert [(f.type_name, f.via, f.raised_in) for f in frames] == [
+        ("KeyError", Via.ROOT, __name__), ("ValueError", Via.CONTEXT, "lxml.etree")]
+
+
+def test_raise_site_and_links_from_text() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.12/asyncio/tasks.py", line 1, in f\n'
+        "asyncio.exceptions.CancelledError\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "(APIServer pid=12) ERROR 01-30 12:21:32 [async_llm.py:480] Traceback (most recent "
+        "call last):\n"
+        '(APIServer pid=12) ERROR 01-30 12:21:32 [async_llm.py:480]   File "/opt/venv/lib/'
+        'python3.12/site-packages/vllm/v1/engine/async_llm.py", line 2, in abort\n'
+        "(APIServer pid=12) ERROR 01-30 12:21:32 [async_llm.py:480] vllm.v1.engine.exceptions."
+        "EngineDeadError: EngineCore encountered an issue.\n"
+    )
+    frames = frames_from_text(text)
+    assert [(f.type_name, f.raised_in, f.via, f.depth) for f in frames] == [
+        ("EngineDeadError", "vllm.v1.engine.async_llm", Via.ROOT, 0),
+        ("CancelledError", "asyncio.tasks", Via.CONTEXT, 1)]
+
+
+def test_cython_and_checkout_paths() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "src/lxml/etree.pyx", line 3541, in lxml.etree.XML\n'
+        "lxml.etree.XMLSyntaxError: tag mismatch\n"
+    )
+    assert frames_from_text(text)[0].raised_in == "lxml.etree"
+    checkout = (
+        "Traceback (most recent call last):\n"
+        '  File "/vllm-workspace/vllm/vllm/v1/engine/core_client.py", line 9, in get\n'
+        "RuntimeError: x\n"
+    )
+    assert frames_from_text(checkout)[0].raised_in == "vllm.v1.engine.core_client"

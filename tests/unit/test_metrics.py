@@ -111,6 +111,31 @@ def test_task_local_failures_do_not_touch_health() -> None:
     assert value("mineru_worker_healthy") == 1
 
 
+def test_remote_engine_failures_are_counted_apart() -> None:
+    worker.record_worker_task_local(remote_engine=True)
+    worker.record_worker_task_local()
+    assert value("mineru_worker_task_local_failures_total") == 2
+    assert value("mineru_worker_remote_engine_failures_total") == 1
+
+
+def test_engine_and_loop_gauges_read_the_native_state_at_scrape_time() -> None:
+    from mineru_health.worker import WorkerHealth
+
+    health = WorkerHealth()
+    worker.bind_worker_snapshot(health.snapshot)
+    assert value("mineru_worker_engine_calls_in_flight") == 0
+    assert value("mineru_worker_loop_lag_seconds") is None  # the loop never ticked
+    assert value("mineru_worker_seconds_since_progress") is None  # nothing in flight
+    health.loop_tick()
+    health.engine_call_started()
+    assert value("mineru_worker_engine_calls_in_flight") == 1
+    lag = value("mineru_worker_loop_lag_seconds")
+    assert lag is not None and lag >= 0
+    assert value("mineru_worker_seconds_since_progress") is not None
+    worker.bind_worker_snapshot(None)
+    assert value("mineru_worker_engine_calls_in_flight") is None
+
+
 def test_bound_callable_is_read_at_scrape_time() -> None:
     healthy = [True]
     metrics.bind_worker_healthy(lambda: healthy[0])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
 import pytest
 from mineru_health import _native
@@ -10,8 +12,10 @@ from mineru_health import _native
 
 def test_frame_round_trip_str_and_bytes() -> None:
     frame = _native.Frame("vllm.v1.engine.exceptions", b"EngineDeadError", ["Exception", b"X"],
-                          "boom")
+                          "boom", b"vllm.v1.engine.async_llm", _native.Via.CONTEXT, 2)
     assert frame.module == "vllm.v1.engine.exceptions"
+    assert frame.raised_in == "vllm.v1.engine.async_llm"
+    assert (frame.via, frame.depth) == (_native.Via.CONTEXT, 2)
     assert frame.type_name == "EngineDeadError"
     assert frame.bases == ["Exception", "X"]
     assert frame.message == "boom"
@@ -20,7 +24,8 @@ def test_frame_round_trip_str_and_bytes() -> None:
 
 
 def test_frame_keeps_invalid_bytes() -> None:
-    frame = _native.Frame(b"m\xff", b"T", [], "\udcff".encode("utf-8", "surrogatepass"))
+    frame = _native.Frame(b"m\xff", b"T", [], "\udcff".encode("utf-8", "surrogatepass"), b"",
+                          _native.Via.ROOT, 0)
     # Decoded with surrogateescape: every byte survives the round trip.
     assert frame.module.encode("utf-8", "surrogateescape") == b"m\xff"
     assert frame.message.encode("utf-8", "surrogateescape") == b"\xed\xb3\xbf"
@@ -32,18 +37,25 @@ def test_rule_kind_is_a_python_enum() -> None:
     assert issubclass(_native.RuleKind, enum.Enum)
     assert _native.rule_kind_name(_native.RuleKind.FATAL) == "fatal"
     assert _native.rule_kind_name(_native.RuleKind.TASK_LOCAL) == "task_local"
+    assert _native.strength_name(_native.RuleKind.FATAL) == "definitive"
+    assert [_native.rule_kind_name(k) for k in _native.RuleKind] == [
+        "fatal", "task_local", "heuristic", "ambiguous", "generic"]
+    assert [_native.via_name(v) for v in _native.Via] == ["root", "cause", "context", "group"]
 
 
 def test_rule_round_trip() -> None:
     rule = _native.Rule(id="a.b", kind=_native.RuleKind.TASK_LOCAL, category="cat",
-                        pattern="x+y")
-    assert (rule.id, rule.kind, rule.category, rule.pattern) == (
-        "a.b", _native.RuleKind.TASK_LOCAL, "cat", "x+y")
+                        pattern="x+y", target=_native.RuleTarget.TYPE,
+                        scope=_native.RuleScope.ENGINE, from_operator=True)
+    assert (rule.id, rule.kind, rule.category, rule.pattern, rule.target, rule.scope,
+            rule.from_operator) == ("a.b", _native.RuleKind.TASK_LOCAL, "cat", "x+y",
+                                    _native.RuleTarget.TYPE, _native.RuleScope.ENGINE, True)
 
 
 def test_compile_ok_and_rules_are_copies() -> None:
     rule_set, errors = _native.RuleSet.compile(
-        [_native.Rule("one", _native.RuleKind.FATAL, "c", "engine")], "<test>")
+        [_native.Rule("one", _native.RuleKind.FATAL, "c", "engine", _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)], "<test>",
+        _native.RuleSetLimits())
     assert errors == []
     assert rule_set is not None
     rules = rule_set.rules
@@ -53,7 +65,8 @@ def test_compile_ok_and_rules_are_copies() -> None:
 
 def test_compile_error_is_a_value() -> None:
     rule_set, errors = _native.RuleSet.compile(
-        [_native.Rule("bad", _native.RuleKind.FATAL, "c", "(")], "<test>")
+        [_native.Rule("bad", _native.RuleKind.FATAL, "c", "(", _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)], "<test>",
+        _native.RuleSetLimits())
     assert rule_set is None
     assert len(errors) == 1
     assert errors[0].rule_id == "bad"
@@ -63,51 +76,78 @@ def test_compile_error_is_a_value() -> None:
 
 def test_classifier_requires_a_rule_set() -> None:
     with pytest.raises(TypeError):
-        _native.Classifier(None)  # type: ignore[arg-type]
+        _native.Classifier(None, _native.ClassifierLimits())  # type: ignore[arg-type]
 
 
 def test_classifier_limits_defaults_match_cpp() -> None:
     limits = _native.ClassifierLimits()
     assert limits.max_frames == 64
-    assert limits.max_message_bytes == 16 << 20
+    assert limits.max_message_bytes == 64 << 10
+    assert limits.max_total_message_bytes == 256 << 10
     assert limits.excerpt_bytes == 200
+    set_limits = _native.RuleSetLimits()
+    assert (set_limits.max_class_run, set_limits.max_program_size) == (8, 2000)
+    assert _native.MAX_RULES_FILE_BYTES == 1 << 20
+    assert _native.MAX_RULES_FILE_RULES == 2000
 
 
 def test_classify_verdict_fields() -> None:
-    rule_set, _ = _native.RuleSet.compile(_native.builtin_rules())
+    rule_set, _ = _native.RuleSet.compile(_native.builtin_rules(), "<builtin>",
+                                          _native.RuleSetLimits())
     assert rule_set is not None
     classifier = _native.Classifier(rule_set, _native.ClassifierLimits())
     frames = [
-        _native.Frame("builtins", "RuntimeError", ["Exception", "BaseException"], "wrapper"),
+        _native.Frame("builtins", "RuntimeError", ["Exception", "BaseException"], "wrapper",
+                      "mineru.backend.vlm.vlm_analyze", _native.Via.ROOT, 0),
         _native.Frame("vllm.v1.engine.exceptions", "EngineDeadError",
-                      ["Exception", "BaseException"], "EngineCore encountered an issue."),
+                      ["Exception", "BaseException"], "EngineCore encountered an issue.",
+                      "vllm.v1.engine.async_llm", _native.Via.CAUSE, 1),
     ]
-    verdict = classifier.classify(frames)
-    assert verdict.fatal and verdict.matched
+    options = _native.ClassifyOptions()
+    verdict = classifier.classify(frames, options)
+    assert verdict.fatal and verdict.matched and not verdict.ambiguous
+    assert verdict.kind == _native.RuleKind.FATAL and not verdict.remote_engine
     assert verdict.frame_index == 1
     assert verdict.rule_id
     assert verdict.category
     assert isinstance(verdict.excerpt, str)
-    empty = classifier.classify([])
+    empty = classifier.classify([], options)
     assert not empty.fatal and not empty.matched and empty.frame_index == -1
 
 
 def test_parse_rules_text_returns_rules_and_errors() -> None:
-    rules, errors = _native.parse_rules_text(b"# comment\nx.y fatal cat a  b\n", "f.rules")
-    assert errors == []
+    rules, disabled, errors = _native.parse_rules_text(
+        b"# comment\nx.y fatal cat a  b\ncuda.device_assert off\n", "f.rules")
+    assert errors == [] and disabled == ["cuda.device_assert"]
     assert [(r.id, r.kind, r.category, r.pattern) for r in rules] == [
         ("x.y", _native.RuleKind.FATAL, "cat", "a  b")]
-    rules, errors = _native.parse_rules_text("\n\nz fatal cat (\n", "f.rules")
+    rules, disabled, errors = _native.parse_rules_text("\n\nz fatal cat (\n", "f.rules")
     assert rules == []
     assert (errors[0].source, errors[0].line, errors[0].rule_id) == ("f.rules", 3, "z")
 
 
 def test_merge_rules_replaces_in_place() -> None:
-    base = [_native.Rule("a", _native.RuleKind.FATAL, "c", "1"),
-            _native.Rule("b", _native.RuleKind.FATAL, "c", "2")]
-    merged = _native.merge_rules(base, [_native.Rule("a", _native.RuleKind.TASK_LOCAL, "d", "3"),
-                                        _native.Rule("n", _native.RuleKind.FATAL, "c", "4")])
+    def rule(rule_id: str, kind: _native.RuleKind, pattern: str) -> _native.Rule:
+        return _native.Rule(rule_id, kind, "c", pattern, _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)
+
+    base = [rule("a", _native.RuleKind.FATAL, "1"), rule("b", _native.RuleKind.FATAL, "2")]
+    merged = _native.merge_rules(base, [rule("a", _native.RuleKind.TASK_LOCAL, "3"),
+                                        rule("n", _native.RuleKind.FATAL, "4")], [])
     assert [(r.id, r.pattern) for r in merged] == [("a", "3"), ("b", "2"), ("n", "4")]
+    assert [r.id for r in _native.merge_rules(base, [], ["a"])] == ["b"]
+
+
+def test_read_rules_file_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "rules.fifo"
+    os.mkfifo(fifo)
+    rules, disabled, errors = _native.read_rules_file(str(fifo))
+    assert rules == [] and disabled == []
+    assert "a FIFO" in errors[0].message
+
+
+def test_pattern_class_run() -> None:
+    assert _native.pattern_class_run("a[ab]{14,19}c") == 19
+    assert _native.pattern_class_run("enginedeaderror") == 0
 
 
 def test_text_helpers() -> None:

@@ -293,7 +293,7 @@ def test_enum_names_come_from_the_native_to_string(enum_type: type) -> None:
 def test_enum_names_spelling() -> None:
     assert enum_names(_native.PollerEventKind) == ("probe", "audit", "restart_requested", "error")
     assert "gave_up" in enum_names(_native.WorkerPhase)
-    assert enum_names(_native.RuleKind) == ("fatal", "task_local")
+    assert enum_names(_native.RuleKind) == ("fatal", "task_local", "heuristic", "ambiguous", "generic")
 
 
 # --- the README's tables are generated ----------------------------------------------------

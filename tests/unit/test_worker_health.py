@@ -169,3 +169,16 @@ def test_concurrent_records() -> None:
 
 def test_process_wide_instance() -> None:
     assert worker_health() is worker_health()
+
+
+def test_remote_engine_failures_never_make_the_worker_unhealthy() -> None:
+    cls = type("ServerError", (RuntimeError,),
+               {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+    health = WorkerHealth()
+    verdict = health.record(cls("Unexpected status code: [500], response body: EngineCore "
+                                "encountered an issue."), remote_engine=True)
+    assert not verdict.fatal
+    text_only = health.record(RuntimeError("EngineCore encountered an issue."),
+                              remote_engine=True)
+    assert not text_only.fatal and text_only.verdict.remote_engine
+    assert health.healthy and health.snapshot().task_local_count == 2

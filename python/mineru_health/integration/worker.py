@@ -312,12 +312,12 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
         if outcome.fatal:
             metrics.record_worker_fatal(outcome.rule, outcome.category)
         else:
-            metrics.record_worker_task_local()
+            metrics.record_worker_task_local(remote_engine=verdict.remote_engine)
         _set_verdict(
             task, fatal=outcome.fatal, engine_dead=outcome.fatal,
             role=("trigger" if outcome.first else "collateral") if outcome.fatal else None,
             rule=outcome.rule, category=outcome.category, ambiguous=verdict.ambiguous,
-            remote_engine=getattr(verdict, "remote_engine", False),
+            remote_engine=verdict.remote_engine,
         )
         if not outcome.fatal:
             _log("INFO", f"task {task_id} failed task-locally "
@@ -680,6 +680,7 @@ def install(app: Any) -> None:
     app.add_middleware(HealthGate)
     metrics.mount_metrics(app, role="worker")
     metrics.bind_worker_healthy(lambda: _health().healthy)
+    metrics.bind_worker_snapshot(lambda: _health().snapshot())
     if not first_install:
         return
 

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from . import _registry, router, worker
 from .worker import (
     bind_worker_healthy,
+    bind_worker_snapshot,
     record_worker_fatal,
     record_worker_task_local,
     set_worker_healthy,
@@ -34,6 +35,7 @@ from .worker import (
 __all__ = [
     "METRIC_NAMES",
     "bind_worker_healthy",
+    "bind_worker_snapshot",
     "exposition",
     "mount_metrics",
     "record_worker_fatal",

@@ -4,7 +4,10 @@
   scrape time (e.g. ``lambda: state.healthy()``); preferred over pushing.
 - ``set_worker_healthy(healthy)``        -- push form, when no callable fits.
 - ``record_worker_fatal(rule, category)`` -- one fatal (engine-dead) failure.
-- ``record_worker_task_local()``         -- one failure that stayed task-local.
+- ``record_worker_task_local(remote_engine=False)`` -- one failure that
+  stayed task-local (a remote engine's failure is counted apart too).
+- ``bind_worker_snapshot(fn)``           -- the engine and loop gauges read
+  ``fn()`` (the native state's snapshot) at scrape time: never copied.
 
 Families:
 
@@ -12,6 +15,16 @@ Families:
   fatal error (the same fact as ``/health`` answering 503).
 - ``mineru_worker_fatal_errors_total{rule,category}`` counter.
 - ``mineru_worker_task_local_failures_total`` counter.
+- ``mineru_worker_remote_engine_failures_total`` counter: failures of a remote
+  engine (``*-http-client`` backends), task-local for this worker.
+- ``mineru_worker_loop_lag_seconds`` gauge: seconds since the event loop last
+  ticked (busy, not broken, until ``MINERU_HEALTH_LOOP_HANG_S``).
+- ``mineru_worker_engine_calls_in_flight`` gauge.
+- ``mineru_worker_seconds_since_progress`` gauge: while engine calls are in
+  flight, seconds since one of them (or one engine request) completed; absent
+  otherwise.
+- ``mineru_worker_ambiguous_errors_total`` counter: ambiguous device errors
+  (``MINERU_HEALTH_ERROR_BUDGET`` of them within the window are fatal).
 
 Every function is thread-safe (the task-failure hook runs on MinerU's
 threads) and never raises on odd label values.
@@ -19,15 +32,23 @@ threads) and never raises on odd label values.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ._registry import current
 
+_log = logging.getLogger("mineru_health.metrics")
+
 __all__ = [
     "METRIC_NAMES",
+    "WorkerSnapshotCollector",
     "bind_worker_healthy",
+    "bind_worker_snapshot",
     "ensure_families",
     "record_worker_fatal",
     "record_worker_task_local",
@@ -38,7 +59,65 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_worker_healthy",
     "mineru_worker_fatal_errors_total",
     "mineru_worker_task_local_failures_total",
+    "mineru_worker_remote_engine_failures_total",
+    "mineru_worker_loop_lag_seconds",
+    "mineru_worker_engine_calls_in_flight",
+    "mineru_worker_seconds_since_progress",
+    "mineru_worker_ambiguous_errors_total",
 )
+
+
+class WorkerSnapshotCollector(Collector):
+    """The engine and event-loop gauges, computed from the bound snapshot source per scrape.
+
+    The source returns the worker's ``HealthSnapshot`` (``mineru_health.worker``).
+    Thread-safe: binding swaps one reference; ``collect`` runs on the scraping thread.
+    """
+
+    def __init__(self) -> None:
+        self._source: Callable[[], Any] | None = None
+
+    def bind(self, source: Callable[[], Any] | None) -> None:
+        self._source = source
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lag, in_flight, quiet, ambiguous = self._families()
+        snap = self._snapshot()
+        if snap is not None:
+            if snap.loop_lag_s is not None:
+                lag.add_metric([], float(snap.loop_lag_s))
+            in_flight.add_metric([], float(snap.engine_calls_in_flight))
+            if snap.seconds_since_progress is not None:
+                quiet.add_metric([], float(snap.seconds_since_progress))
+            ambiguous.add_metric([], float(snap.ambiguous_count))
+        yield from (lag, in_flight, quiet, ambiguous)
+
+    def _snapshot(self) -> Any:
+        source = self._source
+        if source is None:
+            return None
+        try:
+            return source()
+        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
+            _log.exception("reading the worker state for /metrics failed")
+            return None
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
+                             CounterMetricFamily]:
+        return (
+            GaugeMetricFamily("mineru_worker_loop_lag_seconds",
+                              "Seconds since the worker's event loop last ticked."),
+            GaugeMetricFamily("mineru_worker_engine_calls_in_flight",
+                              "Engine calls (batches or windows of pages) in flight."),
+            GaugeMetricFamily("mineru_worker_seconds_since_progress",
+                              "While engine calls are in flight: seconds since one completed."),
+            CounterMetricFamily("mineru_worker_ambiguous_errors",
+                                "Ambiguous device errors (counted against the error budget)."),
+        )
 
 
 class _WorkerMetrics:
@@ -63,6 +142,13 @@ class _WorkerMetrics:
             "Task failures that were classified as affecting one task only.",
             registry=reg,
         )
+        self.remote_engine = Counter(
+            "mineru_worker_remote_engine_failures",
+            "Task failures of a remote engine (http-client backends); task-local here.",
+            registry=reg,
+        )
+        self.snapshot = WorkerSnapshotCollector()
+        reg.register(self.snapshot)
 
 
 def _metrics() -> _WorkerMetrics:
@@ -107,6 +193,14 @@ def record_worker_fatal(rule: str, category: str) -> None:
         metrics.healthy.set(0)
 
 
-def record_worker_task_local() -> None:
-    """Counts one failure that the classifier kept task-local."""
-    _metrics().task_local.inc()
+def record_worker_task_local(*, remote_engine: bool = False) -> None:
+    """Counts one failure that the classifier kept task-local (a remote engine's, too)."""
+    metrics = _metrics()
+    metrics.task_local.inc()
+    if remote_engine:
+        metrics.remote_engine.inc()
+
+
+def bind_worker_snapshot(fn: Callable[[], Any] | None) -> None:
+    """Makes the engine and loop gauges read ``fn()`` (a ``HealthSnapshot``) at every scrape."""
+    _metrics().snapshot.bind(fn)
