@@ -156,14 +156,20 @@ class Sandbox:
         self.site = patched_site(root / "site", self.python)
         self.health_path = mineru_health_path()
         self.procs = Processes()
+        self.vlm = ""
+        self.restart_vlm()
+        self.pdf = make_pdf(pages=pages, images_per_page=images, image_px=128, seed=7)
+
+    def restart_vlm(self) -> None:
+        """(Re)starts the fake VLM server: every part stops its processes when it ends."""
+        self.procs.stop_all()
         port = free_port()
         self.vlm = f"http://127.0.0.1:{port}"
         self.procs.start("fake-vlm", fake_vlm_command(self.python, port),
-                         env=self.env(root / "vlm-out"), log_path=root / "fake-vlm.log")
-        ready = wait_until(lambda: _get(f"{self.vlm}/v1/models") == 200, 60.0)
-        if not ready:
+                         env=self.env(self.root / "vlm-out"),
+                         log_path=self.root / f"fake-vlm-{port}.log")
+        if not wait_until(lambda: _get(f"{self.vlm}/v1/models") == 200, 60.0):
             raise RuntimeError("the fake VLM server did not start")
-        self.pdf = make_pdf(pages=pages, images_per_page=images, image_px=128, seed=7)
 
     def env(self, output: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
         return mineru_env(self.site, health_path=self.health_path, output_root=output,
@@ -232,11 +238,79 @@ def _print_part1(result: dict[str, Any]) -> None:
     print("  loaded main/native: " + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
 
 
+# --- part 2: the router, with and without native endpoints -------------------------------
+
+#: Audit actions that hurt a healthy fleet.
+DISRUPTIONS = ("ejected", "health_failed", "auto_restart_requested")
+SIDES = {
+    # mineru-health 0.1: every probe on the main port, 1.5 s timeout, 3 failures.
+    "main_port": {"MINERU_ROUTER_HEALTH_NATIVE_PROBES": "0"},
+    # The defaults: native endpoints.
+    "native": {},
+}
+
+
+def _router_run(box: Sandbox, side: str, extra: dict[str, str], tasks: int,
+                task_timeout_s: float) -> dict[str, Any]:
+    root = box.root / f"router-{side}"
+    root.mkdir()
+    audit = root / "audit.jsonl"
+    port = free_port()
+    env = box.env(root / "out", {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit), **extra})
+    router = box.procs.start(
+        f"router-{side}",
+        [box.python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
+         "--local-gpus", "0,1"],
+        env=env, log_path=root / "router.log", cwd=root,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def both_in_rotation() -> bool:
+        try:
+            servers = httpx.get(f"{base}/health", timeout=5.0).json().get("servers", [])
+        except (httpx.HTTPError, ValueError):
+            return False
+        return len(servers) == 2 and all(s.get("in_rotation") for s in servers)
+
+    if not wait_until(both_in_rotation, START_TIMEOUT_S, 0.5):
+        raise RuntimeError(f"the router did not start:\n{router.log_tail()}")
+    started = time.monotonic()
+    statuses = _run_tasks(base, box.pdf, box.vlm, tasks, task_timeout_s)
+    wall = time.monotonic() - started
+    records = [json.loads(line) for line in audit.read_text().splitlines() if line]
+    counts = {action: sum(1 for r in records if r["action"] == action) for action in DISRUPTIONS}
+    return {
+        "tasks": {status: statuses.count(status) for status in sorted(set(statuses))},
+        "wall_s": round(wall, 1),
+        "ejections": counts["ejected"],
+        "marked_failed": counts["health_failed"],
+        "restarts": counts["auto_restart_requested"],
+    }
+
+
+def part2(box: Sandbox, tasks: int, task_timeout_s: float) -> dict[str, Any]:
+    result = {}
+    for side, extra in SIDES.items():
+        result[side] = _router_run(box, side, extra, tasks, task_timeout_s)
+        box.restart_vlm()
+    return result
+
+
+def _print_part2(result: dict[str, Any]) -> None:
+    print("part 2: router + two workers, production preset, no fault injected")
+    print(f"  {'probes on':<10} {'tasks':<28} {'wall s':>7} {'ejections':>10} "
+          f"{'failed':>7} {'restarts':>9}")
+    for side, row in result.items():
+        print(f"  {side:<10} {json.dumps(row['tasks']):<28} {row['wall_s']:>7} "
+              f"{row['ejections']:>10} {row['marked_failed']:>7} {row['restarts']:>9}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=100, help="pages per PDF (default 100)")
     parser.add_argument("--images", type=int, default=1, help="images per page (default 1)")
-    parser.add_argument("--tasks", type=int, default=4, help="tasks in flight (default 4)")
+    parser.add_argument("--tasks", type=int, default=4,
+                        help="tasks in flight per worker (default 4)")
     parser.add_argument("--task-timeout", type=float, default=1200.0)
     parser.add_argument("--part", choices=("1", "2", "all"), default="all")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -250,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.part in ("1", "all"):
                 results["part1"] = part1(box, args.tasks, args.task_timeout)
                 _print_part1(results["part1"])
+                box.restart_vlm()
+            if args.part in ("2", "all"):
+                results["part2"] = part2(box, args.tasks * 2, args.task_timeout)
+                _print_part2(results["part2"])
         finally:
             box.close()
     if args.json:
