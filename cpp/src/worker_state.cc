@@ -1,15 +1,25 @@
-// WorkerState: one mutex guards the record; the loop tick is an atomic so
-// that the event loop never waits for a reader; waiters sleep on a condition
-// variable that a fatal record signals.
+// WorkerState: one annotated mutex guards the record (clang's
+// -Wthread-safety proves every access holds it); the loop tick is an atomic
+// so that the event loop never waits for a reader; waiters sleep on a
+// condition variable that a fatal record signals.
 #include "mineru_health/worker_state.h"
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <limits>
 #include <utility>
+
+#include "thread_annotations.h"
 
 namespace mineru_health {
 
 namespace {
+
+using internal::Mutex;
+using internal::MutexLock;
 
 double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
@@ -20,6 +30,8 @@ std::int64_t ticks(SteadyTime t) {
              t.time_since_epoch())
       .count();
 }
+
+constexpr std::int64_t kNoTick = std::numeric_limits<std::int64_t>::min();
 
 }  // namespace
 
@@ -39,126 +51,172 @@ const char* to_string(HealthPhase phase) {
   return "unknown";
 }
 
+struct WorkerState::Impl {
+  Impl(const WorkerStateOptions& o, WorkerClock c)
+      : options(o), clock(std::move(c)) {}
+
+  double unix_now() const {
+    if (clock.unix_seconds) return clock.unix_seconds();
+    return std::chrono::duration<double>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // Only engine calls count: a task that is still preparing its pages (a
+  // cold PDF-render pool, a huge document) is slow, not a stalled engine.
+  bool busy() const REQUIRES(mu) { return engine_calls_in_flight > 0; }
+
+  // Work begins after idling: an idle worker's old progress must not count
+  // against the next engine call.
+  void mark_busy(SteadyTime now) REQUIRES(mu) {
+    if (!busy()) last_progress = now;
+  }
+
+  bool record_fatal(FatalRecord record) REQUIRES(mu) {
+    ++fatal_count;
+    const bool first = healthy;
+    healthy = false;
+    if (!first_fatal) first_fatal = record;
+    last_fatal = std::move(record);
+    return first;
+  }
+
+  void clear() REQUIRES(mu) {
+    healthy = true;
+    fatal_count = task_local_count = ambiguous_count = 0;
+    first_fatal.reset();
+    last_fatal.reset();
+    recent_ambiguous.clear();
+    engine_calls_in_flight = 0;
+    last_progress = SteadyTime{};
+    tasks = TaskCounts{};
+    service.reset();
+    manager_error.clear();
+    last_tick_ns.store(kNoTick, std::memory_order_release);
+  }
+
+  const WorkerStateOptions options;
+  const WorkerClock clock;
+
+  // Nanoseconds since the steady clock's epoch of the loop's last tick.
+  std::atomic<std::int64_t> last_tick_ns{kNoTick};
+
+  mutable Mutex mu;
+  mutable std::condition_variable_any became_unhealthy;
+  bool healthy GUARDED_BY(mu) = true;
+  std::uint64_t fatal_count GUARDED_BY(mu) = 0;
+  std::uint64_t task_local_count GUARDED_BY(mu) = 0;
+  std::uint64_t ambiguous_count GUARDED_BY(mu) = 0;
+  std::optional<FatalRecord> first_fatal GUARDED_BY(mu);
+  std::optional<FatalRecord> last_fatal GUARDED_BY(mu);
+  std::deque<SteadyTime> recent_ambiguous GUARDED_BY(mu);
+  std::int64_t engine_calls_in_flight GUARDED_BY(mu) = 0;
+  // Last completed engine call or request, or when work began after idling.
+  SteadyTime last_progress GUARDED_BY(mu){};
+  TaskCounts tasks GUARDED_BY(mu);
+  std::optional<ServiceInfo> service GUARDED_BY(mu);
+  std::string manager_error GUARDED_BY(mu);
+};
+
 WorkerState::WorkerState(WorkerStateOptions options, WorkerClock clock)
-    : options_(options), clock_(std::move(clock)) {}
+    : options_(options),
+      impl_(std::make_unique<Impl>(options_, std::move(clock))) {}
 
-double WorkerState::unix_now() const {
-  if (clock_.unix_seconds) return clock_.unix_seconds();
-  return std::chrono::duration<double>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-bool WorkerState::record_fatal_locked(FatalRecord record) {
-  ++fatal_count_;
-  const bool first = healthy_;
-  healthy_ = false;
-  if (!first_fatal_) first_fatal_ = record;
-  last_fatal_ = std::move(record);
-  return first;
-}
+WorkerState::~WorkerState() = default;
 
 bool WorkerState::record_fatal(FatalRecord record) {
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    first = record_fatal_locked(std::move(record));
+    MutexLock lock(impl_->mu);
+    first = impl_->record_fatal(std::move(record));
   }
   // Notified outside the lock so woken waiters do not block on it at once.
-  became_unhealthy_.notify_all();
+  impl_->became_unhealthy.notify_all();
   return first;
 }
 
 void WorkerState::record_task_local() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++task_local_count_;
+  MutexLock lock(impl_->mu);
+  ++impl_->task_local_count;
 }
 
 bool WorkerState::record_ambiguous(const FatalRecord& record) {
+  Impl& s = *impl_;
   bool escalated = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++ambiguous_count_;
+    MutexLock lock(s.mu);
+    ++s.ambiguous_count;
     if (options_.error_budget <= 0) return false;
-    const SteadyTime now = clock_.steady();
-    recent_ambiguous_.push_back(now);
-    while (!recent_ambiguous_.empty() &&
-           now - recent_ambiguous_.front() > options_.error_budget_window) {
-      recent_ambiguous_.pop_front();
+    const SteadyTime now = s.clock.steady();
+    s.recent_ambiguous.push_back(now);
+    while (!s.recent_ambiguous.empty() &&
+           now - s.recent_ambiguous.front() > options_.error_budget_window) {
+      s.recent_ambiguous.pop_front();
     }
     // Only the newest `error_budget` times matter.
-    while (recent_ambiguous_.size() >
-           static_cast<std::size_t>(options_.error_budget)) {
-      recent_ambiguous_.pop_front();
-    }
-    if (healthy_ && recent_ambiguous_.size() >=
-                        static_cast<std::size_t>(options_.error_budget)) {
-      FatalRecord budget = record;
-      budget.error = fmt::format(
+    const auto budget = static_cast<std::size_t>(options_.error_budget);
+    while (s.recent_ambiguous.size() > budget) s.recent_ambiguous.pop_front();
+    if (s.healthy && s.recent_ambiguous.size() >= budget) {
+      FatalRecord over = record;
+      over.error = fmt::format(
           "{} ambiguous device errors within {:g} s; the last one: {}",
-          recent_ambiguous_.size(), seconds(options_.error_budget_window),
+          s.recent_ambiguous.size(), seconds(options_.error_budget_window),
           record.error);
-      budget.rule_id = kBudgetRule;
-      budget.category = kBudgetCategory;
-      budget.unix_time = unix_now();
-      escalated = record_fatal_locked(std::move(budget));
+      over.rule_id = kBudgetRule;
+      over.category = kBudgetCategory;
+      over.unix_time = s.unix_now();
+      escalated = s.record_fatal(std::move(over));
     }
   }
-  if (escalated) became_unhealthy_.notify_all();
+  if (escalated) s.became_unhealthy.notify_all();
   return escalated;
 }
 
 void WorkerState::loop_tick() {
-  last_tick_ns_.store(ticks(clock_.steady()), std::memory_order_release);
-}
-
-// Only engine calls count: a task that is still preparing its pages (a cold
-// PDF-render pool, a huge document) is slow, not a stalled engine.
-bool WorkerState::busy_locked() const { return engine_calls_in_flight_ > 0; }
-
-void WorkerState::mark_busy_locked(SteadyTime now) {
-  if (!busy_locked()) last_progress_ = now;
+  impl_->last_tick_ns.store(ticks(impl_->clock.steady()),
+                            std::memory_order_release);
 }
 
 void WorkerState::engine_call_started() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  mark_busy_locked(clock_.steady());
-  ++engine_calls_in_flight_;
+  MutexLock lock(impl_->mu);
+  impl_->mark_busy(impl_->clock.steady());
+  ++impl_->engine_calls_in_flight;
 }
 
 void WorkerState::engine_call_finished() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (engine_calls_in_flight_ > 0) --engine_calls_in_flight_;
-  last_progress_ = clock_.steady();
+  MutexLock lock(impl_->mu);
+  if (impl_->engine_calls_in_flight > 0) --impl_->engine_calls_in_flight;
+  impl_->last_progress = impl_->clock.steady();
 }
 
 void WorkerState::progress() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  last_progress_ = clock_.steady();
+  MutexLock lock(impl_->mu);
+  impl_->last_progress = impl_->clock.steady();
 }
 
 void WorkerState::set_tasks(const TaskCounts& tasks,
                             const std::string& manager_error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  tasks_ = tasks;
-  manager_error_ = manager_error;
+  MutexLock lock(impl_->mu);
+  impl_->tasks = tasks;
+  impl_->manager_error = manager_error;
 }
 
 void WorkerState::set_service(const ServiceInfo& service) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  service_ = service;
+  MutexLock lock(impl_->mu);
+  impl_->service = service;
 }
 
 bool WorkerState::healthy() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return healthy_;
+  MutexLock lock(impl_->mu);
+  return impl_->healthy;
 }
 
 WorkerSnapshot WorkerState::snapshot() {
+  Impl& s = *impl_;
   // The tick is read before the clock, so a tick racing with this call can
   // never make the lag negative.
-  const std::int64_t tick = last_tick_ns_.load(std::memory_order_acquire);
-  const SteadyTime now = clock_.steady();
+  const std::int64_t tick = s.last_tick_ns.load(std::memory_order_acquire);
+  const SteadyTime now = s.clock.steady();
   WorkerSnapshot snap;
   snap.loop_hang_s = seconds(options_.loop_hang);
   snap.stall_s = seconds(options_.stall);
@@ -169,31 +227,31 @@ WorkerSnapshot WorkerState::snapshot() {
   }
   bool stalled_now = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (busy_locked()) {
-      const auto quiet = now - last_progress_;
+    MutexLock lock(s.mu);
+    if (s.busy()) {
+      const auto quiet = now - s.last_progress;
       snap.seconds_since_progress = seconds(quiet);
-      if (healthy_ && options_.stall.count() > 0 && quiet > options_.stall) {
-        stalled_now = record_fatal_locked(FatalRecord{
+      if (s.healthy && options_.stall.count() > 0 && quiet > options_.stall) {
+        stalled_now = s.record_fatal(FatalRecord{
             fmt::format("no engine progress for {:.0f} s with {} task(s) "
                         "processing and {} engine call(s) in flight",
-                        seconds(quiet), tasks_.processing,
-                        engine_calls_in_flight_),
-            kStallRule, kStallCategory, unix_now(), ""});
+                        seconds(quiet), s.tasks.processing,
+                        s.engine_calls_in_flight),
+            kStallRule, kStallCategory, s.unix_now(), ""});
       }
     }
-    snap.healthy = healthy_;
-    snap.fatal_count = fatal_count_;
-    snap.task_local_count = task_local_count_;
-    snap.ambiguous_count = ambiguous_count_;
-    snap.first_fatal = first_fatal_;
-    snap.last_fatal = last_fatal_;
-    snap.engine_calls_in_flight = engine_calls_in_flight_;
-    snap.tasks = tasks_;
-    snap.service = service_;
-    snap.manager_error = manager_error_;
+    snap.healthy = s.healthy;
+    snap.fatal_count = s.fatal_count;
+    snap.task_local_count = s.task_local_count;
+    snap.ambiguous_count = s.ambiguous_count;
+    snap.first_fatal = s.first_fatal;
+    snap.last_fatal = s.last_fatal;
+    snap.engine_calls_in_flight = s.engine_calls_in_flight;
+    snap.tasks = s.tasks;
+    snap.service = s.service;
+    snap.manager_error = s.manager_error;
   }
-  if (stalled_now) became_unhealthy_.notify_all();
+  if (stalled_now) s.became_unhealthy.notify_all();
   if (!snap.healthy) {
     snap.phase = HealthPhase::kFatal;
   } else if (snap.loop_hung) {
@@ -209,33 +267,29 @@ WorkerSnapshot WorkerState::snapshot() {
 }
 
 void WorkerState::reset() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  healthy_ = true;
-  fatal_count_ = task_local_count_ = ambiguous_count_ = 0;
-  first_fatal_.reset();
-  last_fatal_.reset();
-  recent_ambiguous_.clear();
-  engine_calls_in_flight_ = 0;
-  last_progress_ = SteadyTime{};
-  tasks_ = TaskCounts{};
-  service_.reset();
-  manager_error_.clear();
-  last_tick_ns_.store(kNoTick, std::memory_order_relaxed);
+  MutexLock lock(impl_->mu);
+  impl_->clear();
 }
 
 bool WorkerState::wait_until_unhealthy(
     std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout.count() <= 0) return !healthy_;
+  Impl& s = *impl_;
+  MutexLock lock(s.mu);
+  if (timeout.count() <= 0) return !s.healthy;
   // now() + milliseconds::max() would overflow the clock's nanoseconds; a
   // century is forever for a worker.
   constexpr std::chrono::milliseconds kForever =
       std::chrono::hours(24 * 365 * 100);
   if (timeout > kForever) timeout = kForever;
-  // The predicate form absorbs spurious wake-ups and a fatal recorded before
-  // the wait began.
-  return became_unhealthy_.wait_for(lock, timeout,
-                                    [this] { return !healthy_; });
+  // The loop form absorbs spurious wake-ups and a fatal recorded before the
+  // wait began; the wait releases and retakes `mu`, as the analysis assumes.
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (s.healthy) {
+    if (s.became_unhealthy.wait_until(s.mu, until) == std::cv_status::timeout) {
+      return !s.healthy;
+    }
+  }
+  return true;
 }
 
 }  // namespace mineru_health

@@ -144,7 +144,7 @@ TEST(HealthAnswer, InvalidUtf8NeverBreaksTheBody) {
   snap.first_fatal->rule_id = std::string("rule\xc3");
   const HealthAnswer answer = health_answer("/health", snap, true);
   EXPECT_EQ(answer.status, 503);
-  EXPECT_NO_THROW(json::parse(answer.body));
+  EXPECT_TRUE(json::parse(answer.body).is_object());
 }
 
 // --- a real server ---------------------------------------------------------

@@ -18,13 +18,10 @@
 #ifndef MINERU_HEALTH_WORKER_STATE_H_
 #define MINERU_HEALTH_WORKER_STATE_H_
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -118,6 +115,7 @@ struct WorkerSnapshot {
 class WorkerState {
  public:
   explicit WorkerState(WorkerStateOptions options = {}, WorkerClock clock = {});
+  ~WorkerState();
   WorkerState(const WorkerState&) = delete;
   WorkerState& operator=(const WorkerState&) = delete;
 
@@ -155,34 +153,9 @@ class WorkerState {
   const WorkerStateOptions& options() const { return options_; }
 
  private:
-  double unix_now() const;
-  bool record_fatal_locked(FatalRecord record);
-  void mark_busy_locked(SteadyTime now);
-  bool busy_locked() const;
-
+  struct Impl;  // the guarded state (worker_state.cc), lock-checked by clang
   const WorkerStateOptions options_;
-  const WorkerClock clock_;
-
-  // Nanoseconds since the steady clock's epoch of the last tick.
-  static constexpr std::int64_t kNoTick = INT64_MIN;
-  std::atomic<std::int64_t> last_tick_ns_{kNoTick};
-
-  mutable std::mutex mutex_;
-  mutable std::condition_variable became_unhealthy_;
-  bool healthy_ = true;
-  std::uint64_t fatal_count_ = 0;
-  std::uint64_t task_local_count_ = 0;
-  std::uint64_t ambiguous_count_ = 0;
-  std::optional<FatalRecord> first_fatal_;
-  std::optional<FatalRecord> last_fatal_;
-  std::deque<SteadyTime> recent_ambiguous_;
-  std::int64_t engine_calls_in_flight_ = 0;
-  // Last completed engine call or task, or when work began after idling:
-  // an idle worker's old progress must not count against the next task.
-  SteadyTime last_progress_{};
-  TaskCounts tasks_;
-  std::optional<ServiceInfo> service_;
-  std::string manager_error_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace mineru_health
