@@ -187,7 +187,8 @@ std::vector<Rule> builtin_rules() {
       type_rule("engine.start_import", kHeuristic, "engine_start",
                 "^(?:builtins\\.)?(?:ImportError|ModuleNotFoundError)\\b[^@]*@"
                 "(?:vllm|vllm_ascend|lmdeploy|_turbomind|dlinfer|mlx|mlx_lm|"
-                "mlx_vlm)(?:\\.|$)"),
+                "mlx_vlm|torch_npu|torch_musa|torch_mlu|torch_gcu|torch_sdaa|"
+                "torch_dipu)(?:\\.|$)"),
 
       // ==== lmdeploy ========================================================
       // PyTorch engine run in a child process (ZMQ): dead backend.
@@ -223,15 +224,18 @@ std::vector<Rule> builtin_rules() {
                 "SystemExit\\b[^@]*@lmdeploy\\.pytorch\\.check_env\\b"),
       // TurboMind's extension missing or built without what the model needs.
       engine_message("lmdeploy.turbomind_unbuilt", kFatal, "engine_start",
-                     "no module named '_turbomind'|turbomind has not been "
-                     "built with"),
+                     "no module named '_turbomind'|while importing _turbomind|"
+                     "turbomind has not been built with"),
       // The serving layer's ENGINE_UNAVAILABLE also covers a sleeping engine
       // and unknown sessions, which MinerU's one-shot sessions never hit.
       engine_message("lmdeploy.engine_unavailable", kHeuristic, "engine_dead",
                      "the inference engine is unavailable"),
-      // TurboMind's C++ checks.
+      // TurboMind's C++ checks ([TM][FATAL], failed assertions and CHECKs).
+      // Its "[TM][ERROR] CUDA runtime error: <text>" is left to the CUDA
+      // rules, so that an out-of-memory stays ambiguous like any other.
       engine_message("lmdeploy.turbomind_fatal", kHeuristic, "engine_dead",
-                     "\\[tm\\]\\[(?:fatal|error)\\]"),
+                     "\\[tm\\]\\[fatal\\]|\\[tm\\]\\[error\\] *(?:assertion "
+                     "fail|check failed)"),
       engine_message("lmdeploy.context_length", kTaskLocal, "request_too_long",
                      "the request exceeds the model context length"),
 
@@ -267,14 +271,16 @@ std::vector<Rule> builtin_rules() {
                      "(?:process|worker|proc) \\S+ (?:terminated|was "
                      "terminated|exited|died) (?:with|by) signal|terminated "
                      "with signal sig(?:kill|segv|abrt|bus)|exited with "
-                     "(?:exit ?)?code -?(?:9|11|6|137|139)\\b"),
+                     "(?:exit ?)?code -?(?:9|11|6|137|139)\\b|(?:segmentation "
+                     "fault|aborted|bus error) ?\\(core dumped\\)"),
 
       // A C++ exception nobody caught: the process aborts (MLX without a
       // Metal device, TurboMind, custom kernels).
       engine_message("process.aborted", kFatal, "worker_dead",
                      "terminate called after throwing an instance of|"
-                     "libc\\+\\+abi: terminating (?:due to uncaught exception|"
-                     "with uncaught exception)"),
+                     "libc\\+\\+abi:? terminating (?:due to uncaught exception|"
+                     "with uncaught exception)|terminating app due to uncaught "
+                     "exception"),
       // vLLM's custom all-reduce checks every CUDA call and exits the
       // process on failure (CUDACHECK in csrc/custom_all_reduce.cuh).
       engine_message("vllm.custom_all_reduce_exit", kFatal, "device",
@@ -352,7 +358,9 @@ std::vector<Rule> builtin_rules() {
                      "failed|no cuda-capable device is detected|nvidia driver "
                      "on your system is too old|cannot re-initiali[sz]e cuda "
                      "in forked subprocess|cuda-capable device\\(s\\) is/are "
-                     "busy or unavailable|cuda driver version is insufficient "
+                     "busy or unavailable|api call is not supported in the "
+                     "installed cuda driver|errorcallrequiresnewerdriver|cuda "
+                     "driver version is insufficient "
                      "for cuda runtime version|errorinsufficientdriver|system "
                      "not yet initiali[sz]ed|errorsystemnotready|system has "
                      "unsupported display driver / cuda driver combination|"
@@ -364,7 +372,8 @@ std::vector<Rule> builtin_rules() {
       type_rule("device.out_of_memory_type", kAmbiguous, "out_of_memory",
                 "^torch\\.[\\w.]*OutOfMemoryError\\b"),
       engine_message("device.out_of_memory", kAmbiguous, "out_of_memory",
-                     device(" out of memory") +
+                     device(" out of memory") + "|" +
+                         device(" runtime error: out of memory") +
                          "|\\bmps backend out of memory|" +
                          device(" error: out of memory") +
                          "|(?:cuda|hip)error(?:outofmemory|memoryallocation)|"
@@ -415,7 +424,7 @@ std::vector<Rule> builtin_rules() {
       // HCCL reports its own failures with EI codes (EI0001...: transport
       // init, link, timeout); the communicator is unusable afterwards.
       engine_message("npu.hccl_error_code", kFatal, "collective",
-                     "\\bei\\d{4}: "),
+                     "\\bei\\d{4}: |\\w\\(ei\\d{4}\\)"),
       engine_message("npu.sync_failed", kFatal, "device",
                      "acl stream synchronize failed|aclrtsynchronize"
                      "(?:stream|device|event)(?:withtimeout)? failed|"
@@ -436,7 +445,8 @@ std::vector<Rule> builtin_rules() {
                      "(?:address fault|timeout|hang)|discarded|internal "
                      "error|invalid resource|page ?fault|not permitted|"
                      "ignored|impacting interactivity)|"
-                     "kiogpucommandbuffercallbackerror(?:pagefault|timeout|"
+                     "kio(?:gpu|accel)commandbuffercallbackerror(?:pagefault|"
+                     "timeout|"
                      "hang|submissionsignored|invalidresource|notpermitted|"
                      "impactinginteractivity|innocentvictim)|victim of gpu "
                      "error"),
@@ -454,7 +464,7 @@ std::vector<Rule> builtin_rules() {
       engine_message("metal.mps_command_buffer", kHeuristic, "device",
                      "command buffer exited with error status"),
       engine_message("metal.out_of_memory", kAmbiguous, "out_of_memory",
-                     "kiogpucommandbuffercallbackerroroutofmemory|command "
+                     "kio(?:gpu|accel)commandbuffercallbackerroroutofmemory|command "
                      "buffer execution failed: insufficient memory|"
                      "\\[metal::malloc\\] attempting to allocate|resource "
                      "limit \\(\\d+\\) exceeded|\\[malloc\\] unable to "
