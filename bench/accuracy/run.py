@@ -4,8 +4,10 @@
 Reads tests/data/errors/*.jsonl (real errors from public issue threads; see
 the README there), classifies every record with the built-in rules and with
 the PR #5188 marker baseline (bench/recovery/pr5188_baseline.py: it looks at
-the outermost exception only), and prints both side by side, for the dev
-split (used while writing rules) and the holdout split (not used).
+the outermost exception only), and prints both side by side: first one line
+per split (dev: used while writing rules; holdout and holdout2: collected
+apart, see tests/data/errors/README.md), then per engine and per device
+family within each split.
 
 Ambiguous records (standalone out-of-memory and the like) are not counted in
 recall/precision; the "amb" column shows how many the classifier flagged as
@@ -42,6 +44,30 @@ def _cell(score: corpus.Score | None) -> str:
     return f"{score.tp + score.fn:>3}f {score.fp + score.tn:>3}t R={recall} P={precision}"
 
 
+def _splits(records: list[corpus.Record]) -> list[str]:
+    """The splits in the order the corpus files first name them (dev first)."""
+    seen: dict[str, None] = {}
+    for record in sorted(records, key=lambda r: r.split != "dev"):
+        seen.setdefault(record.split, None)
+    return list(seen)
+
+
+def _split_summary(records: list[corpus.Record]) -> None:
+    native = corpus.native_judge()
+    print("\n== per split ==")
+    header = (f"{'split':<10} {'records':>7}  {'mineru_health':<23} {'amb':>5} {'amb!':>4}"
+              f"   {'PR #5188 baseline':<23}")
+    print(header)
+    print("-" * len(header))
+    for split in [*_splits(records), "all"]:
+        chosen = records if split == "all" else [r for r in records if r.split == split]
+        ours = corpus.score(chosen, native)["all"]
+        theirs = corpus.score(chosen, baseline_judge)["all"]
+        count = ours.labelled + ours.ambiguous_total
+        print(f"{split:<10} {count:>7}  {_cell(ours)} {ours.ambiguous_flagged:>2}/"
+              f"{ours.ambiguous_total:<2} {ours.ambiguous_fatal:>4}   {_cell(theirs)}")
+
+
 def _table(title: str, records: list[corpus.Record], key: Callable[[corpus.Record], str]) -> None:
     native = corpus.native_judge()
     print(f"\n== {title} ==")
@@ -49,7 +75,7 @@ def _table(title: str, records: list[corpus.Record], key: Callable[[corpus.Recor
               f"   {'PR #5188 baseline':<23}")
     print(header)
     print("-" * len(header))
-    for split in ("dev", "holdout", "all"):
+    for split in [*_splits(records), "all"]:
         chosen = records if split == "all" else [r for r in records if r.split == split]
         ours = corpus.score(chosen, native, key=key)
         theirs = corpus.score(chosen, baseline_judge, key=key)
@@ -74,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = corpus.load(args.corpus)
     labels = {label: sum(r.label == label for r in records) for label in corpus.LABELS}
-    print(f"{len(records)} records ({', '.join(f'{k} {v}' for k, v in labels.items())}); "
-          f"dev {sum(r.split == 'dev' for r in records)}, "
-          f"holdout {sum(r.split == 'holdout' for r in records)}")
+    sizes = ", ".join(f"{split} {sum(r.split == split for r in records)}"
+                      for split in _splits(records))
+    print(f"{len(records)} records ({', '.join(f'{k} {v}' for k, v in labels.items())}); {sizes}")
     print("cells: <fatal records>f <task-local records>t R=fatal recall P=fatal precision")
+    _split_summary(records)
     _table("per engine family", records, key=lambda r: r.engine)
     _table("per device family", records, key=lambda r: r.device)
     if args.misses:
-        for split in ("dev", "holdout"):
+        for split in _splits(records):
             chosen = [r for r in records if r.split == split]
             for name, judge in (("mineru_health", corpus.native_judge()),
                                 ("baseline", baseline_judge)):

@@ -3,6 +3,10 @@
 // documented in docs/rules.md; the sources each family was researched from
 // are listed there too.
 //
+// Longer than the house ~500-line guideline on purpose: it is one table, and
+// keeping every rule in one list keeps their order (which breaks ties between
+// rules of equal strength) readable in one place.
+//
 // Conventions:
 // - Type rules (target kType) see "module.Type (Base1 Base2) @raised_in". A
 //   class name is evidence no document or remote server can forge, so they
@@ -96,7 +100,8 @@ std::vector<Rule> builtin_rules() {
                      "engine ?core encountered a fatal error|engine ?core "
                      "proc\\S* \\S+ died unexpectedly|engine core client "
                      "(?:is|has) (?:shut ?down|dead)|engine ?core hit an "
-                     "exception|got fatal signal from worker processes"),
+                     "exception|got fatal signal from worker processes|"
+                     "asyncllm output_handler failed"),
       // Start-up: the core process failed (model load, KV-cache allocation).
       // MinerU builds the engine on the first task, so this reaches the
       // worker as a task failure and every later task would fail the same.
@@ -108,12 +113,14 @@ std::vector<Rule> builtin_rules() {
           "no available memory for the cache blocks|larger than the maximum "
           "number of tokens that can be stored in kv cache|insufficient "
           "memory for (?:the )?kv cache|not enough (?:gpu )?memory (?:for|to "
-          "allocate) (?:the )?kv cache"),
+          "allocate) (?:the )?kv cache|larger than the available kv cache "
+          "memory|on startup is less than desired gpu memory utili[sz]ation"),
       // Executor workers (multiproc / Ray) and their RPCs.
       engine_message("vllm.worker_died", kFatal, "engine_dead",
                      "worker ?proc\\S* \\S+ died unexpectedly|worker process "
                      "died unexpectedly|worker failed with error|executor "
-                     "(?:failed|is dead|has died)"),
+                     "(?:failed|is dead|has died)|workerproc failed to start|"
+                     "workerproc hit an exception"),
       engine_message("vllm.rpc_timeout", kHeuristic, "engine_dead",
                      "rpc call to \\S+ timed out|timed out waiting for "
                      "(?:worker|engine|rpc) response"),
@@ -131,7 +138,8 @@ std::vector<Rule> builtin_rules() {
       engine_message("vllm.v0.engine_loop", kFatal, "engine_dead",
                      "engine loop is not running|engine loop has died|engine "
                      "process \\(pid \\d+\\) died|mqllmengine (?:is "
-                     "dead|terminated)"),
+                     "(?:already )?dead|terminated)|no heartbeat received from "
+                     "mqllmengine"),
       engine_message("vllm.v0.task_finished", kFatal, "engine_dead",
                      "task finished unexpectedly\\. this should never happen|"
                      "engine background task failed|engine iteration timed "
@@ -173,9 +181,19 @@ std::vector<Rule> builtin_rules() {
                 "AssertionError|NotImplementedError|ImportError|"
                 "ModuleNotFoundError|OSError|RuntimeError)\\b[^@]*@(?:vllm\\."
                 "(?:config|engine\\.arg_utils|v1\\.engine\\.utils|"
-                "model_executor\\.model_loader|platforms)\\b|lmdeploy\\."
+                "model_executor\\.model_loader|model_executor\\.models\\."
+                "registry|transformers_utils\\.config|platforms)\\b|lmdeploy\\."
                 "(?:messages|archs|pytorch\\.config|turbomind\\.deploy|"
                 "turbomind\\.supported_models)\\b|mlx_(?:vlm|lm)\\.utils\\b)"),
+
+      // An engine's own modules failing to import (a missing or mismatched
+      // extension, kernel package or dependency): raised while the engine is
+      // built, so it never serves. Judged by raise site only.
+      type_rule("engine.start_import", kHeuristic, "engine_start",
+                "^(?:builtins\\.)?(?:ImportError|ModuleNotFoundError)\\b[^@]*@"
+                "(?:vllm|vllm_ascend|lmdeploy|_turbomind|dlinfer|mlx|mlx_lm|"
+                "mlx_vlm|torch_npu|torch_musa|torch_mlu|torch_gcu|torch_sdaa|"
+                "torch_dipu)(?:\\.|$)"),
 
       // ==== lmdeploy ========================================================
       // PyTorch engine run in a child process (ZMQ): dead backend.
@@ -189,6 +207,20 @@ std::vector<Rule> builtin_rules() {
                      "dead|died)"),
       engine_message("lmdeploy.engine_stop_error", kFatal, "engine_dead",
                      "enginestoperror"),
+      // The engine's background tasks (lmdeploy/pytorch/engine: the main
+      // loop and its helpers, the model agent loop) log "Task <name> failed"
+      // when they die; the engine stops with them. A child process of the
+      // multiprocess executor or the ZMQ engine dying ends it too.
+      engine_message("lmdeploy.loop_task_failed", kFatal, "engine_dead",
+                     "task <(?:enginemainloop|mainloop\\w*|getoutputsloop|"
+                     "modelagent\\w*|rayexecutorprefetchoutput)> failed|engine "
+                     "loop wait tasks failed|received custom termination "
+                     "signal from sub processing|zmq engine process exited "
+                     "before publishing"),
+      // The PyTorch engine's executor sizes the KV cache from free memory at
+      // start (pytorch/engine/executor/base.py).
+      engine_message("lmdeploy.kv_cache_start", kFatal, "engine_start",
+                     "no enough gpu memory for (?:kv cache|runtime)"),
       // lmdeploy's environment checks log "<name> check failed!" and exit
       // (lmdeploy/pytorch/check_env): the engine cannot be built here.
       engine_message("lmdeploy.env_check_failed", kFatal, "engine_start",
@@ -197,15 +229,20 @@ std::vector<Rule> builtin_rules() {
                 "SystemExit\\b[^@]*@lmdeploy\\.pytorch\\.check_env\\b"),
       // TurboMind's extension missing or built without what the model needs.
       engine_message("lmdeploy.turbomind_unbuilt", kFatal, "engine_start",
-                     "no module named '_turbomind'|turbomind has not been "
-                     "built with"),
+                     "no module named '_turbomind'|while importing _turbomind|"
+                     "turbomind has not been built with"),
       // The serving layer's ENGINE_UNAVAILABLE also covers a sleeping engine
       // and unknown sessions, which MinerU's one-shot sessions never hit.
       engine_message("lmdeploy.engine_unavailable", kHeuristic, "engine_dead",
                      "the inference engine is unavailable"),
-      // TurboMind's C++ checks.
+      // TurboMind's C++ checks ([TM][FATAL], failed assertions and CHECKs).
+      // Its "[TM][ERROR] CUDA runtime error: <text>" is left to the CUDA
+      // rules: an out-of-memory seen as text alone stays ambiguous, and one
+      // raised by TurboMind's binding is fatal by its raise site
+      // (engine.loop_error), as for an OOM in vLLM's model runner.
       engine_message("lmdeploy.turbomind_fatal", kHeuristic, "engine_dead",
-                     "\\[tm\\]\\[(?:fatal|error)\\]"),
+                     "\\[tm\\]\\[fatal\\]|\\[tm\\]\\[error\\] *(?:assertion "
+                     "fail|check failed)"),
       engine_message("lmdeploy.context_length", kTaskLocal, "request_too_long",
                      "the request exceeds the model context length"),
 
@@ -226,21 +263,31 @@ std::vector<Rule> builtin_rules() {
       engine_message("ray.actor_died_message", kFatal, "worker_dead",
                      "the actor died unexpectedly|actor \\S+ (?:has )?died|"
                      "the worker died unexpectedly|worker crashed while "
-                     "executing|raylet (?:has )?died"),
+                     "executing|raylet (?:has )?died|the actor is dead "
+                     "because|a worker died or was killed while executing|"
+                     "worker exit type: system_error|has been marked dead "
+                     "because the detector has missed too many heartbeats"),
+      // Lost objects and the system errors of Ray's core: the actor or node
+      // holding the engine's results is gone.
+      type_rule("ray.system_error", kHeuristic, "worker_dead",
+                "^ray\\.[\\w.]*(?:RaySystemError|OwnerDiedError|"
+                "ObjectLostError|ObjectReconstructionFailed\\w*Error)\\b"),
       type_rule("ray.out_of_memory", kHeuristic, "worker_dead",
                 "^ray\\.[\\w.]*OutOfMemoryError\\b"),
       engine_message("process.killed_by_signal", kHeuristic, "worker_dead",
                      "(?:process|worker|proc) \\S+ (?:terminated|was "
                      "terminated|exited|died) (?:with|by) signal|terminated "
                      "with signal sig(?:kill|segv|abrt|bus)|exited with "
-                     "(?:exit ?)?code -?(?:9|11|6|137|139)\\b"),
+                     "(?:exit ?)?code -?(?:9|11|6|137|139)\\b|(?:segmentation "
+                     "fault|aborted|bus error) ?\\(core dumped\\)"),
 
       // A C++ exception nobody caught: the process aborts (MLX without a
       // Metal device, TurboMind, custom kernels).
       engine_message("process.aborted", kFatal, "worker_dead",
                      "terminate called after throwing an instance of|"
-                     "libc\\+\\+abi: terminating (?:due to uncaught exception|"
-                     "with uncaught exception)"),
+                     "libc\\+\\+abi:? terminating (?:due to uncaught exception|"
+                     "with uncaught exception)|terminating app due to uncaught "
+                     "exception"),
       // vLLM's custom all-reduce checks every CUDA call and exits the
       // process on failure (CUDACHECK in csrc/custom_all_reduce.cuh).
       engine_message("vllm.custom_all_reduce_exit", kFatal, "device",
@@ -269,6 +316,9 @@ std::vector<Rule> builtin_rules() {
                      "misaligned address|errormisalignedaddress"),
       engine_message("cuda.hardware_stack_error", kFatal, "device",
                      "hardware stack error|errorhardwarestackerror"),
+      engine_message("cuda.invalid_address_space", kFatal, "device",
+                     "operation not supported on global/shared address space|"
+                     "errorinvalidaddressspace"),
       engine_message("cuda.invalid_pc", kFatal, "device",
                      "invalid program counter|errorinvalidpc"),
       engine_message("cuda.launch_timeout", kFatal, "device",
@@ -294,29 +344,43 @@ std::vector<Rule> builtin_rules() {
                      "operation not permitted when stream is capturing|"
                      "errorstreamcaptureinvalidated"),
       // ROCm: the HSA runtime's faults.
+      // ROCm: the HSA runtime's faults, and the HIP runtime's report of a
+      // hung or faulted queue ("HW Exception by GPU node-N ... reason :GPU
+      // Hang"), after which the process aborts.
       engine_message("rocm.memory_fault", kFatal, "device",
                      "memory access fault by gpu|hsa_status_error_memory_"
                      "(?:aperture_violation|fault)|hsa_status_error_exception|"
-                     "hsa_status_error_illegal_instruction"),
+                     "hsa_status_error_illegal_instruction|hw exception by gpu "
+                     "node"),
       // Start-up: no kernels for this device, no usable driver.
       engine_message("device.missing_kernels", kFatal, "engine_start",
                      "no kernel image is available for execution on the "
                      "device|invalid device function|hiperrornobinaryforgpu|"
                      "unable to find code object for all current devices|"
                      "the provided ptx was compiled with an unsupported "
-                     "toolchain"),
+                     "toolchain|errornokernelimagefordevice|"
+                     "errorinvaliddevicefunction|errorunsupportedptxversion"),
       engine_message("device.no_driver", kHeuristic, "engine_start",
                      "found no nvidia driver|cuda driver initiali[sz]ation "
                      "failed|no cuda-capable device is detected|nvidia driver "
                      "on your system is too old|cannot re-initiali[sz]e cuda "
                      "in forked subprocess|cuda-capable device\\(s\\) is/are "
-                     "busy or unavailable"),
+                     "busy or unavailable|api call is not supported in the "
+                     "installed cuda driver|errorcallrequiresnewerdriver|cuda "
+                     "driver version is insufficient "
+                     "for cuda runtime version|errorinsufficientdriver|system "
+                     "not yet initiali[sz]ed|errorsystemnotready|system has "
+                     "unsupported display driver / cuda driver combination|"
+                     "errorsystemdrivermismatch|forward compatibility was "
+                     "attempted on non supported hw|"
+                     "errorcompatnotsupportedondevice"),
       // Out of memory: the device may be fine once this task's tensors are
       // freed, or may be failing; the worker's error budget decides.
       type_rule("device.out_of_memory_type", kAmbiguous, "out_of_memory",
                 "^torch\\.[\\w.]*OutOfMemoryError\\b"),
       engine_message("device.out_of_memory", kAmbiguous, "out_of_memory",
-                     device(" out of memory") +
+                     device(" out of memory") + "|" +
+                         device(" runtime error: out of memory") +
                          "|\\bmps backend out of memory|" +
                          device(" error: out of memory") +
                          "|(?:cuda|hip)error(?:outofmemory|memoryallocation)|"
@@ -330,29 +394,46 @@ std::vector<Rule> builtin_rules() {
                      "\\bforce stop\\b|\\buce error\\b|hbm multi bit ecc "
                      "error|suspect mem error|(?:hccs|ub) link error|device "
                      "task abort|suspect remote error"),
-      // ACL runtime error codes (CANN's acl error codes, 507xxx): AI Core,
-      // AI CPU and vector core exceptions and timeouts, lost heartbeat, DMA
-      // errors, stream synchronisation timeouts, a broken host-device link.
-      engine_message("npu.acl_runtime_error", kFatal, "device",
-                     "(?:error ?code(?: is)?|ret(?:urn)? ?code|errno)[ =:]*"
-                     "(?:5070(?:1[0345678]|3[456]|4[2-9]|50)|50790[01])\\b"),
+      // ACL runtime error codes (CANN's rt_error_codes.h): the task
+      // scheduler's internal error and lost heartbeat (507001, 507010), DMA
+      // errors, AI Core, AI CPU and vector core exceptions and timeouts,
+      // stream and event synchronisation timeouts, device memory UCE and HBM
+      // ECC errors, link and remote errors (507053-507057), driver and AI
+      // CPU internal errors, a broken host-device link, a failed HCCL retry
+      // (507899-507904), the device setting up (507033), and tasks or
+      // streams aborted on the device (107022, 107023, 107035). torch_npu
+      // prints them as "error code is N", CANN as "runtime result = N".
+      engine_message(
+          "npu.acl_runtime_error", kFatal, "device",
+          "(?:error ?code(?: is)?|ret(?:urn)? ?code|errno|runtime "
+          "result)[ =:]*(?:5070(?:01|1[0345678]|3[3456]|4[2-9]|5[0-7])"
+          "|507899|5079(?:0[0-4])|1070(?:2[23]|35))\\b"),
       engine_message("npu.execution_abnormal", kFatal, "device",
                      "the (?:aicore|aicpu|vector core) execution (?:is "
                      "abnormal|times out)|task scheduler loses the heartbeat|"
                      "there is an? (?:aicore|aivec|aic|aiv|aicpu|vector core) "
-                     "(?:error )?exception|(?:aicore|aicpu) exception|"
+                     "(?:error )?exception|there is an? sdma error|"
+                     "(?:aicore|aicpu) exception|"
                      "exception of (?:fftsplus )?(?:aicore|aivec|aicpu|sdma) "
                      "error|"
                      "hardware execution error|host device communication "
                      "\\(hdc\\) session is disconnected"),
-      // torch_npu's own words after a CANN inner error (EZ9999...).
+      // torch_npu's own words after a CANN inner error (E?9999: EZ9999,
+      // EE9999, EH9999...), which torch_npu also reports as "CANN Inner
+      // Error".
       engine_message("npu.inner_error", kFatal, "device",
-                     "the process exits for this inner error|\\bez9999: "
-                     "inner error"),
+                     "the process exits for this inner error|\\be[0-9a-z]9999: "
+                     "inner error|cann inner error"),
+      // CANN's device error report (device_error_proc.cc): printed only when
+      // the device itself reports a task exception or timeout (AI Core, SDMA,
+      // HCCL FFTS+ tasks), with the chip and die it came from.
+      engine_message(
+          "npu.device_error_report", kFatal, "device",
+          "the error from device\\s*\\(|\\bdevice_error_proc\\.cc\\b"),
       // HCCL reports its own failures with EI codes (EI0001...: transport
       // init, link, timeout); the communicator is unusable afterwards.
       engine_message("npu.hccl_error_code", kFatal, "collective",
-                     "\\bei\\d{4}: "),
+                     "\\bei\\d{4}: |\\w\\(ei\\d{4}\\)"),
       engine_message("npu.sync_failed", kFatal, "device",
                      "acl stream synchronize failed|aclrtsynchronize"
                      "(?:stream|device|event)(?:withtimeout)? failed|"
@@ -372,16 +453,36 @@ std::vector<Rule> builtin_rules() {
                      "command buffer execution failed: (?:caused gpu "
                      "(?:address fault|timeout|hang)|discarded|internal "
                      "error|invalid resource|page ?fault|not permitted|"
-                     "ignored)|kiogpucommandbuffercallbackerror(?:pagefault|"
-                     "timeout|hang|submissionsignored|invalidresource|"
-                     "notpermitted)|victim of gpu error"),
+                     "ignored|impacting interactivity)|"
+                     "kio(?:gpu|accel)commandbuffercallbackerror(?:pagefault|"
+                     "timeout|"
+                     "hang|submissionsignored|invalidresource|notpermitted|"
+                     "impactinginteractivity|innocentvictim)|victim of gpu "
+                     "error"),
+      // Metal Performance Shaders and Metal itself assert inside the
+      // framework ("<File>.mm:<line>: failed assertion `...'") and abort the
+      // process (PyTorch's MPS backend, MLX).
+      engine_message("metal.failed_assertion", kFatal, "worker_dead",
+                     "\\.mm:\\d+: failed assertion|mtlreportfailure"),
+      // MLX finds no Metal device or cannot create its queue or events, or
+      // was built without a GPU backend: no evaluation can run
+      // (mlx/backend/metal/device.cpp, event.cpp; mlx/backend/no_metal,
+      // no_gpu).
+      engine_message("metal.no_device", kFatal, "device",
+                     "no metal device available|failed to make new command "
+                     "queue|failed to create metal shared event|unable to "
+                     "construct residency set|without metal backend|gpu "
+                     "backend is not available|cannot make gpu stream without "
+                     "gpu backend"),
       engine_message("metal.mps_command_buffer", kHeuristic, "device",
                      "command buffer exited with error status"),
-      engine_message("metal.out_of_memory", kAmbiguous, "out_of_memory",
-                     "kiogpucommandbuffercallbackerroroutofmemory|command "
-                     "buffer execution failed: insufficient memory|"
-                     "\\[metal::malloc\\] attempting to allocate|resource "
-                     "limit \\(\\d+\\) exceeded"),
+      engine_message(
+          "metal.out_of_memory", kAmbiguous, "out_of_memory",
+          "kio(?:gpu|accel)commandbuffercallbackerroroutofmemory|command "
+          "buffer execution failed: insufficient memory|"
+          "\\[metal::malloc\\] attempting to allocate|resource "
+          "limit \\(\\d+\\) exceeded|\\[malloc\\] unable to "
+          "allocate \\d+ bytes"),
       engine_message("metal.missing_kernels", kFatal, "engine_start",
                      "failed to load the (?:default )?metallib|can not load "
                      "metallib|unable to load (?:kernel|function)|unable to "
@@ -402,6 +503,8 @@ std::vector<Rule> builtin_rules() {
                      "watchdog caught collective operation timeout|process "
                      "group watchdog thread terminated|(?:nccl|rccl|hccl|"
                      "cncl|mccl|eccl|tccl) watchdog thread terminated|"
+                     "heartbeat monitor timed out|watchdog got stuck for \\d+ "
+                     "seconds|"
                      "(?:nccl|hccl) "
                      "communicator (?:was )?aborted|some (?:nccl|hccl) "
                      "operations have failed or timed out|wait execution of "
@@ -414,6 +517,15 @@ std::vector<Rule> builtin_rules() {
                      "connection closed by peer"),
       type_rule("collective.store_error", kHeuristic, "collective",
                 "^torch\\.[\\w.]*DistStoreError\\b"),
+      // The c10d store's sockets: the ranks cannot reach each other while
+      // the process group forms, so the engine never starts.
+      type_rule("collective.store_network", kHeuristic, "collective",
+                "^torch\\.[\\w.]*DistNetworkError\\b"),
+      engine_message("collective.store_socket", kHeuristic, "collective",
+                     "the client socket has failed to connect to any network "
+                     "address|the server socket has failed to listen on any "
+                     "local network address|the client socket has timed out "
+                     "after \\d+"),
 
       // ==== Any engine: plain-language death notices =========================
       engine_message("engine.dead", kHeuristic, "engine_dead",
@@ -443,7 +555,10 @@ std::vector<Rule> builtin_rules() {
                 "NetworkError|HTTPStatusError|APIConnectionError|"
                 "InternalServerError|APIStatusError|ServerDisconnectedError|"
                 "ClientConnectorError|ClientResponseError|ConnectionError|"
-                "ProtocolError|HTTPError)\\b"),
+                "ProtocolError|HTTPError|BadRequestError|AuthenticationError|"
+                "PermissionDeniedError|NotFoundError|ConflictError|"
+                "UnprocessableEntityError|RateLimitError|InvalidRequestError|"
+                "ServiceUnavailableError|APIError)\\b"),
       // Documents: corrupt, encrypted, unreadable or hostile files.
       type_rule("pdfium.error", kTaskLocal, "bad_input",
                 "^pypdfium2\\.[\\w.]*PdfiumError\\b"),

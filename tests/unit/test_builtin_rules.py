@@ -60,12 +60,18 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
         "Unknown quantization method: awq_x",
         "vllm.config.model",
     ),
+    "engine.start_import": ("builtins", "ModuleNotFoundError", ("ImportError", *EXC),
+                            "No module named 'dlinfer'", "lmdeploy.pytorch.backends.selector"),
     # lmdeploy
     "lmdeploy.rpc_server_dead": ("lmdeploy.pytorch.engine.mp_engine", "RPCServerDeadError", EXC,
                                  "", "lmdeploy.pytorch.engine.mp_engine.zmq_rpc"),
     "lmdeploy.engine_loop_stopped": ("", "", (), ("lmdeploy - ERROR - Engine loop failed with "
                                      "error: map::at"), ""),
     "lmdeploy.engine_stop_error": ("", "", (), "EngineStopError", ""),
+    "lmdeploy.loop_task_failed": ("", "", (), ("lmdeploy - ERROR - model_agent.py:470 - Task "
+                                  "<ModelAgentLoop> failed"), ""),
+    "lmdeploy.kv_cache_start": ("builtins", "RuntimeError", EXC, "No enough gpu memory for kv cache.",
+                                "lmdeploy.pytorch.engine.executor.base"),
     "lmdeploy.env_check_failed": ("", "", (), "lmdeploy - ERROR - <dlinfer> check failed!", ""),
     "lmdeploy.env_check_exit": ("builtins", "SystemExit", ("BaseException",), "1",
                                 "lmdeploy.pytorch.check_env.base"),
@@ -92,6 +98,8 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "ray.out_of_memory": ("ray.exceptions", "OutOfMemoryError", ("RayError", *EXC),
                           "Task was killed due to the node running low on memory.",
                           "ray._private.worker"),
+    "ray.system_error": ("ray.exceptions", "OwnerDiedError", ("ObjectLostError", "RayError", *EXC),
+                         "Failed to retrieve object", "ray._private.worker"),
     "process.killed_by_signal": ("", "", (), ("Worker proc 1234 was terminated by signal "
                                  "SIGKILL"), ""),
     "process.aborted": ("", "", (), ("terminate called after throwing an instance of "
@@ -116,6 +124,8 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
                                   "CUDA error: hardware stack error", "torch.cuda"),
     "cuda.invalid_pc": ("builtins", "RuntimeError", EXC, "CUDA error: invalid program counter",
                         "torch.cuda"),
+    "cuda.invalid_address_space": ("builtins", "RuntimeError", EXC, ("CUDA error: operation not "
+                                   "supported on global/shared address space"), "torch.cuda"),
     "cuda.launch_timeout": ("builtins", "RuntimeError", EXC,
                             "CUDA error: the launch timed out and was terminated", "torch.cuda"),
     "cuda.library_execution_failed": ("builtins", "RuntimeError", EXC,
@@ -146,6 +156,8 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "npu.execution_abnormal": ("", "", (), "The aicore execution is abnormal.", ""),
     "npu.inner_error": ("builtins", "RuntimeError", EXC, ("The Inner error is reported as above. "
                         "The process exits for this inner error"), "torch_npu.npu"),
+    "npu.device_error_report": ("", "", (), ("The error from device(chipId:1, dieId:0), serial "
+                                "number is 3, there is an aicore error"), ""),
     "npu.hccl_error_code": ("", "", (), "EI0009: Transport init error.", ""),
     "npu.sync_failed": ("builtins", "RuntimeError", EXC,
                         "ACL stream synchronize failed.", "torch_npu.npu.utils"),
@@ -162,6 +174,10 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
                             "mlx_lm.generate"),
     "metal.missing_kernels": ("builtins", "RuntimeError", EXC,
                               "Failed to load the default metallib.", "mlx.core"),
+    "metal.failed_assertion": ("", "", (), ("MPSNDArrayDescriptor.mm:84: failed assertion "
+                               "`[MPSNDArrayDescriptor sliceDimension:withSubrange:] error'"), ""),
+    "metal.no_device": ("builtins", "RuntimeError", EXC, ("[metal::load_device] No Metal device "
+                        "available."), "mlx.core"),
     # collectives
     "collective.error": ("builtins", "RuntimeError", EXC, ("NCCL error in: ProcessGroupNCCL.cpp:"
                          "1970, unhandled cuda error"), "torch.distributed.distributed_c10d"),
@@ -174,6 +190,11 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
                                  "torch.distributed.elastic"),
     "collective.store_error": ("torch.distributed", "DistStoreError", RT, "",
                                "torch.distributed.rendezvous"),
+    "collective.store_network": ("torch.distributed", "DistNetworkError", RT, "",
+                                 "torch.distributed.rendezvous"),
+    "collective.store_socket": ("builtins", "RuntimeError", EXC, ("The client socket has failed to "
+                                "connect to any network address of (10.0.0.2, 29500)."),
+                                "torch.distributed.rendezvous"),
     # plain-language notices
     "engine.dead": ("builtins", "RuntimeError", EXC, "the inference engine is dead",
                     "lmdeploy.serve.async_engine"),
