@@ -49,16 +49,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from mineru_health import _native
 
-from ._registry import current
+from ._registry import BoundSourceCollector, Family, current
 
 __all__ = [
     "AUDIT_ACTIONS",
@@ -115,52 +114,13 @@ StatusSource = Callable[[], Iterable[Any]]
 StatsSource = Callable[[], Any]
 
 
-class WorkerStatusCollector(Collector):
-    """The state gauges, computed from the bound status source at every scrape.
+class WorkerStatusCollector(BoundSourceCollector):
+    """The state gauges, from the poller's ``statuses()`` (``id``, ``phase``,
+    ``consecutive_failures`` of each ``WorkerStatus``) at every scrape."""
 
-    The source returns objects with ``id``, ``phase`` and
-    ``consecutive_failures`` (the poller's ``WorkerStatus``); unbound, the
-    families are empty. Thread-safe: binding swaps one reference, and
-    ``collect`` runs on whichever thread scrapes.
-    """
+    what = "worker statuses"
 
-    def __init__(self) -> None:
-        self._source: StatusSource | None = None
-
-    def bind(self, source: StatusSource | None) -> None:
-        self._source = source
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        # Names only: registering must not call the source.
-        yield from self._families()
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        state, failures = self._families()
-        for status in self._statuses():
-            try:
-                phase = _native.to_string(status.phase)
-                worker = str(status.id)
-                count = float(status.consecutive_failures)
-            except (AttributeError, TypeError, ValueError):
-                continue  # not a status: leave it out rather than fail the scrape
-            for name in WORKER_STATES:
-                state.add_metric([worker, name], 1.0 if name == phase else 0.0)
-            failures.add_metric([worker], count)
-        yield state
-        yield failures
-
-    def _statuses(self) -> list[Any]:
-        source = self._source
-        if source is None:
-            return []
-        try:
-            return list(source())
-        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
-            _log.exception("reading worker statuses for /metrics failed")
-            return []
-
-    @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def families(self) -> tuple[Family, ...]:
         return (
             GaugeMetricFamily(
                 "mineru_router_worker_state",
@@ -174,46 +134,27 @@ class WorkerStatusCollector(Collector):
             ),
         )
 
+    def fill(self, families: tuple[Family, ...], value: Iterable[Any]) -> None:
+        state, failures = families
+        for status in value:
+            try:
+                phase = _native.to_string(status.phase)
+                worker = str(status.id)
+                count = float(status.consecutive_failures)
+            except (AttributeError, TypeError, ValueError):
+                continue  # not a status: leave it out rather than fail the scrape
+            for name in WORKER_STATES:
+                state.add_metric([worker, name], 1.0 if name == phase else 0.0)
+            failures.add_metric([worker], count)
 
-class PollerStatsCollector(Collector):
-    """The poller's own counters (``PollerStats``), read from the bound source at every scrape.
 
-    Lost events, I/O errors and held-back ejections live in the native
-    poller; like the state gauges they are read, never copied.
-    """
+class PollerStatsCollector(BoundSourceCollector):
+    """The poller's own counters (``PollerStats``): lost events, I/O errors and
+    held-back ejections live in the native poller; read, never copied."""
 
-    def __init__(self) -> None:
-        self._source: StatsSource | None = None
+    what = "poller stats"
 
-    def bind(self, source: StatsSource | None) -> None:
-        self._source = source
-
-    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        yield from self._families()
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        dropped, io_errors, failing, suppressed = self._families()
-        stats = self._stats()
-        if stats is not None:
-            dropped.add_metric([], float(stats.dropped_events))
-            io_errors.add_metric([], float(stats.io_errors))
-            failing.add_metric([], 1.0 if stats.io_failing else 0.0)
-            suppressed.add_metric([], float(stats.ejections_suppressed))
-        yield from (dropped, io_errors, failing, suppressed)
-
-    def _stats(self) -> Any:
-        source = self._source
-        if source is None:
-            return None
-        try:
-            return source()
-        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
-            _log.exception("reading poller stats for /metrics failed")
-            return None
-
-    @staticmethod
-    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily,
-                             CounterMetricFamily]:
+    def families(self) -> tuple[Family, ...]:
         return (
             CounterMetricFamily(
                 "mineru_router_poller_dropped_events",
@@ -232,6 +173,13 @@ class PollerStatsCollector(Collector):
                 "Ejections held back by the mass-ejection guard (MAX_EJECTION_PERCENT).",
             ),
         )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        dropped, io_errors, failing, suppressed = families
+        dropped.add_metric([], float(value.dropped_events))
+        io_errors.add_metric([], float(value.io_errors))
+        failing.add_metric([], 1.0 if value.io_failing else 0.0)
+        suppressed.add_metric([], float(value.ejections_suppressed))
 
 
 class _RouterMetrics:

@@ -32,17 +32,13 @@ threads) and never raises on odd label values.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from ._registry import current
-
-_log = logging.getLogger("mineru_health.metrics")
+from ._registry import BoundSourceCollector, Family, current
 
 __all__ = [
     "METRIC_NAMES",
@@ -67,47 +63,13 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-class WorkerSnapshotCollector(Collector):
-    """The engine and event-loop gauges, computed from the bound snapshot source per scrape.
+class WorkerSnapshotCollector(BoundSourceCollector):
+    """The engine and event-loop gauges, from the worker's ``HealthSnapshot``
+    (``mineru_health.worker``) at every scrape."""
 
-    The source returns the worker's ``HealthSnapshot`` (``mineru_health.worker``).
-    Thread-safe: binding swaps one reference; ``collect`` runs on the scraping thread.
-    """
+    what = "the worker state"
 
-    def __init__(self) -> None:
-        self._source: Callable[[], Any] | None = None
-
-    def bind(self, source: Callable[[], Any] | None) -> None:
-        self._source = source
-
-    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        yield from self._families()
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        lag, in_flight, quiet, ambiguous = self._families()
-        snap = self._snapshot()
-        if snap is not None:
-            if snap.loop_lag_s is not None:
-                lag.add_metric([], float(snap.loop_lag_s))
-            in_flight.add_metric([], float(snap.engine_calls_in_flight))
-            if snap.seconds_since_progress is not None:
-                quiet.add_metric([], float(snap.seconds_since_progress))
-            ambiguous.add_metric([], float(snap.ambiguous_count))
-        yield from (lag, in_flight, quiet, ambiguous)
-
-    def _snapshot(self) -> Any:
-        source = self._source
-        if source is None:
-            return None
-        try:
-            return source()
-        except Exception:  # noqa: BLE001 -- a scrape must answer even if the source broke
-            _log.exception("reading the worker state for /metrics failed")
-            return None
-
-    @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
-                             CounterMetricFamily]:
+    def families(self) -> tuple[Family, ...]:
         return (
             GaugeMetricFamily("mineru_worker_loop_lag_seconds",
                               "Seconds since the worker's event loop last ticked."),
@@ -118,6 +80,15 @@ class WorkerSnapshotCollector(Collector):
             CounterMetricFamily("mineru_worker_ambiguous_errors",
                                 "Ambiguous device errors (counted against the error budget)."),
         )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        lag, in_flight, quiet, ambiguous = families
+        if value.loop_lag_s is not None:
+            lag.add_metric([], float(value.loop_lag_s))
+        in_flight.add_metric([], float(value.engine_calls_in_flight))
+        if value.seconds_since_progress is not None:
+            quiet.add_metric([], float(value.seconds_since_progress))
+        ambiguous.add_metric([], float(value.ambiguous_count))
 
 
 class _WorkerMetrics:
