@@ -47,7 +47,6 @@ native module's ``to_string`` spellings, enumerated from its enums.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -74,8 +73,6 @@ __all__ = [
     "record_audit",
     "record_ejection",
 ]
-
-_log = logging.getLogger("mineru_health.metrics")
 
 # The phases of the native RestartPolicy, as its to_string() spells them.
 WORKER_STATES: tuple[str, ...] = tuple(_native.to_string(p) for p in _native.WorkerPhase)
