@@ -36,6 +36,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -206,3 +207,54 @@ def worker_pids(ports: set[str]) -> set[int]:
             if index < len(args) and args[index] in ports:
                 found.add(int(entry.name))
     return found
+
+
+# --- the router -------------------------------------------------------------------------------
+
+ROUTER_START_TIMEOUT_S = 240.0
+
+
+def start_router(
+    process_factory: Callable[..., ManagedProcess],
+    site: Path,
+    mineru_python: str,
+    mineru_health_path: str,
+    tmp_path: Path,
+    extra_env: Mapping[str, str],
+    *,
+    local_gpus: str = "0,1",
+) -> ManagedProcess:
+    """A patched ``mineru-router`` on a free loopback port with its own local workers."""
+    port = free_port()
+    env = mineru_env(site, mineru_health_path, tmp_path / "router-output", extra_env)
+    proc = process_factory(
+        [mineru_python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
+         "--local-gpus", local_gpus],
+        env=env, name="mineru-router", cwd=tmp_path,
+    )
+    proc.base_url = f"http://127.0.0.1:{port}"
+    return proc
+
+
+def router_servers(base: str) -> dict[str, dict[str, Any]]:
+    """The router's ``/health`` ``servers`` by id; empty while it does not answer."""
+    response = http_get(f"{base}/health", 10.0)
+    if response is None or response.status_code not in (200, 503):
+        return {}
+    return {s["server_id"]: s for s in response.json().get("servers", [])}
+
+
+def wait_both_in_rotation(proc: ManagedProcess) -> dict[str, dict[str, Any]]:
+    """Until the router's two workers are in rotation; returns its servers then."""
+
+    def both() -> dict[str, dict[str, Any]] | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"router exited:\n{proc.log_tail()}")
+        servers = router_servers(proc.base_url)
+        ok = len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
+        return servers if ok else None
+
+    servers = wait_until(both, ROUTER_START_TIMEOUT_S, 0.5)
+    assert servers, proc.log_tail()
+    result: dict[str, dict[str, Any]] = servers
+    return result

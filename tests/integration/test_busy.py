@@ -22,13 +22,19 @@ from typing import Any, Self
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until
+from conftest import (
+    ManagedProcess,
+    http_get,
+    router_servers,
+    start_router,
+    wait_both_in_rotation,
+    wait_until,
+)
 from mineru_health.testing.faults import write_plan
 from mineru_health.testing.sandbox import make_pdf
 
 pytestmark = pytest.mark.integration
 
-ROUTER_START_TIMEOUT_S = 240.0
 LOAD_TIMEOUT_S = 900.0
 # More than one 64-page processing window: MinerU blocks its loop after each.
 PAGES = 70
@@ -37,44 +43,10 @@ DISRUPTIONS = ("ejected", "health_failed", "auto_restart_scheduled", "auto_resta
                "auto_restart_failed", "auto_restart_gave_up")
 
 
-def _start_router(
-    process_factory: Callable[..., ManagedProcess],
-    site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
-    extra_env: dict[str, str],
-) -> ManagedProcess:
-    port = free_port()
-    env = mineru_env(site, mineru_health_path, tmp_path / "router-output", extra_env)
-    proc = process_factory(
-        [mineru_python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
-         "--local-gpus", "0,1"],
-        env=env, name="mineru-router", cwd=tmp_path,
-    )
-    proc.base_url = f"http://127.0.0.1:{port}"
-    return proc
 
 
-def _servers(base: str) -> dict[str, dict[str, Any]]:
-    response = http_get(f"{base}/health", 10.0)
-    if response is None or response.status_code not in (200, 503):
-        return {}
-    return {s["server_id"]: s for s in response.json().get("servers", [])}
 
 
-def _wait_both_in_rotation(proc: ManagedProcess) -> dict[str, dict[str, Any]]:
-    def both() -> dict[str, dict[str, Any]] | None:
-        if proc.poll() is not None:
-            raise AssertionError(f"router exited:\n{proc.log_tail()}")
-        servers = _servers(proc.base_url)
-        ok = len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
-        return servers if ok else None
-
-    servers = wait_until(both, ROUTER_START_TIMEOUT_S, 0.5)
-    assert servers, proc.log_tail()
-    result: dict[str, dict[str, Any]] = servers
-    return result
 
 
 class RotationWatch:
@@ -96,7 +68,7 @@ class RotationWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for sid, entry in _servers(self.base).items():
+            for sid, entry in router_servers(self.base).items():
                 if not entry.get("in_rotation", True):
                     self.out_of_rotation.append((time.time(), sid, str(entry.get("last_error"))))
             self._stop.wait(0.5)
@@ -150,11 +122,11 @@ def test_loaded_fleet_is_never_ejected_or_restarted(
     tmp_path: Path,
 ) -> None:
     audit_path = tmp_path / "audit.jsonl"
-    proc = _start_router(
+    proc = start_router(
         process_factory, patched_mineru_site, mineru_python, mineru_health_path, tmp_path,
         {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path)},  # production preset
     )
-    first = _wait_both_in_rotation(proc)
+    first = wait_both_in_rotation(proc)
     pdf = make_pdf(pages=PAGES, images_per_page=1, image_px=128, seed=3)
 
     with RotationWatch(proc.base_url) as watch:
@@ -166,7 +138,7 @@ def test_loaded_fleet_is_never_ejected_or_restarted(
     assert watch.out_of_rotation == [], watch.out_of_rotation
     assert _disruptions(audit_path) == []
     # The same processes throughout: nothing was restarted.
-    assert {sid: s["base_url"] for sid, s in _servers(proc.base_url).items()} == {
+    assert {sid: s["base_url"] for sid, s in router_servers(proc.base_url).items()} == {
         sid: s["base_url"] for sid, s in first.items()
     }
 
@@ -183,14 +155,14 @@ def test_a_loop_blocked_below_the_hang_limit_is_busy_not_broken(
     audit_path = tmp_path / "audit.jsonl"
     plans = tmp_path / "plans"
     plans.mkdir()
-    proc = _start_router(
+    proc = start_router(
         process_factory, patched_mineru_site, mineru_python, mineru_health_path, tmp_path,
         {
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
             "MINERU_HEALTH_FAULT_PLAN": str(plans / "plan-{port}"),
         },
     )
-    servers = _wait_both_in_rotation(proc)
+    servers = wait_both_in_rotation(proc)
     victim = min(servers)
     plan = plans / f"plan-{servers[victim]['base_url'].rsplit(':', 1)[1]}"
 

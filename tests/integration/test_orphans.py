@@ -8,11 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until, worker_pids
+from conftest import (
+    ROUTER_START_TIMEOUT_S,
+    ManagedProcess,
+    http_get,
+    start_router,
+    wait_until,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.integration
 
-ROUTER_START_TIMEOUT_S = 240.0
 # The kernel's SIGTERM starts uvicorn's graceful shutdown at once; the
 # worker's own watcher exits after 30 s if that shutdown hangs.
 WORKER_EXIT_BOUND_S = 60.0
@@ -25,15 +31,9 @@ def test_workers_die_with_a_killed_router(
     mineru_health_path: str,
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    env = mineru_env(patched_mineru_site, mineru_health_path, tmp_path / "router-output",
-                     {"MINERU_ROUTER_HEALTH_PRESET": "fast"})
-    router = process_factory(
-        [mineru_python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
-         "--local-gpus", "0,1"],
-        env=env, name="mineru-router", cwd=tmp_path,
-    )
-    base = f"http://127.0.0.1:{port}"
+    router = start_router(process_factory, patched_mineru_site, mineru_python,
+                          mineru_health_path, tmp_path, {"MINERU_ROUTER_HEALTH_PRESET": "fast"})
+    base = router.base_url
 
     def worker_ports() -> set[str] | None:
         assert router.poll() is None, router.log_tail()

@@ -25,52 +25,43 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, mineru_env, wait_until, worker_pids
+from conftest import (
+    ROUTER_START_TIMEOUT_S,
+    ManagedProcess,
+    http_get,
+    router_servers,
+    start_router,
+    wait_both_in_rotation,
+    wait_until,
+    worker_pids,
+)
 from mineru_health.settings import HealthSettings
 from mineru_health.testing.faults import write_plan
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 
-ROUTER_START_TIMEOUT_S = 240.0
 TASK_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 180.0
 MAX_PROBE_TASKS = 8  # tasks submitted at most until one hits the dead engine
 FAST = HealthSettings.preset("fast")
 
 
-def _router_health(base: str) -> dict[str, Any] | None:
-    response = http_get(f"{base}/health", 5.0)
-    if response is None or response.status_code not in (200, 503):
-        return None
-    payload: dict[str, Any] = response.json()
-    return payload
 
 
-def _servers(base: str) -> dict[str, dict[str, Any]]:
-    payload = _router_health(base) or {}
-    return {s["server_id"]: s for s in payload.get("servers", [])}
 
 
-def _wait_both_in_rotation(proc: ManagedProcess) -> None:
-    def both_in_rotation() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"router exited:\n{proc.log_tail()}")
-        servers = _servers(proc.base_url)
-        return len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
-
-    assert wait_until(both_in_rotation, ROUTER_START_TIMEOUT_S, 0.5), proc.log_tail()
 
 
 def _wait_restarted(proc: ManagedProcess, server_id: str, old_url: str) -> None:
     """Until ``server_id`` is back in rotation on a new process (a new URL)."""
 
     def restarted() -> bool:
-        entry = _servers(proc.base_url).get(server_id, {})
+        entry = router_servers(proc.base_url).get(server_id, {})
         return bool(entry.get("in_rotation")) and entry.get("base_url") != old_url
 
     assert wait_until(restarted, RESTART_TIMEOUT_S, 0.5), (
-        _servers(proc.base_url),
+        router_servers(proc.base_url),
         proc.log_tail(),
     )
 
@@ -110,9 +101,9 @@ def _agreed_states(base: str) -> dict[str, str]:
     seen: list[Any] = []
 
     def settled() -> dict[str, str] | None:
-        before = _servers(base)
+        before = router_servers(base)
         metric_view = _metric_view(base)
-        after = _servers(base)
+        after = router_servers(base)
 
         def view(servers: dict[str, dict[str, Any]]) -> dict[str, Any]:
             return {
@@ -168,34 +159,6 @@ class RouterClient:
         return self.wait(self.submit())
 
 
-def _start_router(
-    process_factory: Callable[..., ManagedProcess],
-    site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
-    extra_env: dict[str, str],
-) -> ManagedProcess:
-    port = free_port()
-    env = mineru_env(site, mineru_health_path, tmp_path / "router-output", extra_env)
-    proc = process_factory(
-        [
-            mineru_python,
-            "-m",
-            "mineru.cli.router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--local-gpus",
-            "0,1",
-        ],
-        env=env,
-        name="mineru-router",
-        cwd=tmp_path,
-    )
-    proc.base_url = f"http://127.0.0.1:{port}"
-    return proc
 
 
 @pytest.mark.parametrize("bad", ["timeout", "rules"])
@@ -215,7 +178,7 @@ def test_router_refuses_bad_config(
         rules.write_text("site.broken fatal engine_dead (unclosed\n", encoding="utf-8")
         env = {"MINERU_HEALTH_RULES": str(rules)}
         expected = f"{rules}:1"
-    proc = _start_router(
+    proc = start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
@@ -241,7 +204,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
 ) -> None:
     audit_path = tmp_path / "audit.jsonl"
     plan = tmp_path / "fault-plan"
-    proc = _start_router(
+    proc = start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
@@ -256,9 +219,9 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     )
     base = proc.base_url
 
-    _wait_both_in_rotation(proc)
-    first_urls = {sid: s["base_url"] for sid, s in _servers(base).items()}
-    for entry in _servers(base).values():
+    wait_both_in_rotation(proc)
+    first_urls = {sid: s["base_url"] for sid, s in router_servers(base).items()}
+    for entry in router_servers(base).values():
         assert entry["state"] == "healthy" and entry["restartable"]
         assert entry["consecutive_failures"] == 0 and entry["restart_attempt"] == 0
 
@@ -284,13 +247,13 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     bound = FAST.failure_threshold * FAST.interval_s + FAST.probe_timeout_s + 2.0
 
     def dead_worker() -> str | None:
-        out = [sid for sid, s in _servers(base).items() if not s["in_rotation"]]
+        out = [sid for sid, s in router_servers(base).items() if not s["in_rotation"]]
         return out[0] if len(out) == 1 else None
 
     dead = wait_until(dead_worker, bound, 0.05)
-    assert dead, _servers(base)
+    assert dead, router_servers(base)
     (other,) = [sid for sid in first_urls if sid != dead]
-    assert _servers(base)[other]["in_rotation"]
+    assert router_servers(base)[other]["in_rotation"]
 
     # Tasks submitted while it is out or restarting all complete.
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -298,10 +261,10 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     assert [s["status"] for s in statuses] == ["completed"] * 6, statuses
 
     _wait_restarted(proc, dead, first_urls[dead])
-    entry = _servers(base)[dead]
+    entry = router_servers(base)[dead]
     assert entry["state"] == "healthy" and entry["restart_attempt"] == 0
     assert entry["next_restart_at"] is None and entry["last_error"] is None
-    assert _servers(base)[other]["base_url"] == first_urls[other]
+    assert router_servers(base)[other]["base_url"] == first_urls[other]
 
     # Both serve again.
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -357,7 +320,7 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
     audit_path = tmp_path / "audit.jsonl"
     plans = tmp_path / "plans"
     plans.mkdir()
-    proc = _start_router(
+    proc = start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
@@ -372,8 +335,8 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
     )
     base = proc.base_url
 
-    _wait_both_in_rotation(proc)
-    servers = _servers(base)
+    wait_both_in_rotation(proc)
+    servers = router_servers(base)
     victim = min(servers)
     (other,) = [sid for sid in servers if sid != victim]
     victim_url = servers[victim]["base_url"]
@@ -381,10 +344,10 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
 
     # Out of rotation within the hang limit plus one probe (interval + timeout).
     bound = LOOP_HANG_S + FAST.interval_s * 1.5 + FAST.probe_timeout_s + 5.0
-    assert wait_until(lambda: not _servers(base)[victim]["in_rotation"], bound, 0.1), (
-        _servers(base)
+    assert wait_until(lambda: not router_servers(base)[victim]["in_rotation"], bound, 0.1), (
+        router_servers(base)
     )
-    assert _servers(base)[other]["in_rotation"]
+    assert router_servers(base)[other]["in_rotation"]
 
     client = RouterClient(base, tiny_pdf, fake_vlm_url)
     statuses = [client.run()["status"] for _ in range(3)]
@@ -408,7 +371,7 @@ def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
     # SIGSTOP: nothing in the process answers, its native endpoint included;
     # only probe timeouts can take it out.
     audit_path = tmp_path / "audit.jsonl"
-    proc = _start_router(
+    proc = start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
@@ -421,8 +384,8 @@ def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
     )
     base = proc.base_url
 
-    _wait_both_in_rotation(proc)
-    servers = _servers(base)
+    wait_both_in_rotation(proc)
+    servers = router_servers(base)
     victim = min(servers)
     (other,) = [sid for sid in servers if sid != victim]
     victim_url = servers[victim]["base_url"]
@@ -430,10 +393,10 @@ def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
     os.kill(pid, signal.SIGSTOP)
     try:
         bound = FAST.failure_threshold * (FAST.interval_s * 1.5 + FAST.probe_timeout_s) + 5.0
-        assert wait_until(lambda: not _servers(base)[victim]["in_rotation"], bound, 0.1), (
-            _servers(base)
+        assert wait_until(lambda: not router_servers(base)[victim]["in_rotation"], bound, 0.1), (
+            router_servers(base)
         )
-        assert _servers(base)[other]["in_rotation"]
+        assert router_servers(base)[other]["in_rotation"]
         client = RouterClient(base, tiny_pdf, fake_vlm_url)
         assert [client.run()["status"] for _ in range(2)] == ["completed"] * 2
         _wait_restarted(proc, victim, victim_url)
@@ -454,7 +417,7 @@ def test_metrics_agree_with_health_through_a_restart(
     tmp_path: Path,
 ) -> None:
     plan = tmp_path / "fault-plan"
-    proc = _start_router(
+    proc = start_router(
         process_factory,
         patched_mineru_site,
         mineru_python,
@@ -469,8 +432,8 @@ def test_metrics_agree_with_health_through_a_restart(
     base = proc.base_url
 
     # Start: in rotation is "healthy" in /metrics too.
-    _wait_both_in_rotation(proc)
-    first_urls = {sid: s["base_url"] for sid, s in _servers(base).items()}
+    wait_both_in_rotation(proc)
+    first_urls = {sid: s["base_url"] for sid, s in router_servers(base).items()}
     assert set(_agreed_states(base).values()) == {"healthy"}
 
     # Ejection: a task meets the dead engine.
@@ -485,19 +448,19 @@ def test_metrics_agree_with_health_through_a_restart(
     assert "failed" in statuses, "no task reached the dead engine"
 
     def dead_worker() -> str | None:
-        out = [sid for sid, s in _servers(base).items() if not s["in_rotation"]]
+        out = [sid for sid, s in router_servers(base).items() if not s["in_rotation"]]
         return out[0] if len(out) == 1 else None
 
     dead = wait_until(dead_worker, 30.0, 0.05)
-    assert dead, _servers(base)
+    assert dead, router_servers(base)
     (other,) = [sid for sid in first_urls if sid != dead]
     states = _agreed_states(base)
     assert states[other] == "healthy" and states[dead] != "healthy", states
 
     # Restart: the new process boots for seconds, long enough to be seen.
     assert wait_until(
-        lambda: _servers(base)[dead]["state"] == "restarting", RESTART_TIMEOUT_S, 0.1
-    ), _servers(base)
+        lambda: router_servers(base)[dead]["state"] == "restarting", RESTART_TIMEOUT_S, 0.1
+    ), router_servers(base)
     states = _agreed_states(base)
     assert states[dead] in ("restarting", "healthy"), states
 
