@@ -10,7 +10,8 @@ the module is fully defined) rebinds them:
   the staged files when the task is terminal (or at shutdown).
 - ``submit_router_task`` hashes the uploaded files (the poison guard's key),
   refuses a quarantined document with 422, submits as MinerU does, then
-  hands the task to the supervisor.
+  hands the task to the supervisor; when MinerU finds no healthy worker but
+  one is being restarted, the supervisor holds the task instead of the 503.
 - ``fetch_router_task_status`` lets the supervisor refresh a tracked task
   (and resubmit it when its worker lost it); other tasks as MinerU does.
   ``/file_parse`` polls through it, so it gets the same behaviour.
@@ -89,8 +90,14 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
         if quarantine is not None:
             names = [str(u.upload_name) for u in payload.uploads]
             raise http_exception(status_code=422, detail=quarantine.message(names))
-        record = await submit(request, payload)
-        supervisor.track(record, payload, digest, request.app.state.router_task_registry)
+        registry = request.app.state.router_task_registry
+        try:
+            record = await submit(request, payload)
+        except http_exception as exc:
+            if exc.status_code != 503 or not supervisor.healing():
+                raise
+            return await supervisor.hold(payload, digest, registry)
+        supervisor.track(record, payload, digest, registry)
         return record
 
     @functools.wraps(fetch)

@@ -15,6 +15,11 @@ task is terminal, and resubmits it, under the same router task id, when:
 (c) a status request finds that the worker's current instance does not know
     the task (404), or cannot be reached while the worker is declared failed.
 
+A task submitted while no worker is healthy but one is being restarted (the
+fleet is healing, e.g. both workers of a pair killed by one poison document)
+is accepted and held the same way, instead of MinerU's 503, and sent when a
+worker is back (``hold``).
+
 Before resubmitting for (b) or (c) it asks the worker's *current* instance
 (same server id, maybe a new URL) for the upstream task id: a restarted
 worker that restored the task from its task store keeps it (adopted, no
@@ -26,6 +31,8 @@ resubmissions per task, a fleet-wide retry budget, and a bounded wait
 the task fails with its error and a note that says why.
 
     supervisor.track(record, payload, digest, registry)   # after MinerU registered it
+    supervisor.healing()                                  # no healthy worker, but one restarts
+    await supervisor.hold(payload, digest, registry)      # then: a pending task, sent later
     await supervisor.refresh(record)                      # a client asked for its status
     supervisor.on_event(event)                            # every poller event
     await supervisor.close()                              # router shutdown: uploads deleted
@@ -42,6 +49,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from mineru_health import _native, metrics
@@ -71,6 +80,8 @@ _P = _native.WorkerPhase
 _AUDIT = _native.PollerEventKind.AUDIT
 #: Phases in which the worker is declared failed: its tasks will not finish there.
 DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
+#: Phases of a local worker on its way back (a restart is due or under way).
+HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
 #: Attribute on MinerU's RouterTaskRecord: the server ids it was submitted to, in order.
 WORKERS_ATTR = "_mineru_health_workers_tried"
 #: Seconds between two status checks of a task no client asks about (so a
@@ -82,10 +93,16 @@ _SWEEP_BATCH = 32
 def workers_tried(record: Any) -> list[str]:
     """Server ids the task was submitted to, first one first."""
     tried = getattr(record, WORKERS_ATTR, None)
-    if isinstance(tried, list) and tried:
+    if isinstance(tried, list):  # empty: a held task not sent yet
         return list(tried)
     server = getattr(record, "upstream_server_id", "")
     return [server] if server else []
+
+
+@dataclass(frozen=True, slots=True)
+class NotSent:
+    refusal: Refusal
+    note: str
 
 
 class TrackedTask:
@@ -155,6 +172,53 @@ class TaskSupervisor:
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="mineru-health-task-sweep")
+
+    def healing(self) -> bool:
+        """No worker in rotation, but a local one is failed or restarting (it will be back)."""
+        statuses = self._pool._monitor.statuses()
+        if any(s.in_rotation for s in statuses):
+            return False
+        return any(s.restartable and s.phase in HEALING for s in statuses)
+
+    async def hold(self, payload: Any, digest: str, registry: Any) -> Any:
+        """Registers a pending task for ``payload`` and sends it once a worker is healthy.
+
+        Bounded like a resubmission: ``BOOT_TIMEOUT_S``, then the task fails
+        with a clear error. Returns MinerU's RouterTaskRecord.
+        """
+        self._registry = registry
+        names = [str(u.upload_name) for u in payload.uploads]
+        record = await registry.register(
+            upstream_server_id="", upstream_base_url="", upstream_task_id="",
+            backend=payload.get_field_value("backend") or "",
+            file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
+            created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
+            completed_at=None, error=None, queued_ahead=None)
+        setattr(record, WORKERS_ATTR, [])
+        payload.retained = True
+        tracked = TrackedTask(record, payload, digest)
+        tracked.busy = True
+        self._tasks[record.task_id] = tracked
+        self._background_task(self._send_held(tracked), "hold")
+        _log.warning("task %s: no healthy worker while the fleet heals; held until one is back",
+                     record.task_id)
+        return record
+
+    async def _send_held(self, tracked: TrackedTask) -> None:
+        try:
+            outcome = await self._submit_elsewhere(tracked, "")
+            if isinstance(outcome, NotSent):
+                await self._fail(tracked, failure_text("", outcome.note), outcome.refusal)
+            else:
+                self._resubmitted(tracked, "", *outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the task must still end, with a reason
+            _log.exception("task %s: sending the held task failed", tracked.record.task_id)
+            await self._fail(tracked, failure_text("", f"submission failed: {exc}"),
+                             Refusal.REJECTED)
+        finally:
+            tracked.busy = False
 
     def tracks(self, record: Any) -> bool:
         return getattr(record, "task_id", None) in self._tasks
@@ -323,11 +387,10 @@ class TaskSupervisor:
                 return
             tracked.resubmitting = True
             outcome = await self._submit_elsewhere(tracked, failed_on)
-            if isinstance(outcome, tuple):
-                self._resubmitted(tracked, reason, *outcome)
+            if isinstance(outcome, NotSent):
+                await self._fail(tracked, failure_text(error, outcome.note), outcome.refusal)
             else:
-                refusal, note = outcome
-                await self._fail(tracked, failure_text(error, note), refusal)
+                self._resubmitted(tracked, reason, *outcome)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- the task must still end, with a reason
@@ -339,8 +402,8 @@ class TaskSupervisor:
 
     async def _submit_elsewhere(
         self, tracked: TrackedTask, failed_on: str
-    ) -> tuple[Any, dict[str, Any]] | tuple[Refusal, str]:
-        """(server, upstream submit payload), or (refusal, note) when it cannot be sent."""
+    ) -> tuple[Any, dict[str, Any]] | NotSent:
+        """(server, upstream submit payload), or why it cannot be sent."""
         pool = self._pool
         unavailable = self._ns["UpstreamSubmissionUnavailable"]
         rejected = self._ns["UpstreamSubmissionRejected"]
@@ -369,14 +432,14 @@ class TaskSupervisor:
                 await pool.mark_submission_failure(server.server_id, str(exc))
                 continue
             except rejected as exc:
-                return Refusal.REJECTED, (f"resubmission to {server.server_id} refused: "
-                                          f"{exc.status_code} {exc.detail}")
+                return NotSent(Refusal.REJECTED, f"submission to {server.server_id} refused: "
+                                                 f"{exc.status_code} {exc.detail}")
             finally:
                 await pool.release_submission_server(server.server_id)
             return server, upstream
         detail = f" (last error: {last_error})" if last_error else ""
-        return Refusal.NO_WORKER, (f"no healthy worker to resubmit to within "
-                                   f"{self.wait_for_worker_s:g} s{detail}")
+        return NotSent(Refusal.NO_WORKER, f"no healthy worker to send it to within "
+                                          f"{self.wait_for_worker_s:g} s{detail}")
 
     async def _wait_for_worker(self, timeout_s: float) -> None:
         self._worker_back.clear()
@@ -399,6 +462,10 @@ class TaskSupervisor:
         record.upstream_error_count = 0
         setattr(record, WORKERS_ATTR, [*workers_tried(record), server.server_id])
         tracked.generation += 1
+        if not reason:  # a held task's first submission
+            _log.info("task %s: held task sent to %s as %s", record.task_id, server.server_id,
+                      record.upstream_task_id)
+            return
         metrics.router.record_resubmission(reason)
         _log.warning("task %s: resubmitted to %s as %s (%s on %s; attempt %d)", record.task_id,
                      server.server_id, record.upstream_task_id, reason, previous,
