@@ -313,8 +313,10 @@ def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
 
         # A finished task's result request follows a later restart too.
         fleet.servers["w0"].base_url = "http://w0:3"
-        supervisor.follow_restart(record)
+        assert supervisor.follow_restart(record)
         assert record.upstream_base_url == "http://w0:3"
+        fleet.phase["w0"] = P.RESTARTING  # booting: 503 + Retry-After, no upstream error counted
+        assert not supervisor.follow_restart(record)
 
     run(scenario)
 

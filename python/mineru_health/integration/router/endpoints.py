@@ -16,7 +16,8 @@ the module is fully defined) rebinds them:
   (and resubmit it when its worker lost it); other tasks as MinerU does.
   ``/file_parse`` polls through it, so it gets the same behaviour.
 - ``proxy_router_task_result`` and ``build_sync_router_task_result_response``
-  send a finished task's result request to its worker's current instance.
+  send a finished task's result request to its worker's current instance
+  (503 with Retry-After while that worker is restarting).
 - ``RouterTaskRecord.to_status_payload`` adds ``attempts`` (submissions
   made, 1 without resubmission) and ``workers_tried`` (server ids, in order).
 
@@ -111,17 +112,22 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     namespace["submit_router_task"] = submit_router_task
     namespace["fetch_router_task_status"] = fetch_router_task_status
     for name in ("proxy_router_task_result", "build_sync_router_task_result_response"):
-        namespace[name] = _following_restarts(namespace[name])
+        namespace[name] = _following_restarts(namespace[name], http_exception)
     _add_attempts(namespace["RouterTaskRecord"])
     namespace[_INSTALLED] = True
 
 
-def _following_restarts(proxy: Callable[..., Any]) -> Callable[..., Any]:
+def _following_restarts(proxy: Callable[..., Any], http_exception: type) -> Callable[..., Any]:
     @functools.wraps(proxy)
     async def proxy_to_current_instance(request: Any, task: Any) -> Any:
         supervisor = _supervisor(request)
-        if supervisor is not None:
-            supervisor.follow_restart(task)
+        if supervisor is not None and not supervisor.follow_restart(task):
+            raise http_exception(
+                status_code=503,
+                detail=f"worker {task.upstream_server_id} is restarting; the result of task "
+                       f"{task.task_id} is kept and will be served again, retry shortly",
+                headers={"Retry-After": str(supervisor.retry_after_s)},
+            )
         return await proxy(request, task)
 
     return proxy_to_current_instance

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ class TaskSupervisor:
         self.wait_for_worker_s = float(settings.boot_timeout_s)
         self.retry_interval_s = float(settings.interval_s)
         self.status_timeout_s = max(3.0, 2.0 * float(settings.probe_timeout_s))
+        #: Retry-After of a result request while the task's worker restarts.
+        self.retry_after_s = max(1, math.ceil(2 * float(settings.interval_s)))
         self._tasks: dict[str, TrackedTask] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -174,11 +177,14 @@ class TaskSupervisor:
                 self._sweep(), name="mineru-health-task-sweep")
 
     def healing(self) -> bool:
-        """No worker in rotation, but a local one is failed or restarting (it will be back)."""
-        statuses = self._pool._monitor.statuses()
-        if any(s.in_rotation for s in statuses):
-            return False
-        return any(s.restartable and s.phase in HEALING for s in statuses)
+        """A local worker is failed or restarting: it will be back (called after a 503).
+
+        MinerU answered 503 because no worker took the task just now; one in
+        rotation by the policy may have refused it already (its engine died
+        a moment before the next probe), so only the workers coming back
+        count. A fleet that gave up gets MinerU's 503 at once.
+        """
+        return any(s.restartable and s.phase in HEALING for s in self._pool._monitor.statuses())
 
     async def hold(self, payload: Any, digest: str, registry: Any) -> Any:
         """Registers a pending task for ``payload`` and sends it once a worker is healthy.
@@ -242,17 +248,22 @@ class TaskSupervisor:
             await asyncio.shield(self._spawn_check(tracked))
         return record
 
-    def follow_restart(self, record: Any) -> None:
-        """A terminal task's result lives with its worker's *current* instance (same server id).
+    def follow_restart(self, record: Any) -> bool:
+        """Points a finished task's result request at its worker's *current* instance.
 
-        A restarted local worker restored it from its task store; only a
-        restart changes a local worker's URL, so the new URL is the right one.
+        A restarted local worker restored the task from its task store; only
+        a restart changes a local worker's URL, so the new URL is the right
+        one. False while that worker is declared failed or restarting: the
+        caller answers 503 rather than let MinerU count upstream errors (at
+        three, MinerU turns a completed task into a failed one).
         """
         server = self._pool.get_server(getattr(record, "upstream_server_id", ""))
-        if server is None or server.local_server is None or not server.base_url:
-            return
-        if is_terminal(record.status) and server.base_url != record.upstream_base_url:
+        if server is None or not is_terminal(record.status):
+            return True
+        if server.local_server is not None and server.base_url:
             record.upstream_base_url = server.base_url
+        status = self._pool._monitor.status(server.server_id)
+        return status is None or status.in_rotation or status.phase not in DECLARED_FAILED
 
     # -- poller events ----------------------------------------------------------------
     def on_event(self, event: Any) -> None:
