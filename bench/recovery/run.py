@@ -111,6 +111,7 @@ class Outcome:
     name: str
     status: str  # completed | failed | rejected | hung
     attempts: int = 1
+    error: str = ""
 
 
 @dataclass
@@ -216,10 +217,10 @@ class Side:
                                    data={"backend": "vlm-http-client",
                                          "server_url": self.args.vlm_url},
                                    timeout=60.0)
-        except httpx.HTTPError:
-            return Outcome(name, "rejected")
+        except httpx.HTTPError as exc:
+            return Outcome(name, "rejected", error=f"{type(exc).__name__}: {exc}")
         if response.status_code != 202:
-            return Outcome(name, "rejected")
+            return Outcome(name, "rejected", error=f"{response.status_code} {response.text[:300]}")
         task_id = response.json()["task_id"]
         while time.monotonic() < t + self.args.task_timeout:
             try:
@@ -227,7 +228,8 @@ class Side:
             except (httpx.HTTPError, ValueError):
                 status = {}
             if status.get("status") in ("completed", "failed"):
-                return Outcome(name, status["status"], int(status.get("attempts", 1)))
+                return Outcome(name, status["status"], int(status.get("attempts", 1)),
+                               str(status.get("error") or "")[:300])
             time.sleep(0.3)
         return Outcome(name, "hung")
 
@@ -446,6 +448,7 @@ def main() -> int:
 
 def _summary(result: Result) -> dict[str, Any]:
     data = asdict(result)
+    data["lost"] = [asdict(t) for t in result.tasks if t.status != "completed"]
     data.pop("tasks")
     data.update(submitted=len(result.tasks), completed=result.count("completed"),
                 failed=result.count("failed", "rejected"), hung=result.count("hung"))

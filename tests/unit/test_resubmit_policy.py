@@ -39,6 +39,8 @@ EJECTED = WorkerView(in_rotation=False, declared_failed=False, same_instance=Tru
 FAILED = WorkerView(in_rotation=False, declared_failed=True, same_instance=True)
 RESTARTED = WorkerView(in_rotation=True, declared_failed=False, same_instance=False)
 RESTARTING = WorkerView(in_rotation=False, declared_failed=True, same_instance=False)
+BEING_STOPPED = WorkerView(in_rotation=False, declared_failed=True, same_instance=True,
+                           replaced=True)
 
 
 def status(payload: dict[str, Any]) -> Answer:
@@ -46,7 +48,8 @@ def status(payload: dict[str, Any]) -> Answer:
 
 
 NOT_FOUND = Answer(AnswerKind.NOT_FOUND, detail="404")
-NO_ANSWER = Answer(AnswerKind.NO_ANSWER, detail="ConnectError")
+UNREACHABLE = Answer(AnswerKind.UNREACHABLE, detail="ConnectError")
+BAD_ANSWER = Answer(AnswerKind.BAD_ANSWER, detail="500 from http://w0")
 
 
 @pytest.mark.parametrize(
@@ -62,6 +65,9 @@ NO_ANSWER = Answer(AnswerKind.NO_ANSWER, detail="ConnectError")
         (status({"status": "processing"}), IN_ROTATION, Action.APPLY, ""),
         (status({"status": "processing"}), FAILED, Action.APPLY, ""),  # the restart decides
         (status({"status": "completed"}), IN_ROTATION, Action.APPLY, ""),
+        # The restart is stopping the instance that still holds it: it will never finish.
+        (status({"status": "processing"}), BEING_STOPPED, Action.RESUBMIT, "worker_failed"),
+        (status({"status": "completed"}), BEING_STOPPED, Action.APPLY, ""),
         # A restarted instance that restored the task from its store: followed, not duplicated.
         (status({"status": "completed"}), RESTARTED, Action.ADOPT, ""),
         (status({"status": "pending"}), RESTARTED, Action.ADOPT, ""),
@@ -69,11 +75,16 @@ NO_ANSWER = Answer(AnswerKind.NO_ANSWER, detail="ConnectError")
         # The current instance does not know it: lost, whatever the worker's state.
         (NOT_FOUND, RESTARTED, Action.RESUBMIT, "lost"),
         (NOT_FOUND, IN_ROTATION, Action.RESUBMIT, "lost"),
-        # No answer: only a worker declared failed loses its tasks; a slow one is waited for.
-        (NO_ANSWER, FAILED, Action.RESUBMIT, "worker_failed"),
-        (NO_ANSWER, RESTARTING, Action.RESUBMIT, "worker_failed"),
-        (NO_ANSWER, EJECTED, Action.WAIT, ""),
-        (NO_ANSWER, IN_ROTATION, Action.UPSTREAM_ERROR, ""),
+        # No answer: only a worker declared failed loses its tasks; a slow one is waited for,
+        # and reachability is the health policy's to judge (never MinerU's three strikes).
+        (UNREACHABLE, FAILED, Action.RESUBMIT, "worker_failed"),
+        (UNREACHABLE, RESTARTING, Action.RESUBMIT, "worker_failed"),
+        (UNREACHABLE, EJECTED, Action.WAIT, ""),
+        (UNREACHABLE, IN_ROTATION, Action.WAIT, ""),
+        # An answer, but an error: MinerU's own count while the worker is in rotation.
+        (BAD_ANSWER, IN_ROTATION, Action.UPSTREAM_ERROR, ""),
+        (BAD_ANSWER, EJECTED, Action.WAIT, ""),
+        (BAD_ANSWER, FAILED, Action.RESUBMIT, "worker_failed"),
     ],
 )
 def test_next_step(answer: Answer, worker: WorkerView, action: Action, reason: str) -> None:

@@ -48,6 +48,7 @@ class Fleet:
         self.answers: dict[str, Any] = {}  # url -> payload dict, 404, or an exception
         self.submitted: list[tuple[str, str]] = []  # (server, upstream task id)
         self.observed: list[dict[str, Any]] = []
+        self.dead_processes: set[str] = set()
         self.client = SimpleNamespace(get=self._get)
         self._monitor = SimpleNamespace(status=self._status, statuses=self._statuses)
 
@@ -84,6 +85,10 @@ class Fleet:
 
     def observe_task_status(self, task: Any, payload: dict[str, Any]) -> None:
         self.observed.append(payload)
+
+    def _check_process(self, server: Any) -> None:
+        if server.server_id in self.dead_processes:
+            self.phase[server.server_id] = P.FAILED  # as the pool reports an exit
 
     async def submit(self, base_url: str, payload: Any) -> dict[str, Any]:
         sid = base_url.split("//")[1].split(":")[0]
@@ -280,6 +285,32 @@ def test_worker_declared_failed_resubmits_without_any_client() -> None:
                                             audit=SimpleNamespace(to_phase=P.FAILED)))
         await settle(supervisor)
         assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
+
+    run(scenario)
+
+
+def test_a_killed_worker_is_seen_by_the_first_status_request() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.dead_processes.add("w0")  # kill -9: the policy has not seen it yet
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and record.upstream_error_count == 0
+
+    run(scenario)
+
+
+def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.answers["http://w0:1/tasks/first-t1"] = {"status": "processing"}
+        fleet.phase["w0"] = P.RESTARTING  # the pool is stopping this instance
+        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED,
+                                            worker_id="w0"))
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and workers_tried(record) == ["w0", "w1"]
 
     run(scenario)
 

@@ -12,15 +12,19 @@ health policy's view of that worker. The rules, in order:
 
 - a status ``failed`` with ``"engine_dead": true`` (the worker's own
   verdict, never text matching): resubmit;
+- a task still pending or processing on an instance that a restart is
+  stopping right now: resubmit (it will never finish there);
 - any other status: apply it (adopt it when a restarted instance answered:
   the task store brought it back);
 - "not found": the instance that answered does not know the task (it was
   restarted, or lost it): resubmit;
-- no answer: resubmit when the worker was declared failed (threshold,
-  definitive 503, process exit; restart scheduled, restarting or given up);
-  wait while it is merely ejected (slow answers below the failure threshold
-  never duplicate a task); count one upstream error, as MinerU does, while it
-  is in rotation.
+- no usable answer: resubmit when the worker was declared failed
+  (threshold, definitive 503, process exit; restart scheduled, restarting
+  or given up). Otherwise an unreachable worker is the health policy's to
+  judge: wait (slow answers below the failure threshold never duplicate a
+  task, and MinerU's three strikes would fail a task before the policy has
+  seen a dead process); a worker in rotation that answers with an error
+  gets MinerU's own count (three, then the task fails).
 
 The retry budget follows Envoy's: resubmissions in flight may be at most
 ``percent`` of the tasks in flight, but ``minimum`` are always allowed.
@@ -56,7 +60,8 @@ _TERMINAL = frozenset({"completed", "failed"})
 class AnswerKind(enum.Enum):
     STATUS = "status"  # 200 with a JSON status payload
     NOT_FOUND = "not_found"  # 404: the instance does not know the task id
-    NO_ANSWER = "no_answer"  # unreachable, timed out, 5xx or a malformed answer
+    UNREACHABLE = "unreachable"  # no connection, or no answer in time
+    BAD_ANSWER = "bad_answer"  # an answer, but 5xx or not a status payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,7 @@ class WorkerView:
     in_rotation: bool
     declared_failed: bool  # failed, restart scheduled, restarting or gave up
     same_instance: bool  # the answer came from the instance the task was submitted to
+    replaced: bool = False  # that instance is being stopped by a restart under way
 
 
 class Action(enum.Enum):
@@ -116,12 +122,14 @@ def next_step(answer: Answer, worker: WorkerView) -> Step:
         payload = answer.payload or {}
         if engine_dead_failure(payload):
             return Step(Action.RESUBMIT, "engine_dead", str(payload.get("error") or ""))
+        if worker.replaced and worker.same_instance and not is_terminal(payload.get("status")):
+            return Step(Action.RESUBMIT, "worker_failed", "its instance is being restarted")
         return Step(Action.APPLY if worker.same_instance else Action.ADOPT)
     if answer.kind is AnswerKind.NOT_FOUND:
         return Step(Action.RESUBMIT, "lost", answer.detail)
     if worker.declared_failed:
         return Step(Action.RESUBMIT, "worker_failed", answer.detail)
-    if worker.in_rotation:
+    if worker.in_rotation and answer.kind is AnswerKind.BAD_ANSWER:
         return Step(Action.UPSTREAM_ERROR, "", answer.detail)
     return Step(Action.WAIT, "", answer.detail)
 

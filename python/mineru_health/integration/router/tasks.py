@@ -79,6 +79,7 @@ _log = logging.getLogger("mineru_health.router.tasks")
 
 _P = _native.WorkerPhase
 _AUDIT = _native.PollerEventKind.AUDIT
+_RESTART = _native.PollerEventKind.RESTART_REQUESTED
 #: Phases in which the worker is declared failed: its tasks will not finish there.
 DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
 #: Phases of a local worker on its way back (a restart is due or under way).
@@ -267,8 +268,15 @@ class TaskSupervisor:
 
     # -- poller events ----------------------------------------------------------------
     def on_event(self, event: Any) -> None:
-        """Reacts to a worker declared failed or back healthy (on the loop, per event)."""
-        if self._closed or event.kind != _AUDIT:
+        """Reacts to a worker declared failed, restarted or back healthy (on the loop)."""
+        if self._closed:
+            return
+        if event.kind == _RESTART:
+            # The pool is stopping the old instance now: what it still holds is lost.
+            for tracked in self._on_worker(event.worker_id):
+                self._spawn_check(tracked)
+            return
+        if event.kind != _AUDIT:
             return
         to = event.audit.to_phase
         if to in DECLARED_FAILED:
@@ -299,6 +307,10 @@ class TaskSupervisor:
                else record.upstream_base_url)
         answer = await self._ask(url, record.upstream_task_id)
         tracked.last_check = self._clock()
+        if answer.kind is AnswerKind.UNREACHABLE and server is not None:
+            # A local worker's process that died is reported now, not at the
+            # next process poll: the view below then says "declared failed".
+            self._pool._check_process(server)
         if (tracked.generation != generation or tracked.busy or is_terminal(record.status)
                 or self._tasks.get(record.task_id) is not tracked):
             return  # resubmitted or finished meanwhile: this answer is about the past
@@ -312,22 +324,22 @@ class TaskSupervisor:
         import httpx  # MinerU's router depends on it; this package does not
 
         if not url:
-            return Answer(AnswerKind.NO_ANSWER, detail="the worker has no URL (restarting)")
+            return Answer(AnswerKind.UNREACHABLE, detail="the worker has no URL (restarting)")
         try:
             response = await self._pool.client.get(f"{url}/tasks/{upstream_task_id}",
                                                    timeout=self.status_timeout_s)
         except httpx.HTTPError as exc:
-            return Answer(AnswerKind.NO_ANSWER, detail=f"{type(exc).__name__}: {exc}".strip())
+            return Answer(AnswerKind.UNREACHABLE, detail=f"{type(exc).__name__}: {exc}".strip())
         if response.status_code == 404:
             return Answer(AnswerKind.NOT_FOUND, detail=f"404 from {url}")
         if response.status_code != 200:
-            return Answer(AnswerKind.NO_ANSWER, detail=f"{response.status_code} from {url}")
+            return Answer(AnswerKind.BAD_ANSWER, detail=f"{response.status_code} from {url}")
         try:
             payload = response.json()
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            return Answer(AnswerKind.NO_ANSWER, detail="Invalid task status payload")
+            return Answer(AnswerKind.BAD_ANSWER, detail="Invalid task status payload")
         return Answer(AnswerKind.STATUS, payload=payload)
 
     def _worker_view(self, record: Any, url: str) -> WorkerView:
@@ -336,6 +348,7 @@ class TaskSupervisor:
             in_rotation=bool(status is not None and status.in_rotation),
             declared_failed=status is not None and status.phase in DECLARED_FAILED,
             same_instance=url == record.upstream_base_url,
+            replaced=status is not None and status.phase == _P.RESTARTING,
         )
 
     async def _act(self, tracked: TrackedTask, step: Step, answer: Answer, url: str) -> None:
