@@ -1,11 +1,10 @@
-"""Small parts of issue 9: the poison fault word, task context, launch environment, kept uploads."""
+"""Small parts of issue 9: the poison fault word, task context, instance directories, kept uploads."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from mineru_health.audit import AuditLog
 from mineru_health.integration import engine_calls
 from mineru_health.integration.router.endpoints import retained_payload_class
-from mineru_health.integration.router.launch_env import InstanceDirs, LaunchEnvironment
+from mineru_health.integration.router.instance_dirs import InstanceDirs
 from mineru_health.testing import faults
 from mineru_health.testing.faults import FaultInjector, write_plan
 
@@ -65,19 +64,7 @@ def test_task_upload_names_are_in_context_for_engine_calls() -> None:
     assert engine_calls.current_upload_names() == ()
 
 
-# --- launch environment and instance directories ----------------------------------------------
-
-
-def test_launch_environment_sets_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MH_TEST_KEPT", "before")
-    monkeypatch.delenv("MH_TEST_NEW", raising=False)
-    env = LaunchEnvironment()
-    env.apply({"MH_TEST_KEPT": "launch", "MH_TEST_NEW": "x"})
-    assert env.applied
-    assert os.environ["MH_TEST_KEPT"] == "launch" and os.environ["MH_TEST_NEW"] == "x"
-    env.restore()
-    env.restore()  # idempotent
-    assert os.environ["MH_TEST_KEPT"] == "before" and "MH_TEST_NEW" not in os.environ
+# --- instance directories ----------------------------------------------
 
 
 class _TempDir:

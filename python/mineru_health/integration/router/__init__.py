@@ -15,8 +15,8 @@ this package, one job per module:
   rotation", nothing else is kept), ``/health`` entries, ejection causes;
 - ``passive.py``     -- passive ejection from submissions (task statuses:
   ``resubmission.py``, by the worker's verdict);
-- ``launch_env.py``   -- per-worker variables for one launch; state
-  directories and replaced instances' outputs;
+- ``instance_dirs.py`` -- local workers' state directories and replaced
+  instances' outputs;
 - ``endpoints.py``    -- staged uploads kept, status refresh, results from
   a restarted worker, ``attempts``/``workers_tried`` in task statuses;
 - ``tasks.py``        -- the task supervisor: resubmission after an engine
