@@ -160,10 +160,11 @@ class Outcome:
 
 
 class Client:
-    def __init__(self, base: str, vlm_url: str) -> None:
+    def __init__(self, base: str, vlm_url: str, *, engine_delay_ms: int = 0) -> None:
         self.base = base
-        self.vlm_url = vlm_url
-        self._form = {"backend": "vlm-http-client", "server_url": vlm_url}
+        # The fake VLM answers after engine_delay_ms under /delay/<ms>/: tasks stay in flight.
+        server_url = f"{vlm_url}/delay/{engine_delay_ms}/" if engine_delay_ms else vlm_url
+        self._form = {"backend": "vlm-http-client", "server_url": server_url}
 
     def submit(self, name: str, pdf: bytes) -> tuple[str, dict[str, Any]]:
         response = httpx.post(f"{self.base}/tasks", files={"files": (name, pdf, "application/pdf")},
@@ -379,8 +380,9 @@ def test_kill_9_of_a_worker_mid_stream_loses_nothing(
     start_router: Callable[[dict[str, str]], ManagedProcess], fake_vlm_url: str, pdf: bytes,
 ) -> None:
     proc = start_router({})
-    client = Client(proc.base_url, fake_vlm_url)
-    _warm(client, pdf)
+    _warm(Client(proc.base_url, fake_vlm_url), pdf)
+    # A slow engine (1.5 s per page): each worker always holds tasks when the kill comes.
+    client = Client(proc.base_url, fake_vlm_url, engine_delay_ms=1500)
     urls = {sid: s["base_url"] for sid, s in _servers(proc.base_url).items()}
     victim = min(urls)
     pid = _worker_pid(proc, urls[victim])
@@ -391,7 +393,7 @@ def test_kill_9_of_a_worker_mid_stream_loses_nothing(
         return entry.get("queued_tasks", 0) + entry.get("processing_tasks", 0) > 0
 
     with Stream(client, pdf, file_parse_every=4) as stream:
-        stream.wait_submitted(3)
+        stream.wait_submitted(4)
         assert wait_until(victim_busy, 30.0, 0.05), _servers(proc.base_url)
         os.kill(pid, signal.SIGKILL)
         outcomes = stream.outcomes()
