@@ -165,3 +165,16 @@ def test_a_failing_disk_never_fails_the_task(state: Path, tmp_path: Path) -> Non
     assert manager.signalled == ["t"]
 
 
+
+
+def test_the_router_reads_a_dead_workers_store(state: Path, tmp_path: Path) -> None:
+    manager = FakeTaskManager()
+    task_store.attach(manager)
+    done = finished(tmp_path, "done")
+    setattr(done, VERDICT_ATTR, {"engine_dead": False})
+    manager.tasks["done"] = done
+    manager._signal_task_event("done")
+    fields, verdict = task_store.read_task(state, "done") or ({}, None)
+    assert fields["status"] == "completed" and verdict == {"engine_dead": False}
+    assert task_store.read_task(state, "unknown") is None
+    assert task_store.read_task(tmp_path / "nowhere", "done") is None

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 from mineru_health import _native
+from mineru_health.integration import task_store
 from mineru_health.integration.router.tasks import TaskSupervisor, workers_tried
 from mineru_health.settings import HealthSettings
 
@@ -311,6 +313,28 @@ def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
                                             worker_id="w0"))
         await settle(supervisor)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(record) == ["w0", "w1"]
+
+    run(scenario)
+
+
+def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        done, _ = track(supervisor, "t1")
+        lost, _ = track(supervisor, "t2")
+        # The worker finished t1 (in its store) and died before the router saw it.
+        store = task_store.TaskStore(tmp_path / task_store.DB_NAME)
+        store.save(SimpleNamespace(task_id="first-t1", status="completed", output_dir="/o",
+                                   backend="vlm-http-client", file_names=["doc"], error=None,
+                                   started_at="s", completed_at="c"))
+        store.close()
+        fleet._instance_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
+        fleet.phase["w0"] = P.FAILED
+        for record in (done, lost):
+            await supervisor.refresh(record)
+        await settle(supervisor)
+        assert done.status == "completed" and workers_tried(done) == ["w0"]
+        assert fleet.submitted == [("w1", "up-1")] and workers_tried(lost) == ["w0", "w1"]
 
     run(scenario)
 

@@ -23,7 +23,9 @@ root); a worker started on the same directory loads them back::
 - ``cleanup_expired_tasks()``: rows of the tasks MinerU expired (task
   retention) are deleted with them.
 
-Rows whose output directory is gone are dropped at load. A row holds no
+Rows whose output directory is gone are dropped at load. The router reads
+the store of a local worker whose process is gone (``read_task``), to learn
+whether a task it had not seen finish did finish before the crash. A row holds no
 document content, only the task's options, names, timestamps and the path
 of its output directory.
 
@@ -34,6 +36,7 @@ statement. Nothing here may break MinerU: failures after start-up are logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -49,7 +52,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..settings import WorkerSettings
 
-__all__ = ["DB_NAME", "TaskStore", "attach", "configure", "record", "store"]
+__all__ = ["DB_NAME", "TaskStore", "attach", "configure", "read_task", "record", "store"]
 
 #: File name of the store inside the state directory.
 DB_NAME = "mineru-health-tasks.sqlite3"
@@ -144,6 +147,34 @@ class TaskStore:
 
     def __repr__(self) -> str:
         return f"TaskStore({str(self.path)!r})"
+
+
+def read_task(directory: str | os.PathLike[str],
+              task_id: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(fields, verdict) of one stored task, read from another process; None if absent.
+
+    For the router, about a local worker that died: blocking (run it in a
+    thread); a missing, locked or damaged file is "absent".
+    """
+    path = Path(directory) / DB_NAME
+    if not path.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as db:
+            row = db.execute("SELECT task, verdict FROM tasks WHERE task_id = ?",
+                             (task_id,)).fetchone()
+    except sqlite3.Error:
+        return None
+    if row is None:
+        return None
+    try:
+        fields = json.loads(row[0])
+        verdict = None if row[1] is None else json.loads(row[1])
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or not (verdict is None or isinstance(verdict, dict)):
+        return None
+    return fields, verdict
 
 
 _store: TaskStore | None = None

@@ -69,6 +69,7 @@ class Answer:
     kind: AnswerKind
     payload: Mapping[str, Any] | None = None
     detail: str = ""
+    from_store: bool = False  # read from a dead local worker's task store, not over HTTP
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePath
 from typing import Any
 
@@ -311,10 +311,14 @@ class TaskSupervisor:
             # A local worker's process that died is reported now, not at the
             # next process poll: the view below then says "declared failed".
             self._pool._check_process(server)
+            answer = await self._stored_answer(server, record, answer)
         if (tracked.generation != generation or tracked.busy or is_terminal(record.status)
                 or self._tasks.get(record.task_id) is not tracked):
             return  # resubmitted or finished meanwhile: this answer is about the past
-        step = next_step(answer, self._worker_view(record, url))
+        view = self._worker_view(record, url)
+        if answer.from_store:  # it speaks for the instance the task was submitted to
+            view = replace(view, same_instance=True)
+        step = next_step(answer, view)
         try:
             await self._act(tracked, step, answer, url)
         except Exception:  # noqa: BLE001 -- one task's trouble must not stop the others
@@ -341,6 +345,37 @@ class TaskSupervisor:
         if not isinstance(payload, dict):
             return Answer(AnswerKind.BAD_ANSWER, detail="Invalid task status payload")
         return Answer(AnswerKind.STATUS, payload=payload)
+
+    async def _stored_answer(self, server: Any, record: Any, answer: Answer) -> Answer:
+        """The task store of a dead local worker, for the instance that cannot answer.
+
+        Its current instance is gone (killed, crashed, hung and declared
+        failed); its replacement may take minutes to boot. The store lives in
+        the worker's state directory on this machine: a task that finished
+        before the crash is there, and is kept rather than sent again (the
+        restarted worker serves its result). Remote workers: no store to read.
+        """
+        dirs = getattr(self._pool, "_instance_dirs", None)
+        status = self._pool._monitor.status(server.server_id)
+        if (dirs is None or server.local_server is None or status is None
+                or status.phase not in DECLARED_FAILED):
+            return answer
+        from mineru_health.integration import task_store
+
+        stored = await asyncio.to_thread(task_store.read_task,
+                                         dirs.state_dir(server.server_id),
+                                         record.upstream_task_id)
+        if stored is None:
+            return answer
+        fields, verdict = stored
+        payload = {k: fields.get(k) for k in ("status", "backend", "file_names", "started_at",
+                                              "completed_at", "error")}
+        if verdict is not None:
+            payload["engine_dead"] = bool(verdict.get("engine_dead"))
+            payload["verdict"] = verdict
+        _log.info("task %s: %s is gone; its task store says %s", record.task_id,
+                  server.server_id, payload["status"])
+        return Answer(AnswerKind.STATUS, payload=payload, detail="task store", from_store=True)
 
     def _worker_view(self, record: Any, url: str) -> WorkerView:
         status = self._pool._monitor.status(record.upstream_server_id)
