@@ -19,9 +19,10 @@ this package, one job per module:
   instances' outputs;
 - ``endpoints.py``    -- staged uploads kept, status refresh, results from
   a restarted worker, ``attempts``/``workers_tried`` in task statuses;
-- ``tasks.py``        -- the task supervisor: resubmission after an engine
-  death, a failed, stalled or killed worker (decisions in
-  ``resubmit_policy.py``, the poison guard in ``poison.py``);
+- ``tasks.py``        -- the task supervisor: which tasks a dead, stalled,
+  killed or restarted worker lost (decisions in ``resubmit_policy.py``);
+  ``sending.py`` sends them again or fails them with a reason (the poison
+  guard in ``poison.py``); ``tracked.py`` the kept task;
 - ``resubmission.py`` -- the mixin that gives the pool its supervisor.
 
 What changes against MinerU's own loop (which probes workers one after

@@ -45,16 +45,14 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import PurePath
+from dataclasses import replace
 from typing import Any
 
-from mineru_health import _native, metrics
+from mineru_health import _native
 from mineru_health.settings import HealthSettings
 
 from .poison import PoisonGuard, Quarantine
@@ -62,16 +60,15 @@ from .resubmit_policy import (
     Action,
     Answer,
     AnswerKind,
-    Refusal,
     RetryBudget,
     Step,
     WorkerView,
-    failure_text,
     is_terminal,
     next_step,
-    refuse_resubmission,
     trigger_rule,
 )
+from .sending import TaskSending
+from .tracked import WORKERS_ATTR, TrackedTask, workers_tried
 
 __all__ = ["TaskSupervisor", "TrackedTask", "workers_tried"]
 
@@ -84,51 +81,13 @@ _RESTART = _native.PollerEventKind.RESTART_REQUESTED
 DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
 #: Phases of a local worker on its way back (a restart is due or under way).
 HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
-#: Attribute on MinerU's RouterTaskRecord: the server ids it was submitted to, in order.
-WORKERS_ATTR = "_mineru_health_workers_tried"
 #: Seconds between two status checks of a task no client asks about (so a
 #: finished task's upload is deleted even if nobody polls it).
 SWEEP_S = 30.0
 _SWEEP_BATCH = 32
 
 
-def workers_tried(record: Any) -> list[str]:
-    """Server ids the task was submitted to, first one first."""
-    tried = getattr(record, WORKERS_ATTR, None)
-    if isinstance(tried, list):  # empty: a held task not sent yet
-        return list(tried)
-    server = getattr(record, "upstream_server_id", "")
-    return [server] if server else []
-
-
-@dataclass(frozen=True, slots=True)
-class NotSent:
-    refusal: Refusal
-    note: str
-
-
-class TrackedTask:
-    """A non-terminal router task and what is needed to send it again."""
-
-    __slots__ = ("busy", "check", "digest", "generation", "last_check", "payload", "record",
-                 "resubmitting")
-
-    def __init__(self, record: Any, payload: Any, digest: str) -> None:
-        self.record = record
-        self.payload = payload  # endpoints.RetainedPayload
-        self.digest = digest
-        self.busy = False  # a resubmission (or the wait for a worker) is under way
-        self.resubmitting = False  # counted as a retry in flight from its first resubmission
-        self.generation = 0  # +1 per resubmission: answers about an older upstream are stale
-        self.check: asyncio.Task[None] | None = None
-        self.last_check = 0.0
-
-    @property
-    def upload_names(self) -> list[str]:
-        return [str(u.upload_name) for u in getattr(self.payload, "uploads", [])]
-
-
-class TaskSupervisor:
+class TaskSupervisor(TaskSending):
     """Keeps the uploads of unfinished tasks and resubmits those a worker lost."""
 
     def __init__(
@@ -186,46 +145,6 @@ class TaskSupervisor:
         count. A fleet that gave up gets MinerU's 503 at once.
         """
         return any(s.restartable and s.phase in HEALING for s in self._pool._monitor.statuses())
-
-    async def hold(self, payload: Any, digest: str, registry: Any) -> Any:
-        """Registers a pending task for ``payload`` and sends it once a worker is healthy.
-
-        Bounded like a resubmission: ``BOOT_TIMEOUT_S``, then the task fails
-        with a clear error. Returns MinerU's RouterTaskRecord.
-        """
-        self._registry = registry
-        names = [str(u.upload_name) for u in payload.uploads]
-        record = await registry.register(
-            upstream_server_id="", upstream_base_url="", upstream_task_id="",
-            backend=payload.get_field_value("backend") or "",
-            file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
-            created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
-            completed_at=None, error=None, queued_ahead=None)
-        setattr(record, WORKERS_ATTR, [])
-        payload.retained = True
-        tracked = TrackedTask(record, payload, digest)
-        tracked.busy = True
-        self._tasks[record.task_id] = tracked
-        self._background_task(self._send_held(tracked), "hold")
-        _log.warning("task %s: no healthy worker while the fleet heals; held until one is back",
-                     record.task_id)
-        return record
-
-    async def _send_held(self, tracked: TrackedTask) -> None:
-        try:
-            outcome = await self._submit_elsewhere(tracked, "")
-            if isinstance(outcome, NotSent):
-                await self._fail(tracked, failure_text("", outcome.note), outcome.refusal)
-            else:
-                self._resubmitted(tracked, "", *outcome)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- the task must still end, with a reason
-            _log.exception("task %s: sending the held task failed", tracked.record.task_id)
-            await self._fail(tracked, failure_text("", f"submission failed: {exc}"),
-                             Refusal.REJECTED)
-        finally:
-            tracked.busy = False
 
     def tracks(self, record: Any) -> bool:
         return getattr(record, "task_id", None) in self._tasks
@@ -413,153 +332,6 @@ class TaskSupervisor:
                 else "was declared failed")
         return (f"worker {record.upstream_server_id} {what} (upstream task "
                 f"{record.upstream_task_id}, last seen {record.status}): {step.detail}")
-
-    # -- resubmission -------------------------------------------------------------------
-    def _start_resubmission(self, tracked: TrackedTask, reason: str, error: str,
-                            trigger: str | None) -> None:
-        if tracked.busy:
-            return
-        tracked.busy = True
-        self._background_task(self._resubmit(tracked, reason, error, trigger), "resubmit")
-
-    async def _resubmit(self, tracked: TrackedTask, reason: str, error: str,
-                        trigger: str | None) -> None:
-        record = tracked.record
-        failed_on = record.upstream_server_id
-        try:
-            if trigger is not None:
-                quarantine = self.poison.record_trigger(tracked.digest, failed_on, trigger)
-                if quarantine is not None:
-                    self._quarantined(tracked, quarantine)
-            quarantine = self.poison.quarantined(tracked.digest)
-            if quarantine is not None:
-                await self._fail(tracked, failure_text(error, quarantine.message(
-                    tracked.upload_names)), Refusal.POISON)
-                return
-            refusal = refuse_resubmission(
-                submissions=len(workers_tried(record)), task_retries=self.task_retries,
-                budget=self.budget, retries_in_flight=self.retries_in_flight(exclude=tracked),
-                tasks_in_flight=self.in_flight)
-            if refusal is not None:
-                await self._fail(tracked, failure_text(error, self._refusal_note(refusal, record)),
-                                 refusal)
-                return
-            tracked.resubmitting = True
-            outcome = await self._submit_elsewhere(tracked, failed_on)
-            if isinstance(outcome, NotSent):
-                await self._fail(tracked, failure_text(error, outcome.note), outcome.refusal)
-            else:
-                self._resubmitted(tracked, reason, *outcome)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- the task must still end, with a reason
-            _log.exception("task %s: resubmission failed", record.task_id)
-            await self._fail(tracked, failure_text(error, f"resubmission failed: {exc}"),
-                             Refusal.REJECTED)
-        finally:
-            tracked.busy = False
-
-    async def _submit_elsewhere(
-        self, tracked: TrackedTask, failed_on: str
-    ) -> tuple[Any, dict[str, Any]] | NotSent:
-        """(server, upstream submit payload), or why it cannot be sent."""
-        pool = self._pool
-        unavailable = self._ns["UpstreamSubmissionUnavailable"]
-        rejected = self._ns["UpstreamSubmissionRejected"]
-        deadline = self._clock() + self.wait_for_worker_s
-        tried: set[str] = set()
-        last_error = ""
-        while not self._closed:
-            # Another worker first; the one it failed on only if it is the
-            # only healthy one (then it was restarted: a fresh engine).
-            server = await pool.acquire_submission_server(excluded_server_ids={failed_on, *tried})
-            if server is None and failed_on not in tried:
-                server = await pool.acquire_submission_server(excluded_server_ids=tried)
-            if server is None:
-                if self._clock() >= deadline:
-                    break
-                await self._wait_for_worker(min(self.retry_interval_s,
-                                                max(0.0, deadline - self._clock())))
-                tried.clear()
-                continue
-            try:
-                upstream = await self._ns["submit_payload_to_upstream"](server.base_url,
-                                                                         tracked.payload)
-            except unavailable as exc:
-                tried.add(server.server_id)
-                last_error = f"{server.server_id}: {exc}"
-                await pool.mark_submission_failure(server.server_id, str(exc))
-                continue
-            except rejected as exc:
-                return NotSent(Refusal.REJECTED, f"submission to {server.server_id} refused: "
-                                                 f"{exc.status_code} {exc.detail}")
-            finally:
-                await pool.release_submission_server(server.server_id)
-            return server, upstream
-        detail = f" (last error: {last_error})" if last_error else ""
-        return NotSent(Refusal.NO_WORKER, f"no healthy worker to send it to within "
-                                          f"{self.wait_for_worker_s:g} s{detail}")
-
-    async def _wait_for_worker(self, timeout_s: float) -> None:
-        self._worker_back.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._worker_back.wait(), timeout=timeout_s)
-
-    def _resubmitted(self, tracked: TrackedTask, reason: str, server: Any,
-                     upstream: dict[str, Any]) -> None:
-        record = tracked.record
-        previous = record.upstream_server_id
-        record.upstream_server_id = server.server_id
-        record.upstream_base_url = server.base_url
-        record.upstream_task_id = upstream["task_id"]
-        record.status = upstream["status"]
-        started = upstream.get("started_at")
-        record.started_at = started if isinstance(started, str) else None
-        record.completed_at = None
-        record.error = None
-        record.queued_ahead = upstream.get("queued_ahead")
-        record.upstream_error_count = 0
-        setattr(record, WORKERS_ATTR, [*workers_tried(record), server.server_id])
-        tracked.generation += 1
-        if not reason:  # a held task's first submission
-            _log.info("task %s: held task sent to %s as %s", record.task_id, server.server_id,
-                      record.upstream_task_id)
-            return
-        metrics.router.record_resubmission(reason)
-        _log.warning("task %s: resubmitted to %s as %s (%s on %s; attempt %d)", record.task_id,
-                     server.server_id, record.upstream_task_id, reason, previous,
-                     len(workers_tried(record)))
-
-    def _refusal_note(self, refusal: Refusal, record: Any) -> str:
-        tried = ", ".join(workers_tried(record))
-        if refusal is Refusal.RETRIES:
-            return (f"not resubmitted: {self.task_retries} resubmission(s) already made "
-                    f"(MINERU_ROUTER_HEALTH_TASK_RETRIES); workers tried: {tried}")
-        limit = self.budget.limit(self.in_flight)
-        return (f"not resubmitted: the retry budget is spent ({self.retries_in_flight()} of "
-                f"{self.in_flight} tasks in flight are resubmissions, limit {limit}: "
-                f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT={self.budget.percent:g}, "
-                f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN={self.budget.minimum})")
-
-    def _quarantined(self, tracked: TrackedTask, quarantine: Quarantine) -> None:
-        record = tracked.record
-        names = tracked.upload_names
-        metrics.router.record_poison_document()
-        self._audit.write_record(
-            "poison_document_quarantined", worker_id=record.upstream_server_id,
-            reason=quarantine.message(names), task_id=record.task_id,
-            document_sha256=quarantine.digest, file_names=names,
-            workers=quarantine.workers, rules=quarantine.rules)
-        _log.error("task %s: %s", record.task_id, quarantine.message(names))
-
-    async def _fail(self, tracked: TrackedTask, text: str, refusal: Refusal) -> None:
-        record = tracked.record
-        metrics.router.record_resubmission_refused(refusal.value)
-        _log.warning("task %s: failed, not resubmitted (%s): %s", record.task_id,
-                     refusal.value, text)
-        if self._registry is not None:
-            await self._registry.mark_failed(record.task_id, text)
-        self._release(tracked)
 
     # -- end of a task ---------------------------------------------------------------
     def _release_if_terminal(self, tracked: TrackedTask) -> None:
