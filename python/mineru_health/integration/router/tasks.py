@@ -23,12 +23,13 @@ worker is back (``hold``).
 Before resubmitting for (b) or (c) it asks the worker's *current* instance
 (same server id, maybe a new URL) for the upstream task id: a restarted
 worker that restored the task from its task store keeps it (adopted, no
-duplicate). Tasks on a worker that is merely slow (ejected below the failure
-threshold) are left alone. The decisions are pure (``resubmit_policy.py``);
-so is the poison guard (``poison.py``). Limits: ``TASK_RETRIES``
-resubmissions per task, a fleet-wide retry budget, and a bounded wait
-(``BOOT_TIMEOUT_S``) for a healthy worker while the fleet heals; past them
-the task fails with its error and a note that says why.
+duplicate); when a local worker's process is gone and its replacement not up
+yet, its task store is read directly (same machine), so a task it finished
+just before dying is kept too. Tasks on a worker that is merely slow
+(ejected below the failure threshold) are left alone. The decisions are
+pure (``resubmit_policy.py``); sending again, with its limits
+(``TASK_RETRIES``, the retry budget, the poison guard, a bounded wait for a
+healthy worker), is ``sending.py``.
 
     supervisor.track(record, payload, digest, registry)   # after MinerU registered it
     supervisor.healing()                                  # no healthy worker, but one restarts
