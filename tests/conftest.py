@@ -258,3 +258,15 @@ def wait_both_in_rotation(proc: ManagedProcess) -> dict[str, dict[str, Any]]:
     assert servers, proc.log_tail()
     result: dict[str, dict[str, Any]] = servers
     return result
+
+
+def wait_restarted(proc: ManagedProcess, server_id: str, old_url: str,
+                   timeout_s: float = 180.0) -> None:
+    """Until the router's ``server_id`` is back in rotation on a new process (a new URL)."""
+
+    def restarted() -> bool:
+        entry = router_servers(proc.base_url).get(server_id, {})
+        return bool(entry.get("in_rotation")) and entry.get("base_url") != old_url
+
+    assert wait_until(restarted, timeout_s, 0.5), (router_servers(proc.base_url),
+                                                   proc.log_tail())

@@ -9,13 +9,20 @@ MinerU's ``/health`` answers 503) and waiters are woken; anything else stays
 task-local. Only the exception itself is examined, not its cause chain.
 
 ``install(app)`` enables the same fault injection the real tests use
-(``MINERU_HEALTH_FAULT_PLAN``), so both sides of the bench die the same way.
+(``MINERU_HEALTH_FAULT_PLAN``, through the same engine-call wrappers), so
+both sides of the bench die the same way. The PR's behaviour is on only
+with ``BENCH_PR5188_MARKERS=1``; without it the worker is upstream 3.4.4
+plus fault injection.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
+
+#: Set to 1 in a baseline worker's environment to emulate PR #5188; unset: plain 3.4.4.
+PR5188_ENV = "BENCH_PR5188_MARKERS"
 
 PLAIN_MARKERS = (
     "engine dead",
@@ -60,15 +67,50 @@ def is_engine_fatal_text(text: str) -> bool:
     return "unrecoverable" in text and ("engine" in text or "vllm" in text)
 
 
+class _NoHealth:
+    """The engine-call wrappers report progress; upstream MinerU has nobody to tell."""
+
+    def engine_call_started(self) -> None:
+        pass
+
+    def engine_call_finished(self) -> None:
+        pass
+
+    def progress(self) -> None:
+        pass
+
+
+class _FollowTasks:
+    """ASGI middleware: puts the task's upload names in context (the plan's ``poison`` word)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from mineru_health.integration import engine_calls
+
+        state = getattr(scope.get("app"), "state", None)
+        manager = getattr(state, "task_manager", None)
+        if manager is not None:
+            engine_calls.follow_tasks(manager)  # idempotent
+        await self.app(scope, receive, send)
+
+
 def install(app: Any) -> None:
+    """Fault injection only (the bench's faults hit both sides alike); no health logic."""
+    from mineru_health.integration import engine_calls
     from mineru_health.testing.faults import FaultInjector
 
     injector = FaultInjector.from_env()
-    if injector is not None:
-        injector.install()
+    if injector is None:
+        return
+    health = _NoHealth()
+    engine_calls.install(lambda: health, lambda: injector)  # type: ignore[arg-type, return-value]
+    app.add_middleware(_FollowTasks)
 
 
 def on_task_failed(manager: Any, exc: BaseException) -> None:
-    if is_engine_fatal(exc):
+    """PR #5188's behaviour, only with ``BENCH_PR5188_MARKERS=1`` (else upstream 3.4.4's)."""
+    if os.environ.get(PR5188_ENV) == "1" and is_engine_fatal(exc):
         manager.last_worker_error = f"{type(exc).__name__}: {exc}"
         manager._wake_waiters()

@@ -1,50 +1,55 @@
-"""Recovery benchmark: a real mineru-router with two real local mineru-api workers.
+"""Recovery benchmark: a real mineru-router with two real local mineru-api workers, four faults.
 
-For each side, in the same run, with the same steady stream of tasks through
-the router and the same injected engine death (``MINERU_HEALTH_FAULT_PLAN``
-``engine_dead``, consumed by exactly one worker), it measures:
+For each scenario and each side, in the same run, a fresh router and two
+workers get the same warm-up and the same steady stream of tasks (a tiny
+PDF, one every --period seconds for --duration seconds, each with a name of
+its own), and the same fault a few seconds in, right after a burst of
+--burst tasks (so that it finds tasks queued and running), aimed at one
+worker (``local-gpu-0``) unless the scenario says otherwise:
 
-1. seconds from the death showing (the first task the dead engine failed)
-   to the worker leaving rotation (the router's ``/health`` shows it
-   unhealthy),
-2. seconds from that moment to the worker being healthy again on a new URL
-   (restarted),
-3. tasks failed and tasks hung (no terminal state within --task-timeout) out
-   of those submitted.
+- ``engine_death``: the engine dies (fault plan ``engine_dead``);
+- ``stall``:        the engine stops making progress (``engine_stall``);
+- ``kill9``:        the worker's process is killed with SIGKILL;
+- ``poison``:       a document that kills the engine of any worker parsing
+                    it (``poison <name>``) is submitted once, mid-stream.
+
+Measured per side: tasks completed / failed (rejected submissions included)
+/ hung (not terminal within --task-timeout) / duplicated (parsed to the end
+more than once: the same upload name's Markdown found in two task output
+directories), resubmissions (ours), seconds from the fault to the first
+worker leaving rotation (detection) and to every worker being in rotation
+again (recovery), read from the router's ``/health`` every 0.1 s.
 
 Sides:
 
-(a) baseline: MinerU 3.4.4's own router (unpatched) and workers patched only
-    with ``baseline_fast_api.patch`` -- PR #5188's behaviour emulated by
-    ``pr5188_baseline.py`` (a fatal marker sets ``last_worker_error``, so
-    ``/health`` answers 503) plus the same fault injection;
-(b) mineru-health: router and workers patched by ``mineru-health patch apply``.
+(a) baseline: MinerU 3.4.4's own router and workers, with only fault
+    injection added (``baseline_fast_api.patch`` + ``pr5188_baseline.py``);
+    ``--baseline pr5188`` adds PR #5188's marker check on the workers
+    (``/health`` 503 after an engine death) for the older comparison;
+(b) mineru-health: router and workers patched by ``mineru-health patch
+    apply``, the ``production`` preset unless --preset says otherwise.
 
-Both sides probe every 2 s by default (MinerU's refresh interval is 2 s; the
-``production`` preset's interval is 2 s too). Timings are machine-dependent;
-read the ratios. The injected death stays latent until the next engine call,
-so the clock starts at the first failed task, on both sides alike. Runtime:
-about ``2 * (startup + warm-up + --duration)``, four to five minutes.
+Timings are machine-dependent; read the ratios. Runtime: about 8 x (start-up
++ warm-up + --duration + the slowest task), six to eight minutes on 2 cores
+with the defaults; ``--scenarios`` runs a subset.
 
-    python bench/recovery/run.py [--duration 50] [--period 2.0] [--json out.json]
+    python bench/recovery/run.py [--scenarios engine_death,kill9] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,49 +57,22 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 240.0
+SCENARIOS = ("engine_death", "stall", "kill9", "poison")
+VICTIM = "local-gpu-0"
+POISON_NAME = "poison.pdf"
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    from mineru_health.testing.sandbox import free_port as pick
 
-
-def mineru_package_dir(python: str) -> Path:
-    out = subprocess.run(
-        [
-            python,
-            "-c",
-            "import importlib.util as u; "
-            + "print(list(u.find_spec('mineru').submodule_search_locations)[0])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return Path(out.stdout.strip())
-
-
-def mineru_health_dir() -> str:
-    import mineru_health
-
-    return str(Path(mineru_health.__file__).resolve().parent.parent)
-
-
-def copy_site(dest: Path, python: str) -> Path:
-    shutil.copytree(
-        mineru_package_dir(python),
-        dest / "mineru",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
-    return dest
+    return pick()
 
 
 def baseline_site(dest: Path, python: str) -> Path:
     import patch_ng
+    from mineru_health.testing.sandbox import copy_mineru
 
-    site = copy_site(dest, python)
+    site = copy_mineru(dest, python)
     patch_set = patch_ng.fromfile(str(HERE / "baseline_fast_api.patch"))
     if not patch_set or not patch_set.apply(strip=1, root=str(site / "mineru")):
         raise SystemExit("baseline_fast_api.patch does not apply to this MinerU")
@@ -102,121 +80,95 @@ def baseline_site(dest: Path, python: str) -> Path:
 
 
 def ours_site(dest: Path, python: str) -> Path:
-    site = copy_site(dest, python)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mineru_health",
-            "patch",
-            "apply",
-            "--mineru-path",
-            str(site / "mineru"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return site
+    from mineru_health.testing.sandbox import patched_site
+
+    return patched_site(dest, python)
 
 
-def tiny_pdf() -> bytes:
-    from reportlab.pdfgen import canvas
+def pdf_bytes(text: str) -> bytes:
+    from mineru_health.testing.sandbox import make_pdf
 
-    buffer = io.BytesIO()
-    pdf = canvas.Canvas(buffer)
-    pdf.drawString(72, 720, "mineru-health recovery bench")
-    pdf.showPage()
-    pdf.save()
-    return buffer.getvalue()
+    return make_pdf(text=text)
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid`` (the router's workers), read from /proc."""
-    out = []
+def child_pid(parent: int, port: str) -> int | None:
+    """The child of ``parent`` started with ``--port <port>`` (a router's worker)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        # pid (comm) state ppid ...; comm may hold spaces, so split after ')'.
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid:
-            out.append(int(entry.name))
-    return out
+        if ppid == parent and b"--port" in argv and port.encode() in argv:
+            return int(entry.name)
+    return None
 
 
 @dataclass
-class TaskOutcome:
-    submitted_at: float
-    status: str  # completed | failed | rejected | hung
-    error: str = ""
-    finished_at: float = 0.0
-
-
-@dataclass
-class SideResult:
+class Outcome:
     name: str
-    leave_rotation_s: float | None = None
-    healthy_again_s: float | None = None
-    dead_worker: str = ""
-    first_failure_after_injection_s: float | None = None
-    tasks: list[TaskOutcome] = field(default_factory=list)
-    log: str = ""
+    status: str  # completed | failed | rejected | hung
+    attempts: int = 1
+    error: str = ""
+
+
+@dataclass
+class Result:
+    side: str
+    scenario: str
+    tasks: list[Outcome] = field(default_factory=list)
+    detection_s: float | None = None
+    recovery_s: float | None = None
+    duplicated: int = 0
+    resubmissions: int = 0
+    poison_status: str = ""
 
     def count(self, *statuses: str) -> int:
         return sum(1 for t in self.tasks if t.status in statuses)
 
 
 class Side:
-    def __init__(self, name: str, site: Path, env_extra: dict[str, str], work: Path, args: Any):
-        self.name = name
-        self.site = site
-        self.work = work / name
+    """One router with two workers for one scenario; stopped, with what it started, after."""
+
+    def __init__(self, name: str, site: Path, env_extra: dict[str, str], work: Path,
+                 args: Any) -> None:
+        self.name, self.args = name, args
+        self.work = work
         self.work.mkdir(parents=True)
-        self.args = args
+        (self.work / "tmp").mkdir()
+        self.plans = self.work / "plans"
+        self.plans.mkdir()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.plan = self.work / "fault-plan"
-        paths = [str(site), mineru_health_dir(), str(HERE)]
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MINERU_")}
-        self.env.update(
-            {
-                "PYTHONPATH": os.pathsep.join(paths),
-                "MINERU_MODEL_SOURCE": "local",
-                "MINERU_API_DISABLE_ACCESS_LOG": "1",
-                "MINERU_HEALTH_FAULT_PLAN": str(self.plan),
-                "PYTHONUNBUFFERED": "1",
-                **env_extra,
-            }
-        )
+        from mineru_health.testing.sandbox import mineru_health_path
+
+        paths = [str(site), mineru_health_path(), str(HERE)]
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("MINERU_", "BENCH_"))}
+        self.env.update({
+            "PYTHONPATH": os.pathsep.join(paths),
+            "MINERU_MODEL_SOURCE": "local",
+            "MINERU_API_DISABLE_ACCESS_LOG": "1",
+            "MINERU_HEALTH_FAULT_PLAN": str(self.plans / "plan-{port}"),
+            "PYTHONUNBUFFERED": "1",
+            # Workers' output directories land here, where the bench can count them.
+            "TMPDIR": str(self.work / "tmp"),
+            **env_extra,
+        })
         self.log_path = self.work / "router.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.samples: list[tuple[float, dict[str, tuple[bool, str]]]] = []
         self._stop = threading.Event()
 
-    # -- process --------------------------------------------------------------
     def start(self) -> None:
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [
-                self.args.python,
-                "-m",
-                "mineru.cli.router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--local-gpus",
-                "0,1",
-            ],
-            env=self.env,
-            cwd=self.work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [self.args.python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port",
+                 str(self.port), "--local-gpus", "0,1"],
+                env=self.env, cwd=self.work, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -230,29 +182,25 @@ class Side:
     def stop(self) -> None:
         if self.proc is None:
             return
-        workers = children_of(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        for pid in workers:  # the router stops its workers; make sure
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        from mineru_health.testing.processes import Processes
 
-    # -- observation ---------------------------------------------------------------
+        with Processes() as reaper:  # the router's workers are in sessions of their own
+            reaper.record_descendants(_Adopted(self.proc))
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=30)
+
     def servers(self) -> dict[str, tuple[bool, str]]:
         try:
             payload = httpx.get(f"{self.base}/health", timeout=5.0).json()
         except (httpx.HTTPError, ValueError):
             return {}
-        return {
-            s["server_id"]: (bool(s["healthy"]), s["base_url"]) for s in payload.get("servers", [])
-        }
+        return {s["server_id"]: (bool(s["healthy"]), s["base_url"])
+                for s in payload.get("servers", [])}
 
     def watch(self) -> None:
         while not self._stop.is_set():
@@ -261,108 +209,146 @@ class Side:
                 self.samples.append((time.monotonic(), servers))
             self._stop.wait(0.1)
 
-    def submit_and_wait(self, client: httpx.Client, pdf: bytes) -> TaskOutcome:
+    def run_task(self, client: httpx.Client, name: str, pdf: bytes) -> Outcome:
         t = time.monotonic()
         try:
-            response = client.post(
-                f"{self.base}/tasks",
-                files={"files": ("tiny.pdf", pdf, "application/pdf")},
-                data={"backend": "vlm-http-client", "server_url": self.args.vlm_url},
-                timeout=60.0,
-            )
+            response = client.post(f"{self.base}/tasks",
+                                   files={"files": (name, pdf, "application/pdf")},
+                                   data={"backend": "vlm-http-client",
+                                         "server_url": self.args.vlm_url},
+                                   timeout=60.0)
         except httpx.HTTPError as exc:
-            return TaskOutcome(t, "rejected", str(exc))
+            return Outcome(name, "rejected", error=f"{type(exc).__name__}: {exc}")
         if response.status_code != 202:
-            return TaskOutcome(t, "rejected", f"{response.status_code} {response.text[:200]}")
+            return Outcome(name, "rejected", error=f"{response.status_code} {response.text[:300]}")
         task_id = response.json()["task_id"]
-        deadline = t + self.args.task_timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < t + self.args.task_timeout:
             try:
                 status = client.get(f"{self.base}/tasks/{task_id}", timeout=10.0).json()
             except (httpx.HTTPError, ValueError):
                 status = {}
             if status.get("status") in ("completed", "failed"):
-                error = str(status.get("error") or "")
-                return TaskOutcome(t, status["status"], error, time.monotonic())
-            time.sleep(0.5)
-        return TaskOutcome(t, "hung")
+                return Outcome(name, status["status"], int(status.get("attempts", 1)),
+                               str(status.get("error") or "")[:300])
+            time.sleep(0.3)
+        return Outcome(name, "hung")
 
-    # -- one run -------------------------------------------------------------------
-    def run(self, pdf: bytes) -> SideResult:
-        result = SideResult(self.name)
-        print(f"[{self.name}] starting router and two workers ...", flush=True)
+    def inject(self, scenario: str, client: httpx.Client, pool: ThreadPoolExecutor,
+               poisoned: list[Future[Outcome]]) -> None:
+        victim_url = self.servers()[VICTIM][1]
+        victim_port = victim_url.rsplit(":", 1)[1]
+        if scenario in ("engine_death", "stall"):
+            word = "engine_dead" if scenario == "engine_death" else "engine_stall"
+            self._write_plan(self.plans / f"plan-{victim_port}", word)
+        elif scenario == "kill9":
+            assert self.proc is not None
+            pid = child_pid(self.proc.pid, victim_port)
+            if pid is None:
+                raise SystemExit(f"{self.name}: no worker process on port {victim_port}")
+            os.kill(pid, signal.SIGKILL)
+        elif scenario == "poison":
+            for server_url in (url for _, url in self.servers().values()):
+                self._write_plan(self.plans / f"plan-{server_url.rsplit(':', 1)[1]}",
+                                 f"poison {POISON_NAME}")
+            time.sleep(0.3)  # workers read their plan every 0.1 s
+            poison = pdf_bytes("a document that kills inference engines")
+            poisoned.append(pool.submit(self.run_task, client, POISON_NAME, poison))
+
+    @staticmethod
+    def _write_plan(path: Path, word: str) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(word + "\n")
+        os.replace(tmp, path)
+
+    def run(self, scenario: str, pdf: bytes) -> Result:
+        result = Result(self.name, scenario)
+        print(f"[{scenario}/{self.name}] starting router and two workers ...", flush=True)
         self.start()
-        initial = self.servers()
         watcher = threading.Thread(target=self.watch, daemon=True)
         watcher.start()
-        futures: list[Future[TaskOutcome]] = []
-        t_inject: float | None = None
+        futures: list[Future[Outcome]] = []
+        poisoned: list[Future[Outcome]] = []
         try:
             with httpx.Client() as client, ThreadPoolExecutor(max_workers=64) as pool:
-                # Warm both workers (first parses import and load a lot) so the
-                # death is not hidden behind a cold start.
-                warm = [pool.submit(self.submit_and_wait, client, pdf) for _ in range(4)]
-                for outcome in (f.result() for f in warm):
-                    if outcome.status != "completed":
-                        raise SystemExit(
-                            f"{self.name}: warm-up task {outcome}; see {self.log_path}"
-                        )
+                warm = [pool.submit(self.run_task, client, f"warm-{i}.pdf", pdf) for i in range(4)]
+                if any(f.result().status != "completed" for f in warm):
+                    raise SystemExit(f"{self.name}: warm-up failed; see {self.log_path}")
                 t_start = time.monotonic()
+                t_inject: float | None = None
                 n = 0
                 while time.monotonic() - t_start < self.args.duration:
                     if t_inject is None and time.monotonic() - t_start >= self.args.inject_after:
-                        tmp = self.plan.with_suffix(".tmp")
-                        tmp.write_text("engine_dead\n")
-                        os.replace(tmp, self.plan)
+                        # A burst first, so that the fault finds tasks queued and running.
+                        futures += [pool.submit(self.run_task, client, f"s-burst-{i}.pdf", pdf)
+                                    for i in range(self.args.burst)]
+                        time.sleep(0.5)
+                        self.inject(scenario, client, pool, poisoned)
                         t_inject = time.monotonic()
-                        print(f"[{self.name}] engine death injected", flush=True)
-                    futures.append(pool.submit(self.submit_and_wait, client, pdf))
+                    futures.append(pool.submit(self.run_task, client, f"s{n:03d}.pdf", pdf))
                     n += 1
-                    next_at = t_start + n * self.args.period
-                    time.sleep(max(0.0, next_at - time.monotonic()))
-                print(f"[{self.name}] stream done; waiting for tasks and recovery ...", flush=True)
+                    time.sleep(max(0.0, t_start + n * self.args.period - time.monotonic()))
                 result.tasks = [f.result() for f in futures]
+                result.poison_status = poisoned[0].result().status if poisoned else ""
                 assert t_inject is not None
-                # The clock starts when the death shows: the first task that
-                # failed (the injected death is latent until an engine call).
-                failures = [t.finished_at for t in result.tasks if t.status == "failed"]
-                t0 = min(failures) if failures else t_inject
-                result.first_failure_after_injection_s = t0 - t_inject if failures else None
-                cap = t0 + self.args.recovery_cap
-                while time.monotonic() < cap and not self._recovered(result, initial, t0):
-                    time.sleep(0.2)
-                self._recovered(result, initial, t0)
+                self._times(result, t_inject)
+                result.duplicated = self._duplicates()
+                result.resubmissions = self._resubmissions()
         finally:
             self._stop.set()
             watcher.join(timeout=10)
             self.stop()
         return result
 
-    def _recovered(
-        self, result: SideResult, initial: dict[str, tuple[bool, str]], t0: float
-    ) -> bool:
-        result.dead_worker = ""
-        # Samples from one poll interval before t0 on: the router may eject in
-        # the very status request through which the bench sees the failure.
-        for t, servers in list(self.samples):
-            if t < t0 - 0.5:
-                continue
-            if not result.dead_worker:
-                for sid, (healthy, _url) in servers.items():
-                    if not healthy:
-                        result.dead_worker = sid
-                        result.leave_rotation_s = max(0.0, t - t0)
-                        break
-                continue
-            healthy, url = servers.get(result.dead_worker, (False, ""))
-            if healthy and url != initial[result.dead_worker][1]:
-                result.healthy_again_s = t - t0
-                return True
-        return False
+    def _times(self, result: Result, t0: float) -> None:
+        """Detection: first worker out of rotation; recovery: all back (bounded wait).
+
+        Called once every task is terminal or hung: a worker never taken out
+        by then (upstream's dead engine answers /health 200) never will be.
+        """
+        out = [t for t, s in self.samples if t >= t0 and not all(h for h, _ in s.values())]
+        if not out:
+            return
+        result.detection_s = out[0] - t0
+        cap = t0 + self.args.recovery_cap
+        while True:
+            back = [t for t, s in self.samples
+                    if t > out[0] and s and all(h for h, _ in s.values())]
+            if back:
+                result.recovery_s = back[0] - t0
+                return
+            if time.monotonic() >= cap:
+                return
+            time.sleep(0.2)
+
+    def _duplicates(self) -> int:
+        """Upload names whose Markdown exists in more than one task output directory."""
+        seen = Counter(path.stem for path in (self.work / "tmp").rglob("*.md"))
+        return sum(1 for stem, count in seen.items() if count > 1 and stem.startswith("s"))
+
+    def _resubmissions(self) -> int:
+        try:
+            text = httpx.get(f"{self.base}/metrics", timeout=5.0).text
+        except httpx.HTTPError:
+            return 0
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("mineru_router_task_resubmissions_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
+
+class _Adopted:
+    """What Processes.record_descendants needs of a process it did not start."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.pid, self._popen = popen.pid, popen
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
 
 
 def fmt(value: float | None, cap: float) -> str:
-    return f"{value:.2f}" if value is not None else f"> {cap:.0f} (never)"
+    return f"{value:.1f}" if value is not None else f">{cap:.0f} (never)"
 
 
 def ratio(base: float | None, ours: float | None) -> str:
@@ -371,46 +357,66 @@ def ratio(base: float | None, ours: float | None) -> str:
     return f"{base / ours:.1f}x"
 
 
+def report(pairs: list[tuple[Result, Result]], cap: float) -> None:
+    header = ("scenario", "metric", "(a) baseline", "(b) mineru-health", "a/b")
+    rows: list[tuple[str, ...]] = []
+    for base, ours in pairs:
+        lost_a, lost_b = base.count("failed", "rejected"), ours.count("failed", "rejected")
+        rows += [
+            (base.scenario, "tasks submitted", str(len(base.tasks)), str(len(ours.tasks)), ""),
+            ("", "tasks completed", str(base.count("completed")), str(ours.count("completed")),
+             ""),
+            ("", "tasks failed (incl. rejected)", str(lost_a), str(lost_b),
+             ratio(float(lost_a), float(lost_b)) if lost_b else ("-" if not lost_a else "inf")),
+            ("", "tasks hung", str(base.count("hung")), str(ours.count("hung")), ""),
+            ("", "tasks duplicated", str(base.duplicated), str(ours.duplicated), ""),
+            ("", "resubmissions", str(base.resubmissions), str(ours.resubmissions), ""),
+            ("", "fault -> worker out (s)", fmt(base.detection_s, cap), fmt(ours.detection_s, cap),
+             ratio(base.detection_s, ours.detection_s)),
+            ("", "fault -> all back (s)", fmt(base.recovery_s, cap), fmt(ours.recovery_s, cap),
+             ratio(base.recovery_s, ours.recovery_s)),
+        ]
+        if base.poison_status or ours.poison_status:
+            rows.append(("", "poison document", base.poison_status, ours.poison_status, ""))
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(5)]
+    for row in (header, tuple("-" * w for w in widths), *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--python", default=os.environ.get("MINERU_HEALTH_MINERU_PYTHON", sys.executable)
-    )
-    parser.add_argument(
-        "--duration", type=float, default=50.0, help="seconds of task stream per side"
-    )
-    parser.add_argument("--period", type=float, default=2.0, help="seconds between submissions")
-    parser.add_argument("--inject-after", type=float, default=6.0, help="seconds into the stream")
-    parser.add_argument(
-        "--task-timeout", type=float, default=90.0, help="a task not terminal by then is hung"
-    )
-    parser.add_argument(
-        "--recovery-cap", type=float, default=120.0, help="stop waiting for recovery after"
-    )
-    parser.add_argument(
-        "--preset", default="production", help="MINERU_ROUTER_HEALTH_PRESET for side (b)"
-    )
+    parser.add_argument("--python",
+                        default=os.environ.get("MINERU_HEALTH_MINERU_PYTHON", sys.executable))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--duration", type=float, default=14.0, help="seconds of stream")
+    parser.add_argument("--period", type=float, default=1.0, help="seconds between submissions")
+    parser.add_argument("--inject-after", type=float, default=4.0, help="seconds into the stream")
+    parser.add_argument("--burst", type=int, default=4, help="tasks submitted at once just "
+                        "before the fault")
+    parser.add_argument("--task-timeout", type=float, default=60.0,
+                        help="a task not terminal by then is hung")
+    parser.add_argument("--recovery-cap", type=float, default=60.0,
+                        help="stop waiting for recovery after this many seconds")
+    parser.add_argument("--preset", default="production", help="MINERU_ROUTER_HEALTH_PRESET (b)")
+    parser.add_argument("--stall-s", default="5", help="MINERU_HEALTH_STALL_S of (b)'s workers")
+    parser.add_argument("--baseline", choices=("upstream", "pr5188"), default="upstream")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
+
+    from mineru_health.testing.processes import Processes
+    from mineru_health.testing.sandbox import fake_vlm_command
 
     work = Path(tempfile.mkdtemp(prefix="mineru-health-recovery-"))
     vlm_port = free_port()
     args.vlm_url = f"http://127.0.0.1:{vlm_port}"
-    vlm = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mineru_health.testing.fake_vlm_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(vlm_port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    results: list[SideResult] = []
-    try:
+    pairs: list[tuple[Result, Result]] = []
+    with Processes() as procs:
+        procs.start("fake-vlm", fake_vlm_command(sys.executable, vlm_port), env=dict(os.environ),
+                    log_path=work / "fake-vlm.log")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -418,90 +424,35 @@ def main() -> int:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        pdf = tiny_pdf()
-        sides = [
-            Side("baseline", baseline_site(work / "site-a", args.python), {}, work, args),
-            Side(
-                "mineru-health",
-                ours_site(work / "site-b", args.python),
-                {
-                    "MINERU_ROUTER_HEALTH_PRESET": args.preset,
-                    "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(work / "audit.jsonl"),
-                },
-                work,
-                args,
-            ),
-        ]
-        for side in sides:
-            results.append(side.run(pdf))
-    finally:
-        vlm.terminate()
-        vlm.wait(timeout=30)
-
-    base, ours = results
-    cap = args.recovery_cap
-    rows = [
-        (
-            "injection -> first failed task (s)",
-            fmt(base.first_failure_after_injection_s, cap),
-            fmt(ours.first_failure_after_injection_s, cap),
-            "",
-        ),
-        (
-            "first failure -> out of rotation (s)",
-            fmt(base.leave_rotation_s, cap),
-            fmt(ours.leave_rotation_s, cap),
-            ratio(base.leave_rotation_s, ours.leave_rotation_s),
-        ),
-        (
-            "first failure -> healthy again (s)",
-            fmt(base.healthy_again_s, cap),
-            fmt(ours.healthy_again_s, cap),
-            ratio(base.healthy_again_s, ours.healthy_again_s),
-        ),
-        ("tasks submitted", str(len(base.tasks)), str(len(ours.tasks)), ""),
-        (
-            "tasks failed (incl. rejected)",
-            str(base.count("failed", "rejected")),
-            str(ours.count("failed", "rejected")),
-            ratio(
-                float(base.count("failed", "rejected")),
-                float(ours.count("failed", "rejected")) or None,
-            ),
-        ),
-        ("tasks hung", str(base.count("hung")), str(ours.count("hung")), ""),
-    ]
-    widths = [
-        max(
-            len(r[i])
-            for r in [("metric", "(a) 3.4.4 + PR#5188-like", "(b) mineru-health", "a/b"), *rows]
-        )
-        for i in range(4)
-    ]
-    header = ("metric", "(a) 3.4.4 + PR#5188-like", "(b) mineru-health", "a/b")
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    print(
-        f"\ndead worker: (a) {base.dead_worker or '-'}  (b) {ours.dead_worker or '-'}; logs under {work}"
-    )
+        pdf = pdf_bytes("mineru-health recovery bench")
+        sites = {"baseline": baseline_site(work / "site-a", args.python),
+                 "mineru-health": ours_site(work / "site-b", args.python)}
+        base_env = {"BENCH_PR5188_MARKERS": "1"} if args.baseline == "pr5188" else {}
+        ours_env = {"MINERU_ROUTER_HEALTH_PRESET": args.preset,
+                    "MINERU_HEALTH_STALL_S": args.stall_s}
+        for scenario in scenarios:
+            audit = {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(work / f"{scenario}-audit.jsonl")}
+            baseline = Side("baseline", sites["baseline"], base_env, work / f"{scenario}-a", args)
+            ours = Side("mineru-health", sites["mineru-health"], {**ours_env, **audit},
+                        work / f"{scenario}-b", args)
+            pairs.append((baseline.run(scenario, pdf), ours.run(scenario, pdf)))
+    label = "3.4.4" if args.baseline == "upstream" else "3.4.4 + PR#5188-like"
+    print(f"\n(a) = {label}, (b) = mineru-health ({args.preset}); logs under {work}")
+    report(pairs, args.recovery_cap)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    r.name: {
-                        "leave_rotation_s": r.leave_rotation_s,
-                        "healthy_again_s": r.healthy_again_s,
-                        "submitted": len(r.tasks),
-                        "failed": r.count("failed", "rejected"),
-                        "hung": r.count("hung"),
-                        "dead_worker": r.dead_worker,
-                    }
-                    for r in results
-                },
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps(
+            [{"scenario": a.scenario, "baseline": _summary(a), "mineru_health": _summary(b)}
+             for a, b in pairs], indent=2))
     return 0
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    data = asdict(result)
+    data["lost"] = [asdict(t) for t in result.tasks if t.status != "completed"]
+    data.pop("tasks")
+    data.update(submitted=len(result.tasks), completed=result.count("completed"),
+                failed=result.count("failed", "rejected"), hung=result.count("hung"))
+    return data
 
 
 if __name__ == "__main__":

@@ -219,6 +219,16 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        "Set by mineru-router for the workers it launches: the worker exits "
        "when that process dies, however it dies; 0 or unset: no such link.",
        PathCheck::kNone, kW},
+      {"TASK_STORE", "task_store", &C::task_store, T::kFlag, {},
+       "Keep every finished task (status, verdict, where its output is) in a "
+       "SQLite file in STATE_DIR, so that a restarted worker still serves "
+       "results completed before the restart.",
+       PathCheck::kNone, kW},
+      {"STATE_DIR", "state_dir", &C::state_dir, T::kPath, {},
+       "Directory of the task store (created if missing); unset: MinerU's "
+       "output root (MINERU_API_OUTPUT_ROOT). mineru-router gives each local "
+       "worker one that outlives its restarts.",
+       PathCheck::kNone, kW},
       {"FAULT_PLAN", "fault_plan_path", &C::fault_plan_path, T::kPath, {},
        "Tests and the demo only: fault injection plan file "
        "(python/mineru_health/testing/faults.py); `{port}` in it is replaced "
@@ -446,7 +456,8 @@ void assign(Config& config, const Member<Config>& member,
           auto& target = config.*pointer;
           using V = std::decay_t<decltype(target)>;
           if constexpr (std::is_same_v<V, bool>) {
-            target = parse_flag(v, text);
+            // Empty means unset: the flag keeps its default (TASK_STORE is on).
+            if (!text.empty()) target = parse_flag(v, text);
           } else if constexpr (std::is_same_v<V, std::string>) {
             check_text(v, text);
             target = text;

@@ -86,6 +86,8 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheHeader) {
   EXPECT_EQ(worker.error_budget_window_s, 60.0);
   EXPECT_EQ(worker.rules_path, "");
   EXPECT_EQ(worker.fault_plan_path, "");
+  EXPECT_TRUE(worker.task_store);
+  EXPECT_EQ(worker.state_dir, "");
 }
 
 TEST(ConfigTest, EachSideIgnoresTheOthersVariables) {
@@ -278,6 +280,17 @@ INSTANTIATE_TEST_SUITE_P(
                     [](const WorkerConfig& c) {
                       return c.error_budget_window_s == 3600;
                     }},
+        WorkerValue{"MINERU_HEALTH_TASK_STORE", "0",
+                    [](const WorkerConfig& c) { return !c.task_store; }},
+        WorkerValue{"MINERU_HEALTH_TASK_STORE", "on",
+                    [](const WorkerConfig& c) { return c.task_store; }},
+        // An empty flag is unset: a default-on flag stays on.
+        WorkerValue{"MINERU_HEALTH_TASK_STORE", "",
+                    [](const WorkerConfig& c) { return c.task_store; }},
+        WorkerValue{"MINERU_HEALTH_STATE_DIR", "/var/lib/mineru-health",
+                    [](const WorkerConfig& c) {
+                      return c.state_dir == "/var/lib/mineru-health";
+                    }},
         WorkerValue{"MINERU_HEALTH_FAULT_PLAN", "/tmp/plan-{port}.json",
                     [](const WorkerConfig& c) {
                       return c.fault_plan_path == "/tmp/plan-{port}.json";
@@ -404,6 +417,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"MINERU_HEALTH_RETRY_AFTER_S", "2.5"},
                       BadValue{"MINERU_HEALTH_RETRY_AFTER_S", "3601"},
                       BadValue{"MINERU_HEALTH_EXPOSE_ERRORS", "sometimes"},
+                      BadValue{"MINERU_HEALTH_TASK_STORE", "maybe"},
                       BadValue{"MINERU_HEALTH_ERROR_BUDGET", "0"},
                       BadValue{"MINERU_HEALTH_ERROR_BUDGET_WINDOW_S", "0.5"},
                       BadValue{"MINERU_HEALTH_RULES", "/nonexistent/rules.txt"},

@@ -389,6 +389,8 @@ class WorkerConfig(metaclass=_pybind11_type):
     error_budget_window_s: float
     parent_pid: int
     rules_path: str
+    task_store: bool
+    state_dir: str
     fault_plan_path: str
     fault_hang_s: float
     @overload

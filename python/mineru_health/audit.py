@@ -2,6 +2,8 @@
 
     log = AuditLog(settings.audit_path)   # ConfigError if the path cannot be appended to
     log.write(event)                      # a PollerEvent of kind AUDIT
+    log.write_record("poison_document_quarantined", worker_id="local-gpu-1",
+                     reason="...", workers=[...])   # a record the router itself originates
     log.close()
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
@@ -69,11 +72,31 @@ class AuditLog:
 
     def write(self, event: Any) -> dict[str, Any]:
         record = audit_record(event)
+        self._append(record)
+        return record
+
+    def write_record(self, action: str, *, worker_id: str, reason: str,
+                     unix_time: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Appends a record the router originates itself (not a policy transition).
+
+        Same leading keys as ``audit_record`` (time, worker_id, action,
+        reason), then ``fields`` (JSON-serialisable); no from/to phases.
+        """
+        record: dict[str, Any] = {
+            "time": _iso(time.time() if unix_time is None else unix_time),
+            "worker_id": worker_id,
+            "action": action,
+            "reason": reason,
+            **fields,
+        }
+        self._append(record)
+        return record
+
+    def _append(self, record: dict[str, Any]) -> None:
         try:
-            self._stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._stream.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         except (OSError, ValueError) as exc:  # a full disk must not stop health handling
             _log.warning("cannot write audit record to %s: %s", self.path or "stderr", exc)
-        return record
 
     def close(self) -> None:
         if self._owned is not None:

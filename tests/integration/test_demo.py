@@ -66,7 +66,7 @@ def test_engine_death_demo_recovers() -> None:
     assert summary["restart_attempts"] >= 1
     tasks = summary["tasks"]
     assert tasks["completed"] >= 3
-    assert tasks["failed"] >= 1  # the task that met the dead engine
+    assert tasks["failed"] == 0  # the task that met the dead engine was resubmitted
     actions = {
         e["text"].split(": ", 1)[1].split(" ", 1)[0]
         for e in summary["timeline"]

@@ -434,6 +434,12 @@ def _task(server: Any) -> SimpleNamespace:
 
 
 ENGINE_ERROR = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+#: A task status as a patched worker words it when the engine died under the task.
+ENGINE_DEAD_STATUS = {
+    "status": "failed", "error": ENGINE_ERROR, "engine_dead": True,
+    "verdict": {"fatal": True, "engine_dead": True, "role": "trigger", "rule": "vllm.engine_dead",
+                "category": "engine_dead", "ambiguous": False, "remote_engine": False},
+}
 
 
 @run_async
@@ -442,14 +448,16 @@ async def test_fatal_task_failure_ejects_at_once(env: SimpleNamespace) -> None:
         rec = pool.recorder
         server = pool.get_server("local-gpu-0")
         stale = SimpleNamespace(upstream_server_id=server.server_id, upstream_base_url="http://x")
-        pool.observe_task_status(stale, {"status": "failed", "error": ENGINE_ERROR})
+        pool.observe_task_status(stale, ENGINE_DEAD_STATUS)
         pool.observe_task_status(_task(server), {"status": "failed", "error": "corrupt PDF"})
         pool.observe_task_status(_task(server), {"status": "completed", "error": None})
+        # The worker's verdict decides, never the text: no engine_dead, no ejection.
+        pool.observe_task_status(_task(server), {"status": "failed", "error": ENGINE_ERROR})
         assert server.healthy  # none of those is a fatal failure of this instance
 
-        pool.observe_task_status(_task(server), {"status": "failed", "error": ENGINE_ERROR})
+        pool.observe_task_status(_task(server), ENGINE_DEAD_STATUS)
         assert not server.healthy  # synchronous: no probe needed
-        pool.observe_task_status(_task(server), {"status": "failed", "error": ENGINE_ERROR})
+        pool.observe_task_status(_task(server), ENGINE_DEAD_STATUS)
         await rec.wait_for(lambda: bool(rec.actions(server.server_id)), "the ejection")
         first = rec.actions(server.server_id)[0]
         assert first == "ejected"

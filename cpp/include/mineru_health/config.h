@@ -86,6 +86,8 @@ struct WorkerConfig {
   double error_budget_window_s = 60.0;
   int parent_pid = 0;  // set by the router: exit with that process; 0 = none
   std::string rules_path;        // extra rules file; "" = built-in only
+  bool task_store = true;        // terminal tasks kept on disk (SQLite)
+  std::string state_dir;         // task store's directory; "" = output root
   std::string fault_plan_path;   // tests only: fault injection plan
   double fault_hang_s = 3600.0;  // tests only: how long a "hang" fault lasts
 };
@@ -98,7 +100,7 @@ enum class ConfigType {
   kSeconds,  // finite decimal number of seconds
   kNumber,   // finite decimal number
   kInteger,  // decimal integer, no sign, no fraction
-  kFlag,     // 1/0, true/false, yes/no, on/off (any case); "" = 0
+  kFlag,     // 1/0, true/false, yes/no, on/off (any case); "" = default
   kText,     // non-empty text
   kPath,     // file path; "" = unset
   kPort,     // "" = unset, else an integer 0..65535 (0 = any free port)

@@ -12,6 +12,12 @@ Two kinds of call site are wrapped, each once per process:
   the concrete ``mineru_vl_utils`` VLM clients. Their end is progress too, so a
   long window on a slow device is not mistaken for a stall.
 
+The upload names of the task being parsed are kept in a context variable
+(``follow_tasks(manager)`` wraps MinerU's ``AsyncTaskManager._run_task``; the
+engine calls run in that task's context, directly or through
+``asyncio.to_thread``, which copies it), so the fault plan's ``poison`` word
+knows which document an engine call belongs to.
+
 Modules are wrapped when they are imported (most are imported lazily by
 MinerU, e.g. the pipeline backend only on its first task), through a small
 post-import hook; nothing here imports a backend by itself.
@@ -21,6 +27,7 @@ Thread-safety: the wrappers run on any thread; install() runs once, at start-up.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
@@ -32,7 +39,14 @@ from typing import Any
 
 from ..worker import WorkerHealth
 
-__all__ = ["ENGINE_CALL_SITES", "REQUEST_SITES", "install", "on_import"]
+__all__ = [
+    "ENGINE_CALL_SITES",
+    "REQUEST_SITES",
+    "current_upload_names",
+    "follow_tasks",
+    "install",
+    "on_import",
+]
 
 #: (module, class, methods) whose calls are engine calls.
 ENGINE_CALL_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -65,6 +79,35 @@ REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
 )
 
 _MARK = "__mineru_health_tracked__"
+
+#: Upload names of the MinerU task whose processing runs in this context.
+_upload_names: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "mineru_health_upload_names", default=()
+)
+
+
+def current_upload_names() -> tuple[str, ...]:
+    """The upload names of the task being processed in this context (empty outside one)."""
+    return _upload_names.get()
+
+
+def follow_tasks(manager: Any) -> None:
+    """Wraps ``manager._run_task`` so its task's upload names are in context (idempotent)."""
+    run_task = getattr(manager, "_run_task", None)
+    if run_task is None or getattr(run_task, _MARK, False):
+        return
+
+    @functools.wraps(run_task)
+    async def run_task_in_context(task: Any, *args: Any, **kwargs: Any) -> Any:
+        names = getattr(task, "upload_names", None) or ()
+        token = _upload_names.set(tuple(str(name) for name in names))
+        try:
+            return await run_task(task, *args, **kwargs)
+        finally:
+            _upload_names.reset(token)
+
+    setattr(run_task_in_context, _MARK, True)
+    manager._run_task = run_task_in_context
 
 # --- a post-import hook --------------------------------------------------------------------
 
@@ -135,7 +178,7 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
             try:
                 injector = faults()
                 if injector is not None:
-                    await injector.before_engine_call_async()
+                    await injector.before_engine_call_async(current_upload_names())
                 return await original(*args, **kwargs)
             finally:
                 state.engine_call_finished()
@@ -149,7 +192,7 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
         try:
             injector = faults()
             if injector is not None:
-                injector.before_engine_call()
+                injector.before_engine_call(current_upload_names())
             return original(*args, **kwargs)
         finally:
             state.engine_call_finished()

@@ -66,7 +66,7 @@ from ..worker import (
     describe_exception,
     worker_health,
 )
-from . import engine_calls
+from . import engine_calls, task_store
 
 __all__ = [
     "EXIT_CODE",
@@ -230,6 +230,7 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
         task.completed_at = now
         _set_verdict(task, fatal=False, engine_dead=True, role="collateral", rule=rule,
                      category=category)
+        task_store.record(manager, task)  # task store: MinerU does not signal these
         failed += 1
 
     try:
@@ -522,6 +523,8 @@ def _on_started() -> None:
         task_class = getattr(module, "AsyncParseTask", None)
         if isinstance(task_class, type):
             _wrap_status_payload(task_class)
+        task_store.attach(manager)  # task store: restore finished tasks, record new ones
+        engine_calls.follow_tasks(manager)  # upload names in context (fault plan `poison`)
         _report_service(manager)
     if managers:
         _report_tasks()
@@ -675,6 +678,7 @@ def install(app: Any) -> None:
             error_budget_window_s=settings.error_budget_window_s,
         ))
         _start_endpoint(health, settings)
+        task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
     health = _health()
     _runtime.apps.append(app)
     app.add_middleware(HealthGate)

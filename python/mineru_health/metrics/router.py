@@ -39,6 +39,15 @@ Two kinds, by where the truth lives:
     status, ``process_exit``, ``passive_failure`` or ``other`` (never free
     text: labels must stay bounded).
   - ``forget_worker(worker)`` -- a worker left the pool: drops its counters.
+  - ``record_resubmission(reason)`` -- a task sent again to another worker:
+    ``mineru_router_task_resubmissions_total{reason}`` (``engine_dead``: its
+    upstream failed with the engine; ``lost``: the worker's current instance
+    does not know it; ``worker_failed``: its worker was declared failed).
+  - ``record_resubmission_refused(cause)`` -- a task left failed instead:
+    ``mineru_router_task_resubmissions_refused_total{cause}`` (``retries``,
+    ``budget``, ``no_worker``, ``poison``, ``rejected``).
+  - ``record_poison_document()`` -- a document quarantined after killing
+    engines on two workers: ``mineru_router_poison_documents_total``.
 
 Every function is thread-safe and none raises on odd values: metrics must
 never break the request path. Phase, action and probe status names are the
@@ -72,6 +81,9 @@ __all__ = [
     "observe_probe",
     "record_audit",
     "record_ejection",
+    "record_poison_document",
+    "record_resubmission",
+    "record_resubmission_refused",
 ]
 
 # The phases of the native RestartPolicy, as its to_string() spells them.
@@ -101,7 +113,14 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_poller_io_errors_total",
     "mineru_router_poller_io_failing",
     "mineru_router_ejections_suppressed_total",
+    "mineru_router_task_resubmissions_total",
+    "mineru_router_task_resubmissions_refused_total",
+    "mineru_router_poison_documents_total",
 )
+
+#: Label values of the resubmission counters (anything else is counted as "other").
+RESUBMIT_REASONS: tuple[str, ...] = ("engine_dead", "lost", "worker_failed")
+REFUSAL_CAUSES: tuple[str, ...] = ("retries", "budget", "no_worker", "poison", "rejected")
 
 # Healthy probes answer in milliseconds; failing ones run up to the probe
 # timeout (1.5 s by default, 10 s in the slowest preset).
@@ -228,6 +247,23 @@ class _RouterMetrics:
             ["worker", "action"],
             registry=reg,
         )
+        self.resubmissions = Counter(
+            "mineru_router_task_resubmissions",
+            "Tasks sent again to another worker, by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        self.refused = Counter(
+            "mineru_router_task_resubmissions_refused",
+            "Tasks left failed instead of resubmitted, by cause.",
+            ["cause"],
+            registry=reg,
+        )
+        self.poison = Counter(
+            "mineru_router_poison_documents",
+            "Documents quarantined after killing the engine of two different workers.",
+            registry=reg,
+        )
 
 
 def _metrics() -> _RouterMetrics:
@@ -310,6 +346,20 @@ def record_audit(worker: str, action: object, reason_kind: str = "") -> None:
         metrics.gave_up.labels(worker=worker).inc()
     elif name == "ejected":
         record_ejection(worker, reason_kind)
+
+
+def record_resubmission(reason: str) -> None:
+    """Counts one task resubmitted; ``reason`` outside RESUBMIT_REASONS is "other"."""
+    _metrics().resubmissions.labels(reason=reason if reason in RESUBMIT_REASONS else "other").inc()
+
+
+def record_resubmission_refused(cause: str) -> None:
+    """Counts one task left failed; ``cause`` outside REFUSAL_CAUSES is "other"."""
+    _metrics().refused.labels(cause=cause if cause in REFUSAL_CAUSES else "other").inc()
+
+
+def record_poison_document() -> None:
+    _metrics().poison.inc()
 
 
 def forget_worker(worker: str) -> None:

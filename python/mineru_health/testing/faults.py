@@ -22,6 +22,13 @@ the worker consumes (deletes) it and then behaves as follows:
     a fake engine handle whose ``errored`` is true is added to MinerU's
     ``ModelSingleton``, so the liveness check finds a dead engine without any
     task running.
+``poison <file name>``
+    a document that kills engines: the first engine call of a task that has
+    an upload named ``<file name>`` raises ``EngineDeadError``, and from then
+    on every engine call in that process does too (as ``engine_dead``). This
+    word is *not* consumed: it stays in the file, so every worker that reads
+    the plan (restarted ones included) is armed; writing another plan replaces
+    it. The task's upload names come from ``engine_calls.current_upload_names``.
 
 Engine calls are the call sites :mod:`mineru_health.integration.engine_calls`
 tracks (``MinerUClient.aio_batch_two_step_extract`` and its siblings, the
@@ -38,6 +45,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +63,11 @@ __all__ = [
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
-PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle")
+PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison")
 #: Words that take a number of seconds after a space.
 _TIMED_WORDS = ("hang",)
+#: Words that take the rest of the line (a file name) as their argument.
+_NAMED_WORDS = ("poison",)
 
 #: vLLM's module, class name and fixed message for a dead EngineCore (vLLM v1).
 VLLM_EXCEPTIONS_MODULE = "vllm.v1.engine.exceptions"
@@ -101,9 +111,16 @@ def make_engine_dead_error() -> Exception:
     return engine_dead_error_class()(ENGINE_DEAD_MESSAGE)
 
 
-def parse_plan(text: str) -> tuple[str, float | None] | None:
-    """(word, seconds or None) of a plan text; None when it is not a valid plan."""
+def parse_plan(text: str) -> tuple[str, float | str | None] | None:
+    """(word, argument) of a plan text; None when it is not a valid plan.
+
+    The argument is the seconds of ``hang`` (or None), the file name of
+    ``poison`` (required; it may hold spaces), None for the other words.
+    """
     parts = text.split()
+    if parts and parts[0] in _NAMED_WORDS:
+        name = text.strip()[len(parts[0]):].strip()
+        return (parts[0], name) if name else None
     if not parts or parts[0] not in PLAN_WORDS or len(parts) > 2:
         return None
     if len(parts) == 1:
@@ -124,7 +141,8 @@ def write_plan(path: str | os.PathLike[str], word: str) -> None:
     if parse_plan(word) is None:
         raise ValueError(
             f"unknown fault plan {word!r}; expected one of {', '.join(PLAN_WORDS)} "
-            f"({', '.join(_TIMED_WORDS)} may be followed by seconds)"
+            f"({', '.join(_TIMED_WORDS)} may be followed by seconds; "
+            f"{', '.join(_NAMED_WORDS)} needs a file name)"
         )
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -175,6 +193,7 @@ class FaultInjector:
         self.engine_dead = False
         self.engine_stall = False
         self.task_local_pending = 0
+        self.poison_names: frozenset[str] = frozenset()
         self.applied: list[str] = []
 
     @classmethod
@@ -201,11 +220,14 @@ class FaultInjector:
             except OSError as error:
                 _log.warning("cannot read fault plan %s: %s", self.plan_path, error)
                 return None
+            plan = parse_plan(text)
+            if plan is not None and plan[0] in _NAMED_WORDS:
+                # Not consumed: every worker reading this plan is armed alike.
+                return self._arm_poison(str(plan[1]))
             try:
                 self.plan_path.unlink()
             except FileNotFoundError:
                 pass
-            plan = parse_plan(text)
             if plan is None:
                 _log.warning("ignoring unknown fault plan %r in %s", text, self.plan_path)
                 return None
@@ -222,13 +244,24 @@ class FaultInjector:
         _log.warning("fault plan applied: %s", text)
         if word == "hang":
             # Called on the event loop thread: nothing else runs until this returns.
-            time.sleep(self.hang_s if seconds is None else seconds)
+            time.sleep(seconds if isinstance(seconds, float) else self.hang_s)
         return word
 
-    def _raise_planned(self) -> bool:
+    def _arm_poison(self, name: str) -> str | None:
+        """Adds a poison file name (lock held); returns "poison" the first time only."""
+        if name in self.poison_names:
+            return None
+        self.poison_names = self.poison_names | {name}
+        self.applied.append("poison")
+        _log.warning("fault plan applied: poison %s", name)
+        return "poison"
+
+    def _raise_planned(self, upload_names: Sequence[str] = ()) -> bool:
         """Raises the planned failure, if any; True when the call must stall instead."""
         self.poll()
         with self._lock:
+            if self.poison_names.intersection(upload_names):
+                self.engine_dead = True
             if self.engine_dead:
                 raise make_engine_dead_error()
             if self.task_local_pending:
@@ -236,14 +269,14 @@ class FaultInjector:
                 raise ValueError(TASK_LOCAL_MESSAGE)
             return self.engine_stall
 
-    def before_engine_call(self) -> None:
-        """In a synchronous engine call: raises or stalls as planned."""
-        if self._raise_planned():
+    def before_engine_call(self, upload_names: Sequence[str] = ()) -> None:
+        """In a synchronous engine call (of a task with ``upload_names``): raises or stalls."""
+        if self._raise_planned(upload_names):
             threading.Event().wait(self.hang_s)
 
-    async def before_engine_call_async(self) -> None:
-        """In an asynchronous engine call: raises or stalls as planned."""
-        if self._raise_planned():
+    async def before_engine_call_async(self, upload_names: Sequence[str] = ()) -> None:
+        """In an asynchronous engine call (of a task with ``upload_names``): raises or stalls."""
+        if self._raise_planned(upload_names):
             await asyncio.sleep(self.hang_s)
 
     def _add_dead_engine_handle(self) -> None:

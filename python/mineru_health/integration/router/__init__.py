@@ -2,8 +2,9 @@
 
 The patch adds three lines to the router: right after ``class WorkerPool`` it
 rebinds the name to ``install(globals())``, a subclass whose health loop is
-the native poller; ``create_app`` calls ``install_app(app)`` (adds
-``/metrics``); ``fetch_router_task_status`` calls
+the native poller; ``create_app`` calls ``install_app(app, globals())`` (adds
+``/metrics``, and rebinds the task endpoints' helpers, see ``endpoints.py``);
+``fetch_router_task_status`` calls
 ``worker_pool.observe_task_status(task, payload)``. Everything else lives in
 this package, one job per module:
 
@@ -12,7 +13,17 @@ this package, one job per module:
 - ``projection.py``  -- pure: poller events and statuses written onto
   MinerU's ``WorkerState`` objects (``healthy`` is the policy's "in
   rotation", nothing else is kept), ``/health`` entries, ejection causes;
-- ``passive.py``     -- passive ejection from task statuses and submissions.
+- ``passive.py``     -- passive ejection from submissions (task statuses:
+  ``resubmission.py``, by the worker's verdict);
+- ``instance_dirs.py`` -- local workers' state directories and replaced
+  instances' outputs;
+- ``endpoints.py``    -- staged uploads kept, status refresh, results from
+  a restarted worker, ``attempts``/``workers_tried`` in task statuses;
+- ``tasks.py``        -- the task supervisor: which tasks a dead, stalled,
+  killed or restarted worker lost (decisions in ``resubmit_policy.py``);
+  ``sending.py`` sends them again or fails them with a reason (the poison
+  guard in ``poison.py``); ``tracked.py`` the kept task;
+- ``resubmission.py`` -- the mixin that gives the pool its supervisor.
 
 What changes against MinerU's own loop (which probes workers one after
 another every 2 s and awaits restarts inside that loop):
@@ -31,18 +42,20 @@ Remote upstream workers (``--upstream-url``) are never restarted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from mineru_health import metrics
 
+from .endpoints import install_endpoints
 from .passive import PassiveEjectionMixin, is_fatal_error
 from .pool import PoolLifecycleMixin, launching_server_class
+from .resubmission import ResubmissionMixin
 
 __all__ = ["HealingPoolMixin", "install", "install_app", "is_fatal_error"]
 
 
-class HealingPoolMixin(PassiveEjectionMixin, PoolLifecycleMixin):
+class HealingPoolMixin(ResubmissionMixin, PassiveEjectionMixin, PoolLifecycleMixin):
     """Replaces MinerU's sequential refresh loop with the native poller and restart policy.
 
     Mixed in before MinerU's WorkerPool (see ``install``). Runs on the
@@ -50,9 +63,15 @@ class HealingPoolMixin(PassiveEjectionMixin, PoolLifecycleMixin):
     """
 
 
-def install_app(app: Any) -> None:
-    """Adds ``GET /metrics`` to the router's FastAPI app."""
+def install_app(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None:
+    """Adds ``GET /metrics`` to the router's FastAPI app; rebinds the task helpers.
+
+    ``namespace`` is the router module's ``globals()``; ``create_app`` runs
+    after every function of the module is defined, so they can be wrapped.
+    """
     metrics.mount_metrics(app, role="router")
+    if namespace is not None:
+        install_endpoints(namespace)
 
 
 def install(namespace: Mapping[str, Any]) -> type:

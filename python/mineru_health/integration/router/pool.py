@@ -11,7 +11,12 @@ as its own asyncio task:
   decides when it is healthy (or that the boot deadline passed); probing,
   routing and other restarts never wait on it;
 - a launched worker's process is polled every interval, so an exit is
-  reported at once instead of after failed probes.
+  reported at once instead of after failed probes;
+- each local worker gets its own variables for each launch
+  (``HealingLocalServer.launch_env``: its state directory, see
+  ``instance_dirs.py``), and the output directory of an instance a restart
+  replaces is kept until the router shuts down, so that the new instance
+  still serves what the old one completed.
 
 Runs on the router's event loop; not thread-safe, like the class it extends.
 """
@@ -34,6 +39,7 @@ from mineru_health.monitor import HealthMonitor
 from mineru_health.safe_text import printable
 from mineru_health.settings import HealthSettings
 
+from .instance_dirs import STATE_DIR_ENV, InstanceDirs
 from .projection import (
     add_policy_fields,
     process_exit_reason,
@@ -163,6 +169,9 @@ class PoolLifecycleMixin:
         self._restart_tasks: dict[str, asyncio.Task[None]] = {}
         self._exit_reported: set[int] = set()
         self._first_health: asyncio.Event | None = None
+        # Task store directories and replaced instances' outputs (issue 9).
+        retention = getattr(getattr(self, "settings", None), "task_retention_seconds", 0)
+        self._instance_dirs = InstanceDirs(retention_s=float(retention or 0))
         for server in self._servers.values():
             local = server.local_server is not None
             if local and self._local_server_class is not None:
@@ -184,8 +193,8 @@ class PoolLifecycleMixin:
         ports = self._router["reserve_unique_local_ports"](
             len(locals_) * (2 if self._native_probes else 1))
         main_ports, health_ports = ports[: len(locals_)], ports[len(locals_):]
-        for server, health_port in zip(locals_, health_ports, strict=False):
-            self._prepare_launch(server, health_port)
+        for index, server in enumerate(locals_):
+            self._prepare_launch(server, health_ports[index] if index < len(health_ports) else None)
         # As MinerU does: start every local worker and wait for its first
         # healthy answer, each failure kept to its own worker.
         await asyncio.gather(
@@ -208,17 +217,18 @@ class PoolLifecycleMixin:
 
     # -- native health endpoints -----------------------------------------------
     def _prepare_launch(self, server: Any, health_port: int | None) -> None:
-        """The per-launch variables of a local worker: its native health port and bind."""
+        """The per-launch variables of a local worker: its state directory, native port, bind."""
         local = server.local_server
+        # The same task store on every launch (issue 9: results survive restarts).
+        env = {STATE_DIR_ENV: str(self._instance_dirs.state_dir(server.server_id))}
+        local.launch_env = env
         if health_port is None or not self._native_probes:
             self._health_ports.pop(server.server_id, None)
-            local.launch_env = None
             return
         self._health_ports[server.server_id] = health_port
         # Bound where the router connects to the worker (loopback for
         # 0.0.0.0), so the native endpoint is no more exposed than needed.
-        local.launch_env = {HEALTH_PORT_ENV: str(health_port),
-                            HEALTH_BIND_ENV: str(local.connect_host)}
+        env.update({HEALTH_PORT_ENV: str(health_port), HEALTH_BIND_ENV: str(local.connect_host)})
 
     def _health_url(self, server: Any) -> str:
         """Where to probe ``server``: its native endpoint, its main port, or "" (discover)."""
@@ -260,6 +270,7 @@ class PoolLifecycleMixin:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._restart_tasks.clear()
         await super().shutdown()  # type: ignore[misc]
+        self._instance_dirs.close()  # after MinerU stopped the current instances
         self._audit.close()
 
     async def refresh_all(self) -> None:
@@ -338,6 +349,7 @@ class PoolLifecycleMixin:
         local = server.local_server
         # Stop probing the old process: its answers say nothing about the new one.
         self._monitor.set_url(worker_id, "")
+        self._instance_dirs.retire(local)  # its completed results stay downloadable
         try:
             await asyncio.to_thread(local.stop)
         except Exception as exc:  # noqa: BLE001 -- a failed stop must not block the new start

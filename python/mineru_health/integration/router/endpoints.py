@@ -1,0 +1,147 @@
+"""Module-level names of MinerU's router rebound, so that tasks survive their worker.
+
+MinerU's endpoints look these names up in the router module's globals when
+they run; ``install_endpoints(namespace)`` (called by ``install_app`` once
+the module is fully defined) rebinds them:
+
+- ``stage_multipart_request`` returns a ``RetainedPayload``: MinerU calls its
+  ``cleanup()`` in a ``finally`` right after submitting, which now does
+  nothing once the task supervisor kept the payload; the supervisor deletes
+  the staged files when the task is terminal (or at shutdown).
+- ``submit_router_task`` hashes the uploaded files (the poison guard's key),
+  refuses a quarantined document with 422, submits as MinerU does, then
+  hands the task to the supervisor; when MinerU finds no healthy worker but
+  one is being restarted, the supervisor holds the task instead of the 503.
+- ``fetch_router_task_status`` lets the supervisor refresh a tracked task
+  (and resubmit it when its worker lost it); other tasks as MinerU does.
+  ``/file_parse`` polls through it, so it gets the same behaviour.
+- ``proxy_router_task_result`` and ``build_sync_router_task_result_response``
+  send a finished task's result request to its worker's current instance
+  (503 with Retry-After while that worker is restarting).
+- ``RouterTaskRecord.to_status_payload`` adds ``attempts`` (submissions
+  made, 1 without resubmission) and ``workers_tried`` (server ids, in order).
+
+Everything runs on the router's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from .poison import content_digest
+from .tasks import TaskSupervisor, workers_tried
+
+__all__ = ["install_endpoints", "retained_payload_class"]
+
+_INSTALLED = "_mineru_health_endpoints"
+
+
+def retained_payload_class(base: type) -> type:
+    """MinerU's MultipartPayload whose ``cleanup`` waits for ``release`` once retained."""
+
+    class RetainedPayload(base):  # type: ignore[misc]
+        retained = False
+
+        def cleanup(self) -> None:
+            if not self.retained:
+                super().cleanup()
+
+        def release(self) -> None:
+            """Deletes the staged files now (the task is terminal, or the router stops)."""
+            self.retained = False
+            super().cleanup()
+
+    RetainedPayload.__qualname__ = RetainedPayload.__name__ = f"Retained{base.__name__}"
+    return RetainedPayload
+
+
+def _supervisor(request: Any) -> TaskSupervisor | None:
+    pool = getattr(getattr(getattr(request, "app", None), "state", None), "worker_pool", None)
+    supervisor = getattr(pool, "task_supervisor", None)
+    return supervisor if isinstance(supervisor, TaskSupervisor) else None
+
+
+def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
+    """Rebinds the names above in a MinerU router module's globals (idempotent)."""
+    if namespace.get(_INSTALLED):
+        return
+    retained_class: Any = retained_payload_class(namespace["MultipartPayload"])
+    http_exception = namespace["HTTPException"]
+    stage = namespace["stage_multipart_request"]
+    submit = namespace["submit_router_task"]
+    fetch = namespace["fetch_router_task_status"]
+
+    @functools.wraps(stage)
+    async def stage_multipart_request(request: Any) -> Any:
+        payload = await stage(request)
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
+        return retained_class(**fields)
+
+    @functools.wraps(submit)
+    async def submit_router_task(request: Any, payload: Any) -> Any:
+        supervisor = _supervisor(request)
+        if supervisor is None or not isinstance(payload, retained_class):
+            return await submit(request, payload)
+        digest = await asyncio.to_thread(content_digest, [u.path for u in payload.uploads])
+        quarantine = supervisor.quarantined(digest)
+        if quarantine is not None:
+            names = [str(u.upload_name) for u in payload.uploads]
+            raise http_exception(status_code=422, detail=quarantine.message(names))
+        registry = request.app.state.router_task_registry
+        try:
+            record = await submit(request, payload)
+        except http_exception as exc:
+            if exc.status_code != 503 or not supervisor.healing():
+                raise
+            return await supervisor.hold(payload, digest, registry)
+        supervisor.track(record, payload, digest, registry)
+        return record
+
+    @functools.wraps(fetch)
+    async def fetch_router_task_status(request: Any, task: Any) -> Any:
+        supervisor = _supervisor(request)
+        if supervisor is not None and supervisor.tracks(task):
+            return await supervisor.refresh(task)
+        return await fetch(request, task)
+
+    namespace["stage_multipart_request"] = stage_multipart_request
+    namespace["submit_router_task"] = submit_router_task
+    namespace["fetch_router_task_status"] = fetch_router_task_status
+    for name in ("proxy_router_task_result", "build_sync_router_task_result_response"):
+        namespace[name] = _following_restarts(namespace[name], http_exception)
+    _add_attempts(namespace["RouterTaskRecord"])
+    namespace[_INSTALLED] = True
+
+
+def _following_restarts(proxy: Callable[..., Any], http_exception: type) -> Callable[..., Any]:
+    @functools.wraps(proxy)
+    async def proxy_to_current_instance(request: Any, task: Any) -> Any:
+        supervisor = _supervisor(request)
+        if supervisor is not None and not supervisor.follow_restart(task):
+            raise http_exception(
+                status_code=503,
+                detail=f"worker {task.upstream_server_id} is restarting; the result of task "
+                       f"{task.task_id} is kept and will be served again, retry shortly",
+                headers={"Retry-After": str(supervisor.retry_after_s)},
+            )
+        return await proxy(request, task)
+
+    return proxy_to_current_instance
+
+
+def _add_attempts(record_class: type) -> None:
+    current = record_class.__dict__["to_status_payload"]
+
+    @functools.wraps(current)
+    def to_status_payload(record: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        payload: dict[str, Any] = current(record, *args, **kwargs)
+        tried = workers_tried(record)
+        payload["attempts"] = max(1, len(tried))
+        payload["workers_tried"] = tried
+        return payload
+
+    record_class.to_status_payload = to_status_payload  # type: ignore[attr-defined]

@@ -1,0 +1,189 @@
+"""What the router does with a task whose worker may have lost it -- pure decisions, no I/O.
+
+    step = next_step(answer, worker)       # APPLY, ADOPT, RESUBMIT, WAIT or UPSTREAM_ERROR
+    budget = RetryBudget(percent=20.0, minimum=3)
+    budget.limit(tasks_in_flight=40)       # 8: max(3, 20% of 40)
+    refusal = refuse_resubmission(submissions=1, task_retries=2, budget=budget,
+                                  retries_in_flight=8, tasks_in_flight=40)  # Refusal.BUDGET
+
+``answer`` is what the worker's *current* instance said about the upstream
+task id (its status payload, "not found", or nothing); ``worker`` is the
+health policy's view of that worker. The rules, in order:
+
+- a status ``failed`` with ``"engine_dead": true`` (the worker's own
+  verdict, never text matching): resubmit;
+- a task still pending or processing on an instance that a restart is
+  stopping right now: resubmit (it will never finish there);
+- any other status: apply it (adopt it when a restarted instance answered:
+  the task store brought it back);
+- "not found": the instance that answered does not know the task (it was
+  restarted, or lost it): resubmit;
+- no usable answer: resubmit when the worker was declared failed
+  (threshold, definitive 503, process exit; restart scheduled, restarting
+  or given up). Otherwise an unreachable worker is the health policy's to
+  judge: wait (slow answers below the failure threshold never duplicate a
+  task, and MinerU's three strikes would fail a task before the policy has
+  seen a dead process); a worker in rotation that answers with an error
+  gets MinerU's own count (three, then the task fails).
+
+The retry budget follows Envoy's: resubmissions in flight may be at most
+``percent`` of the tasks in flight, but ``minimum`` are always allowed.
+Nothing here is thread-safe or needs to be: plain values in, values out.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Action",
+    "Answer",
+    "AnswerKind",
+    "Refusal",
+    "RetryBudget",
+    "Step",
+    "WorkerView",
+    "engine_dead_failure",
+    "failure_text",
+    "next_step",
+    "refuse_resubmission",
+    "trigger_rule",
+]
+
+_TERMINAL = frozenset({"completed", "failed"})
+
+
+class AnswerKind(enum.Enum):
+    STATUS = "status"  # 200 with a JSON status payload
+    NOT_FOUND = "not_found"  # 404: the instance does not know the task id
+    UNREACHABLE = "unreachable"  # no connection, or no answer in time
+    BAD_ANSWER = "bad_answer"  # an answer, but 5xx or not a status payload
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    kind: AnswerKind
+    payload: Mapping[str, Any] | None = None
+    detail: str = ""
+    from_store: bool = False  # read from a dead local worker's task store, not over HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """The health policy's view of the task's worker when the answer came."""
+
+    in_rotation: bool
+    declared_failed: bool  # failed, restart scheduled, restarting or gave up
+    same_instance: bool  # the answer came from the instance the task was submitted to
+    replaced: bool = False  # that instance is being stopped by a restart under way
+
+
+class Action(enum.Enum):
+    APPLY = "apply"  # take the status as MinerU would
+    ADOPT = "adopt"  # a restarted instance knows the task: follow it there, then apply
+    RESUBMIT = "resubmit"  # the upstream task is gone or died with its engine
+    WAIT = "wait"  # change nothing; look again later
+    UPSTREAM_ERROR = "upstream_error"  # MinerU's own count (fails the task at its threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    action: Action
+    reason: str = ""  # RESUBMIT: engine_dead | lost | worker_failed
+    detail: str = ""
+
+
+def engine_dead_failure(payload: Mapping[str, Any]) -> bool:
+    """A status that says the task failed because its worker's engine died."""
+    return payload.get("status") == "failed" and payload.get("engine_dead") is True
+
+
+def trigger_rule(payload: Mapping[str, Any]) -> str | None:
+    """The rule, when this failed task was the *trigger* of its engine's death; else None.
+
+    Collateral failures (queued or running when another task found the
+    engine dead, or failed by the stall watchdog) never count against a
+    document.
+    """
+    verdict = payload.get("verdict")
+    if not engine_dead_failure(payload) or not isinstance(verdict, Mapping):
+        return None
+    if verdict.get("role") != "trigger":
+        return None
+    return str(verdict.get("rule") or "unknown rule")
+
+
+def next_step(answer: Answer, worker: WorkerView) -> Step:
+    """What to do with one answer about a task that is not terminal in the router."""
+    if answer.kind is AnswerKind.STATUS:
+        payload = answer.payload or {}
+        if engine_dead_failure(payload):
+            return Step(Action.RESUBMIT, "engine_dead", str(payload.get("error") or ""))
+        if worker.replaced and worker.same_instance and not is_terminal(payload.get("status")):
+            return Step(Action.RESUBMIT, "worker_failed", "its instance is being restarted")
+        return Step(Action.APPLY if worker.same_instance else Action.ADOPT)
+    if answer.kind is AnswerKind.NOT_FOUND:
+        return Step(Action.RESUBMIT, "lost", answer.detail)
+    if worker.declared_failed:
+        return Step(Action.RESUBMIT, "worker_failed", answer.detail)
+    if worker.in_rotation and answer.kind is AnswerKind.BAD_ANSWER:
+        return Step(Action.UPSTREAM_ERROR, "", answer.detail)
+    return Step(Action.WAIT, "", answer.detail)
+
+
+def is_terminal(status: object) -> bool:
+    return status in _TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """Envoy's retry budget: active retries <= max(minimum, percent% of active requests)."""
+
+    percent: float
+    minimum: int
+
+    def limit(self, tasks_in_flight: int) -> int:
+        share = math.floor(self.percent / 100.0 * max(0, tasks_in_flight) + 1e-9)
+        return max(self.minimum, share)
+
+    def allows(self, *, retries_in_flight: int, tasks_in_flight: int) -> bool:
+        """True when one more resubmission keeps the retries in flight within the limit."""
+        return retries_in_flight + 1 <= self.limit(tasks_in_flight)
+
+
+class Refusal(enum.Enum):
+    RETRIES = "retries"  # TASK_RETRIES resubmissions already made
+    BUDGET = "budget"  # the fleet-wide retry budget is spent
+    NO_WORKER = "no_worker"  # no healthy worker within the wait
+    POISON = "poison"  # the document killed engines on two workers
+    REJECTED = "rejected"  # a worker refused the resubmitted upload (4xx)
+
+
+def refuse_resubmission(
+    *,
+    submissions: int,
+    task_retries: int,
+    budget: RetryBudget,
+    retries_in_flight: int,
+    tasks_in_flight: int,
+) -> Refusal | None:
+    """Why one more resubmission must not be made (None: it may).
+
+    ``submissions`` counts the task's submissions so far (1 before any
+    resubmission); ``retries_in_flight`` excludes this task.
+    """
+    if submissions - 1 >= task_retries:
+        return Refusal.RETRIES
+    if not budget.allows(retries_in_flight=retries_in_flight, tasks_in_flight=tasks_in_flight):
+        return Refusal.BUDGET
+    return None
+
+
+def failure_text(error: str, note: str) -> str:
+    """The task's error as the client sees it: the upstream error, then why it stays failed."""
+    error = error.strip()
+    return f"{error} [mineru-health: {note}]" if error else f"mineru-health: {note}"

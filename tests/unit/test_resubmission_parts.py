@@ -1,0 +1,140 @@
+"""Small parts of issue 9: the poison fault word, task context, instance directories, kept uploads."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mineru_health.audit import AuditLog
+from mineru_health.integration import engine_calls
+from mineru_health.integration.router.endpoints import retained_payload_class
+from mineru_health.integration.router.instance_dirs import InstanceDirs
+from mineru_health.testing import faults
+from mineru_health.testing.faults import FaultInjector, write_plan
+
+# --- fault plan: poison <file name> -----------------------------------------------------------
+
+
+def test_poison_word_takes_a_file_name() -> None:
+    assert faults.parse_plan("poison report.pdf") == ("poison", "report.pdf")
+    assert faults.parse_plan("poison  my report.pdf \n") == ("poison", "my report.pdf")
+    assert faults.parse_plan("poison") is None
+    with pytest.raises(ValueError, match="needs a file name"):
+        write_plan("/nonexistent/plan", "poison")
+
+
+def test_poison_kills_the_engine_of_the_worker_that_parses_it(tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    write_plan(plan, "poison bad.pdf")
+    first, second = FaultInjector(plan), FaultInjector(plan)
+    first.before_engine_call(("good.pdf",))  # other documents parse fine
+    assert plan.exists()  # not consumed: every worker reading it is armed
+    second.before_engine_call(("good.pdf",))
+    with pytest.raises(Exception) as info:
+        first.before_engine_call(("a.pdf", "bad.pdf"))
+    assert type(info.value).__name__ == "EngineDeadError"
+    with pytest.raises(Exception, match="EngineCore"):
+        first.before_engine_call(("good.pdf",))  # dead for every later call, like engine_dead
+    second.before_engine_call(("good.pdf",))  # the other worker is untouched
+    assert first.applied == ["poison"]  # armed once, however often the plan is read
+
+
+def test_task_upload_names_are_in_context_for_engine_calls() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    class Manager:
+        async def _run_task(self, task: Any) -> str:
+            await asyncio.sleep(0)
+            seen.append(engine_calls.current_upload_names())
+            seen.append(await asyncio.to_thread(engine_calls.current_upload_names))
+            return "done"
+
+    manager = Manager()
+    engine_calls.follow_tasks(manager)
+    wrapped = manager._run_task
+    engine_calls.follow_tasks(manager)  # idempotent
+    assert manager._run_task is wrapped
+    task = type("Task", (), {"upload_names": ["a.pdf", "b.pdf"]})()
+    assert asyncio.run(manager._run_task(task)) == "done"
+    assert seen == [("a.pdf", "b.pdf"), ("a.pdf", "b.pdf")]
+    assert engine_calls.current_upload_names() == ()
+
+
+# --- instance directories ----------------------------------------------
+
+
+class _TempDir:
+    def __init__(self, path: Path) -> None:
+        self.name = str(path)
+        path.mkdir()
+
+    def cleanup(self) -> None:
+        Path(self.name).rmdir()
+
+
+def test_instance_dirs_keep_outputs_until_close(tmp_path: Path) -> None:
+    dirs = InstanceDirs(retention_s=3600, base="")
+    state = dirs.state_dir("local-gpu-0")
+    assert state.is_dir() and dirs.state_dir("local-gpu-0") == state
+    local = type("Local", (), {})()
+    local.temp_dir = _TempDir(tmp_path / "instance-1")
+    dirs.retire(local)
+    assert local.temp_dir is None and (tmp_path / "instance-1").is_dir()
+    dirs.retire(local)  # nothing left to retire
+    assert dirs.retired == 1
+    dirs.close()
+    assert not (tmp_path / "instance-1").exists() and not state.exists()
+
+
+def test_operator_state_dir_is_kept(tmp_path: Path) -> None:
+    dirs = InstanceDirs(retention_s=0, base=str(tmp_path))
+    assert dirs.state_dir("remote-1") == tmp_path / "remote-1"
+    dirs.close()
+    assert (tmp_path / "remote-1").is_dir()
+
+
+# --- kept uploads ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class MultipartPayload:
+    temp_dir: str
+    fields: list[tuple[str, str]]
+    uploads: list[Any]
+
+    def cleanup(self) -> None:
+        for entry in Path(self.temp_dir).iterdir():
+            entry.unlink()
+        Path(self.temp_dir).rmdir()
+
+
+def test_retained_payload_waits_for_release(tmp_path: Path) -> None:
+    cls = retained_payload_class(MultipartPayload)
+    (tmp_path / "staged").mkdir()
+    (tmp_path / "staged" / "a.pdf").write_bytes(b"%PDF")
+    payload = cls(temp_dir=str(tmp_path / "staged"), fields=[], uploads=[])
+    payload.retained = True
+    payload.cleanup()  # MinerU's finally: the supervisor keeps it
+    assert (tmp_path / "staged" / "a.pdf").exists()
+    payload.release()  # the task is terminal
+    assert not (tmp_path / "staged").exists()
+
+    (tmp_path / "other").mkdir()
+    unkept = cls(temp_dir=str(tmp_path / "other"), fields=[], uploads=[])
+    unkept.cleanup()  # never handed over (submission failed): deleted as before
+    assert not (tmp_path / "other").exists()
+
+
+def test_router_originated_audit_record(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    record = log.write_record("poison_document_quarantined", worker_id="local-gpu-1",
+                              reason="killed two engines", workers=["a", "b"], unix_time=0.0)
+    log.close()
+    line = json.loads((tmp_path / "audit.jsonl").read_text())
+    assert line == record
+    assert list(line)[:4] == ["time", "worker_id", "action", "reason"]
+    assert line["time"].startswith("1970-01-01") and line["workers"] == ["a", "b"]

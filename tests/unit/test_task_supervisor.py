@@ -1,0 +1,425 @@
+"""The router's task supervisor against a fake pool, registry and workers (no processes).
+
+Each fake worker answers ``GET /tasks/{id}`` from a table the test fills;
+submissions go through a fake ``submit_payload_to_upstream``. The tests drive
+the supervisor the way the router does (a client's status refresh, a poller
+event) and check what MinerU's task record ends up as.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+from mineru_health import _native
+from mineru_health.integration import task_store
+from mineru_health.integration.router.tasks import TaskSupervisor, workers_tried
+from mineru_health.settings import HealthSettings
+
+P = _native.WorkerPhase
+DEAD = {"status": "failed", "error": "EngineDeadError: EngineCore encountered an issue.",
+        "engine_dead": True,
+        "verdict": {"fatal": True, "engine_dead": True, "role": "trigger",
+                    "rule": "vllm.engine_dead", "category": "engine_dead"}}
+COLLATERAL = {**DEAD, "error": "engine unusable",
+              "verdict": {**DEAD["verdict"], "fatal": False, "role": "collateral"}}
+
+
+class Unavailable(Exception):
+    pass
+
+
+class Rejected(Exception):
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+class Fleet:
+    """Workers w0 and w1: their health, their answers, the submissions they receive."""
+
+    def __init__(self) -> None:
+        self.servers = {sid: SimpleNamespace(server_id=sid, base_url=f"http://{sid}:1",
+                                             local_server=object())
+                        for sid in ("w0", "w1")}
+        self.phase = {"w0": P.HEALTHY, "w1": P.HEALTHY}
+        self.answers: dict[str, Any] = {}  # url -> payload dict, 404, or an exception
+        self.submitted: list[tuple[str, str]] = []  # (server, upstream task id)
+        self.observed: list[dict[str, Any]] = []
+        self.dead_processes: set[str] = set()
+        self.client = SimpleNamespace(get=self._get)
+        self._monitor = SimpleNamespace(status=self._status, statuses=self._statuses)
+
+    def _status(self, sid: str) -> Any:
+        return SimpleNamespace(id=sid, phase=self.phase[sid], in_rotation=self.phase[sid] == P.HEALTHY,
+                               restartable=True)
+
+    def _statuses(self) -> list[Any]:
+        return [self._status(sid) for sid in self.servers]
+
+    async def _get(self, url: str, timeout: float) -> Any:
+        answer = self.answers.get(url, httpx.ConnectError("refused"))
+        if isinstance(answer, Exception):
+            raise answer
+        if answer == 404:
+            return httpx.Response(404, json={"detail": "Task not found"})
+        return httpx.Response(200, json=answer)
+
+    # MinerU's WorkerPool surface
+    def get_server(self, sid: str) -> Any:
+        return self.servers.get(sid)
+
+    async def acquire_submission_server(self, excluded_server_ids: set[str]) -> Any:
+        for sid, server in self.servers.items():
+            if self.phase[sid] == P.HEALTHY and sid not in excluded_server_ids:
+                return server
+        return None
+
+    async def release_submission_server(self, sid: str) -> None:
+        pass
+
+    async def mark_submission_failure(self, sid: str, error: str) -> None:
+        self.phase[sid] = P.UNHEALTHY
+
+    def observe_task_status(self, task: Any, payload: dict[str, Any]) -> None:
+        self.observed.append(payload)
+
+    def _check_process(self, server: Any) -> None:
+        if server.server_id in self.dead_processes:
+            self.phase[server.server_id] = P.FAILED  # as the pool reports an exit
+
+    async def submit(self, base_url: str, payload: Any) -> dict[str, Any]:
+        sid = base_url.split("//")[1].split(":")[0]
+        task_id = f"up-{len(self.submitted) + 1}"
+        self.submitted.append((sid, task_id))
+        return {"task_id": task_id, "status": "pending", "started_at": None, "queued_ahead": 0}
+
+
+class Registry:
+    """MinerU's RouterTaskRegistry, reduced to what the supervisor calls."""
+
+    async def update_from_upstream_payload(self, task_id: str, payload: dict[str, Any]) -> Any:
+        record = RECORDS[task_id]
+        record.status = payload.get("status", record.status)
+        record.error = payload.get("error")
+        record.upstream_error_count = 0
+        return record
+
+    async def increment_upstream_error(self, task_id: str, error: str) -> Any:
+        record = RECORDS[task_id]
+        record.upstream_error_count += 1
+        return record
+
+    async def mark_failed(self, task_id: str, error: str) -> Any:
+        record = RECORDS[task_id]
+        record.status, record.error = "failed", error
+        return record
+
+    async def register(self, **fields: Any) -> Any:
+        record = new_record(f"held-{len(RECORDS)}", fields["upstream_server_id"])
+        return record
+
+
+RECORDS: dict[str, Any] = {}
+
+
+def new_record(task_id: str, server: str) -> Any:
+    record = SimpleNamespace(task_id=task_id, upstream_server_id=server,
+                             upstream_task_id=f"first-{task_id}",
+                             upstream_base_url=f"http://{server}:1" if server else "",
+                             status="pending", created_at="2026-01-01T00:00:00+00:00",
+                             started_at=None, completed_at=None, error=None, queued_ahead=None,
+                             upstream_error_count=0)
+    RECORDS[task_id] = record
+    return record
+
+
+class Payload:
+    def __init__(self) -> None:
+        self.uploads = [SimpleNamespace(upload_name="doc.pdf", path="/nonexistent")]
+        self.retained = False
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+    def get_field_value(self, name: str) -> str:
+        return "vlm-http-client" if name == "backend" else ""
+
+
+class Audit:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write_record(self, action: str, **fields: Any) -> dict[str, Any]:
+        self.records.append({"action": action, **fields})
+        return self.records[-1]
+
+
+def supervisor_for(fleet: Fleet, audit: Audit, **settings: Any) -> TaskSupervisor:
+    base = HealthSettings.preset("fast").replace(interval_s=0.05, probe_timeout_s=0.02,
+                                                 connect_timeout_s=0.01, boot_timeout_s=1.0)
+    namespace = {"submit_payload_to_upstream": fleet.submit,
+                 "UpstreamSubmissionUnavailable": Unavailable,
+                 "UpstreamSubmissionRejected": Rejected,
+                 "normalize_upload_filename": lambda name: name,
+                 "utc_now_iso": lambda: "2026-01-01T00:00:00+00:00"}
+    return TaskSupervisor(fleet, settings=base.replace(**settings) if settings else base,
+                          namespace=namespace, audit=audit)
+
+
+def run(test: Callable[[Fleet, Audit], Awaitable[None]]) -> None:
+    RECORDS.clear()
+
+    async def main() -> None:
+        fleet, audit = Fleet(), Audit()
+        await test(fleet, audit)
+
+    asyncio.run(main())
+
+
+async def settle(supervisor: TaskSupervisor) -> None:
+    for _ in range(200):
+        pending = [t for t in supervisor._background if not t.done()]
+        if not pending:
+            return
+        await asyncio.wait(pending, timeout=0.5)
+    raise AssertionError("background work never settled")
+
+
+def track(supervisor: TaskSupervisor, task_id: str, server: str = "w0",
+          digest: str = "digest") -> tuple[Any, Payload]:
+    record, payload = new_record(task_id, server), Payload()
+    supervisor.track(record, payload, digest, Registry())
+    return record, payload
+
+
+def test_engine_death_is_resubmitted_under_the_same_task_id() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, payload = track(supervisor, "t1")
+        assert payload.retained and workers_tried(record) == ["w0"]
+        fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
+        await supervisor.refresh(record)
+        assert record.status == "pending"  # never shown failed
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")]
+        assert (record.upstream_server_id, record.upstream_task_id) == ("w1", "up-1")
+        assert record.upstream_base_url == "http://w1:1" and record.status == "pending"
+        assert workers_tried(record) == ["w0", "w1"]
+        assert fleet.observed == [DEAD]  # passive ejection saw the verdict
+        assert payload.released == 0
+
+        fleet.answers["http://w1:1/tasks/up-1"] = {"status": "completed", "error": None}
+        await supervisor.refresh(record)
+        assert record.status == "completed" and payload.released == 1
+        assert not supervisor.tracks(record)
+
+    run(scenario)
+
+
+def test_retries_then_a_clear_failure() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit, task_retries=1)
+        record, payload = track(supervisor, "t1")
+        fleet.answers["http://w0:1/tasks/first-t1"] = COLLATERAL
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        fleet.answers["http://w1:1/tasks/up-1"] = COLLATERAL
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert record.status == "failed" and payload.released == 1
+        assert record.error.startswith("engine unusable [mineru-health: not resubmitted")
+        assert "MINERU_ROUTER_HEALTH_TASK_RETRIES" in record.error and "w0, w1" in record.error
+        assert audit.records == []  # collateral deaths never quarantine
+
+    run(scenario)
+
+
+def test_retry_budget_refuses_beyond_its_share() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit, retry_budget_percent=0.0, retry_budget_min=1)
+        first, _ = track(supervisor, "t1")
+        second, _ = track(supervisor, "t2")
+        for record in (first, second):
+            fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
+            await supervisor.refresh(record)
+            await settle(supervisor)
+        assert first.status == "pending" and workers_tried(first) == ["w0", "w1"]
+        assert second.status == "failed" and "retry budget is spent" in second.error
+        assert "RETRY_BUDGET_MIN=1" in second.error
+
+    run(scenario)
+
+
+def test_poison_document_quarantined_after_two_workers() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, payload = track(supervisor, "t1", digest="poison")
+        fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        fleet.answers["http://w1:1/tasks/up-1"] = DEAD
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert record.status == "failed" and "Not sent again: doc.pdf" in record.error
+        assert "w0 (vllm.engine_dead)" in record.error and "w1 (vllm.engine_dead)" in record.error
+        (entry,) = audit.records
+        assert entry["action"] == "poison_document_quarantined"
+        assert entry["workers"] == ["w0", "w1"] and entry["file_names"] == ["doc.pdf"]
+        assert supervisor.quarantined("poison") is not None
+        assert payload.released == 1
+
+    run(scenario)
+
+
+def test_worker_declared_failed_resubmits_without_any_client() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        record.status = "processing"
+        fleet.phase["w0"] = P.FAILED  # process exited: nothing answers on its URL
+        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+                                            audit=SimpleNamespace(to_phase=P.FAILED)))
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
+
+    run(scenario)
+
+
+def test_a_killed_worker_is_seen_by_the_first_status_request() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.dead_processes.add("w0")  # kill -9: the policy has not seen it yet
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and record.upstream_error_count == 0
+
+    run(scenario)
+
+
+def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.answers["http://w0:1/tasks/first-t1"] = {"status": "processing"}
+        fleet.phase["w0"] = P.RESTARTING  # the pool is stopping this instance
+        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED,
+                                            worker_id="w0"))
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and workers_tried(record) == ["w0", "w1"]
+
+    run(scenario)
+
+
+def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        done, _ = track(supervisor, "t1")
+        lost, _ = track(supervisor, "t2")
+        # The worker finished t1 (in its store) and died before the router saw it.
+        store = task_store.TaskStore(tmp_path / task_store.DB_NAME)
+        store.save(SimpleNamespace(task_id="first-t1", status="completed", output_dir="/o",
+                                   backend="vlm-http-client", file_names=["doc"], error=None,
+                                   started_at="s", completed_at="c"))
+        store.close()
+        fleet._instance_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
+        fleet.phase["w0"] = P.FAILED
+        for record in (done, lost):
+            await supervisor.refresh(record)
+        await settle(supervisor)
+        assert done.status == "completed" and workers_tried(done) == ["w0"]
+        assert fleet.submitted == [("w1", "up-1")] and workers_tried(lost) == ["w0", "w1"]
+
+    run(scenario)
+
+
+def test_slow_worker_is_left_alone() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.phase["w0"] = P.UNHEALTHY  # ejected on timeouts, below the failure threshold
+        for _ in range(5):
+            await supervisor.refresh(record)
+        await settle(supervisor)
+        assert fleet.submitted == [] and record.status == "pending"
+        assert record.upstream_error_count == 0  # MinerU would fail it after 3
+
+    run(scenario)
+
+
+def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, payload = track(supervisor, "t1")
+        fleet.servers["w0"].base_url = "http://w0:2"  # a new instance after a restart
+        fleet.answers["http://w0:2/tasks/first-t1"] = {"status": "completed", "error": None}
+        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        await settle(supervisor)
+        assert fleet.submitted == []  # adopted, not duplicated
+        assert record.status == "completed" and record.upstream_base_url == "http://w0:2"
+        assert payload.released == 1
+
+        # A finished task's result request follows a later restart too.
+        fleet.servers["w0"].base_url = "http://w0:3"
+        assert supervisor.follow_restart(record)
+        assert record.upstream_base_url == "http://w0:3"
+        fleet.phase["w0"] = P.RESTARTING  # booting: 503 + Retry-After, no upstream error counted
+        assert not supervisor.follow_restart(record)
+
+    run(scenario)
+
+
+def test_restarted_worker_that_does_not_know_the_task_gets_it_again() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, _ = track(supervisor, "t1")
+        fleet.servers["w0"].base_url = "http://w0:2"
+        fleet.answers["http://w0:2/tasks/first-t1"] = 404
+        fleet.phase["w1"] = P.FAILED  # only the restarted worker is healthy
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert fleet.submitted == [("w0", "up-1")] and workers_tried(record) == ["w0", "w0"]
+
+    run(scenario)
+
+
+def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        fleet.phase = {"w0": P.RESTARTING, "w1": P.FAILED}
+        assert supervisor.healing()
+        held = await supervisor.hold(Payload(), "d", Registry())
+        assert held.status == "pending" and workers_tried(held) == []
+        await asyncio.sleep(0.1)
+        fleet.phase["w1"] = P.HEALTHY  # back: the held task goes out
+        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w1",
+                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        await settle(supervisor)
+        assert fleet.submitted == [("w1", "up-1")] and workers_tried(held) == ["w1"]
+
+        fleet.phase = {"w0": P.GAVE_UP, "w1": P.GAVE_UP}
+        assert not supervisor.healing()  # nothing is coming back: MinerU's 503 stands
+        record, _ = track(supervisor, "t2", server="w1")
+        fleet.answers["http://w1:1/tasks/first-t2"] = DEAD
+        await supervisor.refresh(record)
+        await settle(supervisor)  # waits BOOT_TIMEOUT_S (1 s here), then gives up
+        assert record.status == "failed" and "no healthy worker" in record.error
+
+    run(scenario)
+
+
+def test_close_releases_every_upload() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        payloads = [track(supervisor, f"t{i}")[1] for i in range(3)]
+        await supervisor.close()
+        assert [p.released for p in payloads] == [1, 1, 1] and supervisor.in_flight == 0
+
+    run(scenario)
