@@ -29,6 +29,7 @@ from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
 
 __all__ = [
+    "REFUSAL_ERROR_PREFIX",
     "FatalInfo",
     "HealthEndpoint",
     "HealthSnapshot",
@@ -42,6 +43,12 @@ __all__ = [
 
 #: Cap on the error text kept natively; the full traceback goes to the log.
 MAX_ERROR_CHARS = 2000
+
+#: How the ``error`` of a dead worker's 503 refusal of a submission begins.
+#: MinerU's router reports a refused submission as "503 <error>"; our router
+#: recognises the worker's own verdict by this prefix, never by classifying
+#: text (the rest of the line names the category and rule).
+REFUSAL_ERROR_PREFIX = "engine_unusable:"
 
 
 def describe_exception(exc: BaseException) -> str:

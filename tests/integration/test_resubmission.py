@@ -43,6 +43,7 @@ from conftest import (
     http_get,
     make_pdf,
     router_servers,
+    start_router,
     wait_both_in_rotation,
     wait_restarted,
     wait_until,
@@ -82,7 +83,7 @@ def start_healing_router(
     def start(extra_env: dict[str, str]) -> ManagedProcess:
         env = {**BASE_ENV, "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(tmp_path / "audit.jsonl"),
                **extra_env}
-        proc = start_healing_router(process_factory, patched_mineru_site, mineru_python,
+        proc = start_router(process_factory, patched_mineru_site, mineru_python,
                             mineru_health_path, tmp_path, env)
         wait_both_in_rotation(proc)
         return proc

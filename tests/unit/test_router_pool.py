@@ -34,6 +34,7 @@ import httpx
 from mineru_health import _native, metrics
 from mineru_health.errors import ConfigError
 from mineru_health.integration import router as healing
+from mineru_health.worker import REFUSAL_ERROR_PREFIX
 from prometheus_client.parser import text_string_to_metric_families
 
 WAIT_S = 30.0
@@ -477,7 +478,12 @@ async def test_submission_503_with_fatal_error_ejects(env: SimpleNamespace) -> N
         await rec.wait_for(lambda: b.healthy, "b back by the next healthy probe")
         assert not rec.actions(b.server_id)
 
-        await pool.mark_submission_failure(a.server_id, f"503 EngineDeadError: {ENGINE_ERROR}")
+        # Text that merely mentions an engine death is not the worker's verdict.
+        await pool.mark_submission_failure(b.server_id, f"503 EngineDeadError: {ENGINE_ERROR}")
+        await rec.wait_for(lambda: b.healthy, "b back again")
+        assert not rec.actions(b.server_id)
+        await pool.mark_submission_failure(
+            a.server_id, f"503 {REFUSAL_ERROR_PREFIX} engine_dead, rule vllm.engine_dead")
         assert not a.healthy
         await rec.wait_for(lambda: rec.restarted(a.server_id), "the restarted worker")
         assert rec.actions(a.server_id)[0] == "ejected"

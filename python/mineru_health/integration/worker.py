@@ -58,6 +58,7 @@ from ..errors import ConfigError, HealthEndpointError
 from ..safe_text import printable
 from ..settings import WorkerSettings
 from ..worker import (
+    REFUSAL_ERROR_PREFIX,
     FatalInfo,
     HealthEndpoint,
     Recorded,
@@ -420,6 +421,9 @@ class HealthGate:
                 await _send_json(send, status, body)
             else:
                 data = json.loads(body)
+                first = health.snapshot().first_fatal
+                what = f"{first.category}, rule {first.rule}" if first else "unknown cause"
+                data["error"] = f"{REFUSAL_ERROR_PREFIX} {what}"
                 data["message"] = (
                     "The inference engine of this worker is unusable; the request was not "
                     "accepted. Retry on a healthy worker."

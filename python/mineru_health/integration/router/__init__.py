@@ -13,8 +13,8 @@ this package, one job per module:
 - ``projection.py``  -- pure: poller events and statuses written onto
   MinerU's ``WorkerState`` objects (``healthy`` is the policy's "in
   rotation", nothing else is kept), ``/health`` entries, ejection causes;
-- ``passive.py``     -- passive ejection from submissions (task statuses:
-  ``resubmission.py``, by the worker's verdict);
+- ``passive.py``     -- passive ejection from a dead worker's refusals (task
+  statuses: ``resubmission.py``); both read the worker's verdict, no text;
 - ``instance_dirs.py`` -- local workers' state directories and replaced
   instances' outputs;
 - ``endpoints.py``    -- staged uploads kept, status refresh, results from
@@ -48,11 +48,11 @@ from typing import Any
 from mineru_health import metrics
 
 from .endpoints import install_endpoints
-from .passive import PassiveEjectionMixin, is_fatal_error
+from .passive import PassiveEjectionMixin
 from .pool import PoolLifecycleMixin, launching_server_class
 from .resubmission import ResubmissionMixin
 
-__all__ = ["HealingPoolMixin", "install", "install_app", "is_fatal_error"]
+__all__ = ["HealingPoolMixin", "install", "install_app"]
 
 
 class HealingPoolMixin(ResubmissionMixin, PassiveEjectionMixin, PoolLifecycleMixin):

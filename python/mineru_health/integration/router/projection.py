@@ -65,8 +65,8 @@ def passive_task_reason(rule: str) -> str:
     return short_reason(f"a task failed with a fatal error (rule {rule})")
 
 
-def passive_submission_reason(rule: str) -> str:
-    return short_reason(f"a submission was refused with 503 (rule {rule})")
+def passive_submission_reason(what: str) -> str:
+    return short_reason(f"a submission was refused with 503 ({what})")
 
 
 def project_event(server: Any, event: Any) -> None:
