@@ -236,6 +236,23 @@ def start_router(
     return proc
 
 
+@pytest.fixture
+def launch_router(
+    process_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    mineru_health_path: str,
+    tmp_path: Path,
+) -> Callable[..., ManagedProcess]:
+    """``launch_router(extra_env, **kwargs)``: :func:`start_router` with this test's fixtures."""
+
+    def launch(extra_env: Mapping[str, str], **kwargs: Any) -> ManagedProcess:
+        return start_router(process_factory, patched_mineru_site, mineru_python,
+                            mineru_health_path, tmp_path, extra_env, **kwargs)
+
+    return launch
+
+
 def router_servers(base: str) -> dict[str, dict[str, Any]]:
     """The router's ``/health`` ``servers`` by id; empty while it does not answer."""
     response = http_get(f"{base}/health", 10.0)

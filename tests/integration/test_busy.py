@@ -26,7 +26,6 @@ from conftest import (
     ManagedProcess,
     http_get,
     router_servers,
-    start_router,
     wait_both_in_rotation,
     wait_until,
 )
@@ -114,18 +113,12 @@ def _disruptions(audit_path: Path) -> list[dict[str, Any]]:
 
 
 def test_loaded_fleet_is_never_ejected_or_restarted(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tmp_path: Path,
 ) -> None:
     audit_path = tmp_path / "audit.jsonl"
-    proc = start_router(
-        process_factory, patched_mineru_site, mineru_python, mineru_health_path, tmp_path,
-        {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path)},  # production preset
-    )
+    proc = launch_router({"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path)})  # production preset
     first = wait_both_in_rotation(proc)
     pdf = make_pdf(pages=PAGES, images_per_page=1, image_px=128, seed=3)
 
@@ -144,10 +137,7 @@ def test_loaded_fleet_is_never_ejected_or_restarted(
 
 
 def test_a_loop_blocked_below_the_hang_limit_is_busy_not_broken(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
     tmp_path: Path,
@@ -155,8 +145,7 @@ def test_a_loop_blocked_below_the_hang_limit_is_busy_not_broken(
     audit_path = tmp_path / "audit.jsonl"
     plans = tmp_path / "plans"
     plans.mkdir()
-    proc = start_router(
-        process_factory, patched_mineru_site, mineru_python, mineru_health_path, tmp_path,
+    proc = launch_router(
         {
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
             "MINERU_HEALTH_FAULT_PLAN": str(plans / "plan-{port}"),

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from conftest import (
     ROUTER_START_TIMEOUT_S,
     ManagedProcess,
     http_get,
-    start_router,
     wait_until,
     worker_pids,
 )
@@ -25,14 +23,9 @@ WORKER_EXIT_BOUND_S = 60.0
 
 
 def test_workers_die_with_a_killed_router(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
+    launch_router: Callable[..., ManagedProcess],
 ) -> None:
-    router = start_router(process_factory, patched_mineru_site, mineru_python,
-                          mineru_health_path, tmp_path, {"MINERU_ROUTER_HEALTH_PRESET": "fast"})
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
     base = router.base_url
 
     def worker_ports() -> set[str] | None:

@@ -43,7 +43,6 @@ from conftest import (
     http_get,
     make_pdf,
     router_servers,
-    start_router,
     wait_both_in_rotation,
     wait_restarted,
     wait_until,
@@ -72,10 +71,7 @@ BASE_ENV = {
 
 @pytest.fixture
 def start_healing_router(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> Callable[[dict[str, str]], ManagedProcess]:
     """Starts the router with BASE_ENV, its audit in tmp_path, and waits for both workers."""
@@ -83,8 +79,7 @@ def start_healing_router(
     def start(extra_env: dict[str, str]) -> ManagedProcess:
         env = {**BASE_ENV, "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(tmp_path / "audit.jsonl"),
                **extra_env}
-        proc = start_router(process_factory, patched_mineru_site, mineru_python,
-                            mineru_health_path, tmp_path, env)
+        proc = launch_router(env)
         wait_both_in_rotation(proc)
         return proc
 

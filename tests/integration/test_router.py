@@ -31,7 +31,6 @@ from conftest import (
     ManagedProcess,
     http_get,
     router_servers,
-    start_router,
     wait_both_in_rotation,
     wait_restarted,
     wait_until,
@@ -165,10 +164,7 @@ def _run_until_one_meets_the_dead_engine(client: RouterClient) -> dict[str, Any]
 @pytest.mark.parametrize("bad", ["timeout", "rules"])
 def test_router_refuses_bad_config(
     bad: str,
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
     if bad == "timeout":
@@ -179,14 +175,7 @@ def test_router_refuses_bad_config(
         rules.write_text("site.broken fatal engine_dead (unclosed\n", encoding="utf-8")
         env = {"MINERU_HEALTH_RULES": str(rules)}
         expected = f"{rules}:1"
-    proc = start_router(
-        process_factory,
-        patched_mineru_site,
-        mineru_python,
-        mineru_health_path,
-        tmp_path,
-        env,
-    )
+    proc = launch_router(env)
     code = proc.wait(ROUTER_START_TIMEOUT_S)
     assert code is not None and code != 0, proc.log_tail()
     log = proc.log()
@@ -195,22 +184,14 @@ def test_router_refuses_bad_config(
 
 
 def test_engine_death_is_ejected_restarted_and_tasks_complete(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
     audit_path = tmp_path / "audit.jsonl"
     plan = tmp_path / "fault-plan"
-    proc = start_router(
-        process_factory,
-        patched_mineru_site,
-        mineru_python,
-        mineru_health_path,
-        tmp_path,
+    proc = launch_router(
         {
             "MINERU_ROUTER_HEALTH_PRESET": "fast",
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
@@ -303,10 +284,7 @@ def _victim_story(audit_path: Path, victim: str) -> list[dict[str, Any]]:
 
 
 def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
     tmp_path: Path,
@@ -316,12 +294,7 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
     audit_path = tmp_path / "audit.jsonl"
     plans = tmp_path / "plans"
     plans.mkdir()
-    proc = start_router(
-        process_factory,
-        patched_mineru_site,
-        mineru_python,
-        mineru_health_path,
-        tmp_path,
+    proc = launch_router(
         {
             "MINERU_ROUTER_HEALTH_PRESET": "fast",
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
@@ -356,10 +329,7 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
 
 
 def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
     tmp_path: Path,
@@ -367,12 +337,7 @@ def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
     # SIGSTOP: nothing in the process answers, its native endpoint included;
     # only probe timeouts can take it out.
     audit_path = tmp_path / "audit.jsonl"
-    proc = start_router(
-        process_factory,
-        patched_mineru_site,
-        mineru_python,
-        mineru_health_path,
-        tmp_path,
+    proc = launch_router(
         {
             "MINERU_ROUTER_HEALTH_PRESET": "fast",
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
@@ -404,21 +369,13 @@ def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
 
 
 def test_metrics_agree_with_health_through_a_restart(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
+    launch_router: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
     plan = tmp_path / "fault-plan"
-    proc = start_router(
-        process_factory,
-        patched_mineru_site,
-        mineru_python,
-        mineru_health_path,
-        tmp_path,
+    proc = launch_router(
         {
             "MINERU_ROUTER_HEALTH_PRESET": "fast",
             "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(tmp_path / "audit.jsonl"),

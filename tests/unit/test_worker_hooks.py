@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 from mineru_health import liveness
 from mineru_health.integration import worker as hooks
+from mineru_health.integration.worker import context, tasks, threads
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
@@ -44,7 +45,7 @@ class _Manager:
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
     worker_health().reset()
-    hooks._runtime.acted_on_fatal = False
+    context.runtime.acted_on_fatal = False
     saved_checks = dict(liveness._checks)
     liveness._checks.clear()
     liveness.clear_cache()
@@ -52,8 +53,8 @@ def _fresh_state() -> Iterator[None]:
     worker_health().reset()
     liveness._checks.update(saved_checks)
     liveness.clear_cache()
-    hooks._runtime.apps.clear()
-    hooks._runtime.acted_on_fatal = False
+    context.runtime.apps.clear()
+    context.runtime.acted_on_fatal = False
 
 
 def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
@@ -153,7 +154,7 @@ def _app() -> FastAPI:
         return {"parsed": "yes"}
 
     app.add_middleware(hooks.HealthGate)
-    hooks._runtime.apps.append(app)
+    context.runtime.apps.append(app)
     return app
 
 
@@ -195,11 +196,11 @@ def test_gate_reports_a_dead_engine_and_refuses_work() -> None:
 
 def test_gate_advertises_the_native_port() -> None:
     app = _app()
-    hooks._runtime.advertised_port = 9123
+    context.runtime.advertised_port = 9123
     try:
         response = asyncio.run(_request(app, "GET", "/health"))
     finally:
-        hooks._runtime.advertised_port = None
+        context.runtime.advertised_port = None
     assert response.json() == {"status": "healthy", "native_health_port": 9123}
     assert int(response.headers["content-length"]) == len(response.content)
 
@@ -213,8 +214,8 @@ def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
         manager.task_events["waiting"] = asyncio.Event()
         app.state.task_manager = manager
         liveness.register("fake-engine", lambda: (False, "engine handle errored"))
-        assert hooks._check_liveness(worker_health())  # the liveness thread's step
-        hooks._act_on_fatal()  # the loop watcher's step
+        assert threads.check_liveness(worker_health())  # the liveness thread's step
+        tasks.act_on_fatal()  # the loop watcher's step
         assert manager.tasks["waiting"].status == "failed"
         assert manager.last_worker_error is not None
         return await _request(app, "GET", "/health")
@@ -232,7 +233,7 @@ def test_worker_log_lines_escape_task_text(monkeypatch: pytest.MonkeyPatch) -> N
     lines: list[str] = []
     sink = logger.add(lambda message: lines.append(str(message)), format="{message}")
     try:
-        hooks._log("INFO", "task failed: line one\nforged \x1b[31mred")
+        context.log("INFO", "task failed: line one\nforged \x1b[31mred")
     finally:
         logger.remove(sink)
     assert lines and "\x1b" not in lines[0] and lines[0].count("\n") == 1  # loguru's own newline

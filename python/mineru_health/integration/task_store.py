@@ -217,9 +217,9 @@ def configure(settings: WorkerSettings) -> TaskStore | None:
 
 
 def _verdict_attr() -> str:
-    from .worker import _VERDICT_ATTR  # the worker hooks own the name; imported when used
+    from .worker.context import VERDICT_ATTR  # the worker hooks own the name; imported when used
 
-    return _VERDICT_ATTR
+    return VERDICT_ATTR
 
 
 def record(manager: Any, task: Any) -> None:

@@ -1,0 +1,89 @@
+"""What the worker hooks share: settings, threads and tasks set up by ``install``, and the log."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import sys
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ...safe_text import printable
+from ...settings import WorkerSettings
+from ...worker import HealthEndpoint, WorkerHealth, worker_health
+
+#: EX_TEMPFAIL from sysexits.h: a temporary failure, worth a restart.
+EXIT_CODE = 75
+#: How often the event loop ticks; the watcher also pushes task figures every
+#: 5 ticks and acts on a newly unhealthy state every 10.
+TICK_S = 0.1
+LIVENESS_INTERVAL_S = 1.0
+
+GATED_POSTS = frozenset({"/tasks", "/file_parse"})
+PENDING = "pending"
+PROCESSING = "processing"
+FAILED = "failed"
+#: Attribute set on MinerU's task objects: the verdict its status payload carries.
+VERDICT_ATTR = "_mineru_health_verdict"
+
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+def log(level: str, message: str) -> None:
+    # Messages quote exceptions and task texts: escaped for the plain-text log.
+    message = printable(message)
+    try:
+        from loguru import logger
+
+        logger.opt(depth=1).log(level, "mineru-health: {}", message)
+    except Exception:  # noqa: BLE001 - loguru missing or misconfigured: stderr still works
+        print(f"mineru-health {level}: {message}", file=sys.stderr, flush=True)
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def mineru_version() -> str:
+    module = sys.modules.get("mineru.version")
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) else "unknown"
+
+
+class Runtime:
+    """What :func:`install` set up for this process."""
+
+    def __init__(self) -> None:
+        self.apps: list[Any] = []
+        self.settings = WorkerSettings()
+        self.endpoint: HealthEndpoint | None = None
+        self.advertised_port: int | None = None
+        self.faults: Any = None  # testing.faults.FaultInjector when a plan is set
+        self.watcher: asyncio.Task[None] | None = None
+        self.exit_watcher: threading.Thread | None = None
+        self.liveness_thread: threading.Thread | None = None
+        self.classify_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # True once outstanding tasks were failed for the current fatal record.
+        self.acted_on_fatal = False
+        self.installed = False
+
+
+runtime = Runtime()
+
+
+def current_health() -> WorkerHealth:
+    return worker_health()
+
+
+def task_managers() -> list[Any]:
+    managers = []
+    for app in runtime.apps:
+        manager = getattr(getattr(app, "state", None), "task_manager", None)
+        if manager is not None:
+            managers.append(manager)
+    return managers

@@ -1,0 +1,130 @@
+"""The main port's gate: ASGI middleware in front of MinerU's app.
+
+A dead engine answers ``GET /health`` with 503 and refuses ``POST /tasks`` and
+``/file_parse`` with a 503 whose error carries the worker's own verdict
+(``REFUSAL_ERROR_PREFIX``); a healthy ``/health`` advertises the native port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ...worker import REFUSAL_ERROR_PREFIX
+from .context import GATED_POSTS, ASGIApp, current_health, runtime
+from .loop_watch import on_started, stop_watcher
+
+
+async def _send_json(
+    send: Callable[[Any], Awaitable[None]],
+    status: int,
+    payload: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode("ascii")),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _advertising_send(send: Callable[[Any], Awaitable[None]],
+                      port: int) -> Callable[[Any], Awaitable[None]]:
+    """Adds ``native_health_port`` to MinerU's small JSON /health body."""
+    held: list[Any] = []
+
+    async def wrapped(message: Any) -> None:
+        kind = message.get("type")
+        if kind == "http.response.start":
+            held.append(message)
+            return
+        if kind == "http.response.body" and held and not message.get("more_body", False):
+            start = held.pop()
+            body = message.get("body", b"")
+            headers = list(start.get("headers", []))
+            encoded = any(k.lower() == b"content-encoding" for k, _ in headers)
+            with contextlib.suppress(ValueError, TypeError):
+                if not encoded:
+                    data = json.loads(body)
+                    if isinstance(data, dict):
+                        data["native_health_port"] = port
+                        body = json.dumps(data).encode("utf-8")
+                        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                        headers.append((b"content-length", str(len(body)).encode("ascii")))
+            await send({**start, "headers": headers})
+            await send({**message, "body": body})
+            return
+        while held:
+            await send(held.pop())
+        await send(message)
+
+    return wrapped
+
+
+class HealthGate:
+    """ASGI middleware on the main port: a dead engine answers 503 and refuses new work."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await self.app(scope, receive, watch_lifespan(send))
+            return
+        if kind != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", "")).rstrip("/") or "/"
+        method = scope.get("method", "")
+        is_health = method in ("GET", "HEAD") and path == "/health"
+        gated = is_health or (method == "POST" and path in GATED_POSTS)
+        health = current_health()
+        if gated and not health.healthy:
+            status, body = health.answer("/health", expose_errors=runtime.settings.expose_errors)
+            if is_health:
+                await _send_json(send, status, body)
+            else:
+                data = json.loads(body)
+                first = health.snapshot().first_fatal
+                what = f"{first.category}, rule {first.rule}" if first else "unknown cause"
+                data["error"] = f"{REFUSAL_ERROR_PREFIX} {what}"
+                data["message"] = (
+                    "The inference engine of this worker is unusable; the request was not "
+                    "accepted. Retry on a healthy worker."
+                )
+                retry = str(runtime.settings.retry_after_s).encode("ascii")
+                await _send_json(send, 503, json.dumps(data).encode("utf-8"),
+                                 [(b"retry-after", retry)])
+            return
+        if is_health and runtime.advertised_port is not None:
+            send = _advertising_send(send, runtime.advertised_port)
+        await self.app(scope, receive, send)
+
+
+def watch_lifespan(send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    async def wrapped(message: Any) -> None:
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "lifespan.startup.complete":
+            # MinerU's start-up (model preload included) is over: from here on a
+            # blocked loop is a hung loop.
+            on_started()
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            stop_watcher()
+        await send(message)
+
+    return wrapped

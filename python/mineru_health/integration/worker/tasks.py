@@ -1,0 +1,208 @@
+"""Verdicts on MinerU's tasks, and failing every outstanding task once the engine is dead.
+
+Runs on the worker's event loop thread, except classification, which runs on
+two threads of our own (the native matcher releases the GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import sys
+from typing import Any
+
+from ... import metrics
+from ...worker import FatalInfo, Recorded, describe_exception
+from .. import task_store
+from .context import (
+    FAILED,
+    PENDING,
+    PROCESSING,
+    VERDICT_ATTR,
+    current_health,
+    log,
+    runtime,
+    task_managers,
+    utc_now_iso,
+)
+
+
+def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None, rule: str,
+                 category: str, ambiguous: bool = False, remote_engine: bool = False) -> None:
+    with contextlib.suppress(Exception):  # a task object that refuses attributes keeps working
+        setattr(task, VERDICT_ATTR, {
+            "fatal": fatal,
+            "engine_dead": engine_dead,
+            "role": role,
+            "rule": rule,
+            "category": category,
+            "ambiguous": ambiguous,
+            "remote_engine": remote_engine,
+        })
+
+
+def wrap_status_payload(task_class: type) -> None:
+    """Adds the verdict to ``AsyncParseTask.to_status_payload`` (once)."""
+    current = task_class.__dict__.get("to_status_payload")
+    if current is None or getattr(current, "__mineru_health__", False):
+        return
+
+    @functools.wraps(current)
+    def to_status_payload(task: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        payload: dict[str, Any] = current(task, *args, **kwargs)
+        verdict = getattr(task, VERDICT_ATTR, None)
+        if isinstance(verdict, dict):
+            payload["engine_dead"] = bool(verdict["engine_dead"])
+            payload["verdict"] = dict(verdict)
+        return payload
+
+    to_status_payload.__mineru_health__ = True  # type: ignore[attr-defined]
+    task_class.to_status_payload = to_status_payload  # type: ignore[attr-defined]
+
+
+# --- failing outstanding tasks -------------------------------------------------------------
+
+
+def _collateral_error(fatal: FatalInfo | None) -> str:
+    """The error other users' tasks get: names the engine death, never another task's text."""
+    if fatal is None:
+        return "Task failed because the inference engine of this worker became unusable; " \
+               "resubmit it to a healthy worker"
+    return (
+        f"Task failed because the inference engine of this worker became unusable "
+        f"({fatal.category}, rule {fatal.rule}) while it was queued or running; "
+        "resubmit it to a healthy worker"
+    )
+
+
+def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -> int:
+    """Fails every pending or running task of ``manager`` except ``keep``; returns how many.
+
+    They are *collateral*: their status says ``engine_dead`` with the rule and
+    category, and a generic error. Their processors are cancelled (including
+    those still waiting for MinerU's concurrency semaphore), queued ids are
+    drained, and every waiter is woken so that no ``/file_parse`` request keeps
+    waiting for a dead engine. Must run on the event loop thread.
+    """
+    module = sys.modules.get(type(manager).__module__)
+    pending = getattr(module, "TASK_PENDING", PENDING)
+    processing = getattr(module, "TASK_PROCESSING", PROCESSING)
+    failed_status = getattr(module, "TASK_FAILED", FAILED)
+    now = utc_now_iso()
+    reason = _collateral_error(fatal)
+    rule = fatal.rule if fatal else ""
+    category = fatal.category if fatal else ""
+
+    failed = 0
+    for task in list(getattr(manager, "tasks", {}).values()):
+        if task is keep or getattr(task, "status", None) not in (pending, processing):
+            continue
+        task.status = failed_status
+        task.error = reason
+        task.completed_at = now
+        _set_verdict(task, fatal=False, engine_dead=True, role="collateral", rule=rule,
+                     category=category)
+        task_store.record(manager, task)  # task store: MinerU does not signal these
+        failed += 1
+
+    try:
+        current = asyncio.current_task()
+    except RuntimeError:
+        current = None
+    for processor in list(getattr(manager, "active_tasks", ())):
+        if processor is not current and not processor.done():
+            processor.cancel()
+
+    queue = getattr(manager, "queue", None)
+    if queue is not None:
+        while True:
+            try:
+                queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            queue.task_done()
+
+    wake = getattr(manager, "_wake_waiters", None)
+    if callable(wake):
+        wake()
+    return failed
+
+
+def on_engine_dead(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -> None:
+    """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
+    if manager is None:
+        return
+    what = f"{fatal.category}, rule {fatal.rule}" if fatal else "unknown cause"
+    manager.last_worker_error = f"inference engine unusable ({what})"
+    count = fail_outstanding_tasks(manager, fatal, keep=keep)
+    log("ERROR", f"inference engine unusable ({what}); failed {count} other task(s)")
+
+
+def act_on_fatal(*, keep_manager: Any = None, keep: Any = None) -> None:
+    """Once per fatal record: fail every manager's outstanding tasks (loop thread)."""
+    health = current_health()
+    if health.healthy or runtime.acted_on_fatal:
+        return
+    runtime.acted_on_fatal = True
+    first = health.snapshot().first_fatal
+    managers = task_managers()
+    if keep_manager is not None and not any(m is keep_manager for m in managers):
+        managers.append(keep_manager)
+    for manager in managers:
+        on_engine_dead(manager, first, keep=keep if manager is keep_manager else None)
+
+
+def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
+    # Our own two threads: MinerU's parse work fills asyncio's default pool for
+    # minutes at a time, and a verdict must not wait behind it.
+    if runtime.classify_pool is None:
+        runtime.classify_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="mineru-health-classify"
+        )
+    return runtime.classify_pool
+
+
+async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
+    """Hook at the top of ``AsyncTaskManager._process_task``'s except block. Never raises.
+
+    Classifies ``exc`` off the event loop, attaches the verdict to ``task``,
+    and on a fatal outcome fails every other outstanding task. MinerU then
+    marks ``task`` failed as usual.
+    """
+    health = current_health()
+    try:
+        remote_engine = str(getattr(task, "backend", "") or "").endswith("http-client")
+        record = functools.partial(health.record, exc, remote_engine=remote_engine)
+        outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # noqa: BLE001 - MinerU must keep its own failure handling
+        log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
+        return None
+    try:
+        verdict = outcome.verdict
+        task_id = getattr(task, "task_id", "?")
+        if outcome.fatal:
+            metrics.record_worker_fatal(outcome.rule, outcome.category)
+        else:
+            metrics.record_worker_task_local(remote_engine=verdict.remote_engine)
+        _set_verdict(
+            task, fatal=outcome.fatal, engine_dead=outcome.fatal,
+            role=("trigger" if outcome.first else "collateral") if outcome.fatal else None,
+            rule=outcome.rule, category=outcome.category, ambiguous=verdict.ambiguous,
+            remote_engine=verdict.remote_engine,
+        )
+        if not outcome.fatal:
+            log("INFO", f"task {task_id} failed task-locally "
+                         f"({verdict.rule or 'no rule matched'}, {verdict.category or '-'})")
+            return outcome
+        if outcome.first:
+            log("ERROR", f"fatal failure in task {task_id}: rule {outcome.rule} "
+                          f"({outcome.category}) matched {verdict.excerpt!r}")
+        act_on_fatal(keep_manager=manager, keep=task)
+        return outcome
+    except Exception as error:  # noqa: BLE001
+        log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
+        return outcome
