@@ -139,7 +139,7 @@ const std::vector<Row<HealthConfig>>& router_rows() {
       {"RETRY_BUDGET_PERCENT", "retry_budget_percent",
        &C::retry_budget_percent, T::kNumber, {0, 100},
        "Resubmissions in flight at most this share, in percent, of the tasks "
-       "in flight."},
+       "in flight; a task over it waits its turn, at most BOOT_TIMEOUT_S."},
       {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
        T::kInteger, {0, 1000},
        "Resubmissions in flight always allowed, whatever the share."},

@@ -240,8 +240,31 @@ def test_retries_then_a_clear_failure() -> None:
     run(scenario)
 
 
-def test_retry_budget_refuses_beyond_its_share() -> None:
+def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
     async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit, retry_budget_percent=0.0, retry_budget_min=1)
+        first, _ = track(supervisor, "t1")
+        second, _ = track(supervisor, "t2")
+        for record in (first, second):
+            fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
+            await supervisor.refresh(record)
+        await asyncio.sleep(0.2)  # a few budget checks: the second waits, pending
+        assert workers_tried(first) == ["w0", "w1"] and fleet.submitted == [("w1", "up-1")]
+        assert second.status == "pending" and workers_tried(second) == ["w0"]
+
+        fleet.answers["http://w1:1/tasks/up-1"] = {"status": "completed", "error": None}
+        await supervisor.refresh(first)  # the first resubmission ends: room for the second
+        await settle(supervisor)
+        assert first.status == "completed"
+        assert second.status == "pending" and workers_tried(second) == ["w0", "w1"]
+        assert fleet.submitted == [("w1", "up-1"), ("w1", "up-2")]
+
+    run(scenario)
+
+
+def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        # Waits BOOT_TIMEOUT_S (1 s, its floor) for the first resubmission to end.
         supervisor = supervisor_for(fleet, audit, retry_budget_percent=0.0, retry_budget_min=1)
         first, _ = track(supervisor, "t1")
         second, _ = track(supervisor, "t2")
@@ -250,7 +273,7 @@ def test_retry_budget_refuses_beyond_its_share() -> None:
             await supervisor.refresh(record)
             await settle(supervisor)
         assert first.status == "pending" and workers_tried(first) == ["w0", "w1"]
-        assert second.status == "failed" and "retry budget is spent" in second.error
+        assert second.status == "failed" and "retry budget stayed spent for 1 s" in second.error
         assert "RETRY_BUDGET_MIN=1" in second.error
 
     run(scenario)

@@ -7,7 +7,8 @@ held while the fleet heals:
 - the poison guard first (a trigger death is counted; a quarantined
   document fails with a message naming the workers and rules, an audit
   record and a metric);
-- then ``TASK_RETRIES`` and the retry budget (``resubmit_policy.py``);
+- then ``TASK_RETRIES`` (final) and the retry budget (``resubmit_policy.py``;
+  a task over it waits for earlier resubmissions to end, bounded);
 - then another healthy worker (the one it failed on only if it is the only
   healthy one), retried every probe interval for at most ``BOOT_TIMEOUT_S``.
 
@@ -125,10 +126,7 @@ class TaskSending:
                 await self._fail(tracked, failure_text(error, quarantine.message(
                     tracked.upload_names)), Refusal.POISON)
                 return
-            refusal = refuse_resubmission(
-                submissions=len(workers_tried(record)), task_retries=self.task_retries,
-                budget=self.budget, retries_in_flight=self.retries_in_flight(exclude=tracked),
-                tasks_in_flight=len(self._tasks))
+            refusal = await self._within_budget(tracked)
             if refusal is not None:
                 await self._fail(tracked, failure_text(error, self._refusal_note(refusal, record)),
                                  refusal)
@@ -147,6 +145,28 @@ class TaskSending:
                              Refusal.REJECTED)
         finally:
             tracked.busy = False
+
+    async def _within_budget(self, tracked: TrackedTask) -> Refusal | None:
+        """None once one more resubmission of ``tracked`` is allowed; else why not.
+
+        The retry budget bounds how many resubmissions run at once, not
+        whether a task is sent again: a task over the budget waits, pending
+        for its client and adding no load, until earlier resubmissions end
+        (checked every probe interval), for at most ``BOOT_TIMEOUT_S`` as
+        for a healthy worker. ``TASK_RETRIES`` is final at once.
+        """
+        deadline = self._clock() + self.wait_for_worker_s
+        while True:
+            # No await between this check and the caller's ``resubmitting = True``:
+            # two waiters cannot both take the last place in the budget.
+            refusal = refuse_resubmission(
+                submissions=len(workers_tried(tracked.record)), task_retries=self.task_retries,
+                budget=self.budget, retries_in_flight=self.retries_in_flight(exclude=tracked),
+                tasks_in_flight=len(self._tasks))
+            left = deadline - self._clock()
+            if refusal is not Refusal.BUDGET or self._closed or left <= 0:
+                return refusal
+            await asyncio.sleep(min(self.retry_interval_s, left))
 
     async def _submit_elsewhere(
         self, tracked: TrackedTask, failed_on: str
@@ -225,7 +245,8 @@ class TaskSending:
             return (f"not resubmitted: {self.task_retries} resubmission(s) already made "
                     f"(MINERU_ROUTER_HEALTH_TASK_RETRIES); workers tried: {tried}")
         limit = self.budget.limit(len(self._tasks))
-        return (f"not resubmitted: the retry budget is spent ({self.retries_in_flight()} of "
+        return (f"not resubmitted: the retry budget stayed spent for "
+                f"{self.wait_for_worker_s:g} s ({self.retries_in_flight()} of "
                 f"{len(self._tasks)} tasks in flight are resubmissions, limit {limit}: "
                 f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT={self.budget.percent:g}, "
                 f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN={self.budget.minimum})")
