@@ -146,8 +146,8 @@ class PoolLifecycleMixin:
         # worker process is spawned, and the message names the variable.
         try:
             self.health_settings = HealthSettings.from_env()
-            # The rules decide passive ejection; a bad MINERU_HEALTH_RULES file
-            # must stop the router here, not surface in a request handler.
+            # Local workers inherit MINERU_HEALTH_RULES: a bad file stops the
+            # router here, not each worker it would spawn and restart in a loop.
             from mineru_health.classifier import default_rules
 
             default_rules()

@@ -4,9 +4,8 @@
 hands it every poller event after the pool has handled it, closes it on
 shutdown (deleting the uploads it kept), and ejects a worker passively on
 the worker's own verdict: a task status ``failed`` with ``"engine_dead":
-true`` (no text matching; this replaces the classifier-based
-``PassiveEjectionMixin.observe_task_status``). Runs on the router's event
-loop; not thread-safe, like the class it extends.
+true`` (no text matching). Runs on the router's event loop; not
+thread-safe, like the class it extends.
 """
 
 from __future__ import annotations
