@@ -10,7 +10,9 @@ PYTHON="${PYTHON:-python3.11}"
 
 apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
               nlohmann-json3-dev libmicrohttpd-dev libgtest-dev clang-format ninja-build
-              clang-14 libclang-rt-14-dev)
+              clang-14 libclang-rt-14-dev git)
+# Debian's own Python 3.11, with venv (ensurepip) and headers for the extension.
+[ "$PYTHON" = python3.11 ] && apt_packages+=(python3.11 python3.11-venv python3.11-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -10,8 +10,9 @@ ratios measured in the same run.
 
 Part 2, the patched ``mineru-router`` with two local workers under the same
 kind of load, ``production`` preset, no fault injected, twice in the same run:
-(a) probing the workers' main ports with the 0.1 defaults (1.5 s timeout, 3
-failures: ``MINERU_ROUTER_HEALTH_NATIVE_PROBES=0 MAIN_PORT_TIMEOUT_S=1.5``) and
+(a) probing the workers' main ports with the 0.1 defaults
+(``MINERU_ROUTER_HEALTH_NATIVE_PROBES=0``: the main port's /health is then the
+health URL, probed with ``TIMEOUT_S``, 1.5 s, 3 failures) and
 (b) the defaults (native endpoints). Reported: ejections, restarts and failed
 tasks from the router's audit log and task statuses, and the wall time.
 

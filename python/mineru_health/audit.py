@@ -20,12 +20,12 @@ from . import _native
 from ._names import enum_name
 from .errors import ConfigError
 
-__all__ = ["AuditLog", "audit_record"]
+__all__ = ["AuditLog", "audit_record", "iso_time"]
 
 _log = logging.getLogger("mineru_health.audit")
 
 
-def _iso(unix_time: float) -> str:
+def iso_time(unix_time: float) -> str:
     return datetime.fromtimestamp(unix_time, tz=UTC).isoformat()
 
 
@@ -34,7 +34,7 @@ def audit_record(event: Any) -> dict[str, Any]:
     cause (a failure cause name, "" when none), from, to."""
     audit = event.audit
     return {
-        "time": _iso(event.unix_time),
+        "time": iso_time(event.unix_time),
         "worker_id": event.worker_id,
         "action": enum_name(audit.action),
         "attempt": audit.attempt,
@@ -83,7 +83,7 @@ class AuditLog:
         reason), then ``fields`` (JSON-serialisable); no from/to phases.
         """
         record: dict[str, Any] = {
-            "time": _iso(time.time() if unix_time is None else unix_time),
+            "time": iso_time(time.time() if unix_time is None else unix_time),
             "worker_id": worker_id,
             "action": action,
             "reason": reason,

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from mineru_health import _native
 from mineru_health.integration import task_store
+from mineru_health.integration.router.poison import content_digest
 from mineru_health.integration.router.tasks import TaskSupervisor, workers_tried
 from mineru_health.settings import HealthSettings
 
@@ -160,7 +161,19 @@ class Audit:
         return self.records[-1]
 
 
-def supervisor_for(fleet: Fleet, audit: Audit, **settings: Any) -> TaskSupervisor:
+class SteppingClock:
+    """A monotonic clock that moves ``step_s`` per reading: deadlines pass without waiting."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 0.0, step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+def supervisor_for(fleet: Fleet, audit: Audit, clock: Callable[[], float] | None = None,
+                   **settings: Any) -> TaskSupervisor:
     base = HealthSettings.preset("fast").replace(interval_s=0.05, probe_timeout_s=0.02,
                                                  connect_timeout_s=0.01, boot_timeout_s=1.0)
     namespace = {"submit_payload_to_upstream": fleet.submit,
@@ -169,7 +182,8 @@ def supervisor_for(fleet: Fleet, audit: Audit, **settings: Any) -> TaskSuperviso
                  "normalize_upload_filename": lambda name: name,
                  "utc_now_iso": lambda: "2026-01-01T00:00:00+00:00"}
     return TaskSupervisor(fleet, settings=base.replace(**settings) if settings else base,
-                          namespace=namespace, audit=audit)
+                          namespace=namespace, audit=audit,
+                          **({"clock": clock} if clock is not None else {}))
 
 
 def run(test: Callable[[Fleet, Audit], Awaitable[None]]) -> None:
@@ -182,6 +196,14 @@ def run(test: Callable[[Fleet, Audit], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
 async def settle(supervisor: TaskSupervisor) -> None:
     for _ in range(200):
         pending = [t for t in supervisor._background if not t.done()]
@@ -192,7 +214,7 @@ async def settle(supervisor: TaskSupervisor) -> None:
 
 
 def track(supervisor: TaskSupervisor, task_id: str, server: str = "w0",
-          digest: str = "digest") -> tuple[Any, Payload]:
+          digest: str | None = "digest") -> tuple[Any, Payload]:
     record, payload = new_record(task_id, server), Payload()
     supervisor.track(record, payload, digest, Registry())
     return record, payload
@@ -248,7 +270,7 @@ def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
         for record in (first, second):
             fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
             await supervisor.refresh(record)
-        await asyncio.sleep(0.2)  # a few budget checks: the second waits, pending
+        await until(lambda: bool(fleet.submitted))  # the second waits meanwhile, pending
         assert workers_tried(first) == ["w0", "w1"] and fleet.submitted == [("w1", "up-1")]
         assert second.status == "pending" and workers_tried(second) == ["w0"]
 
@@ -264,8 +286,9 @@ def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
 
 def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
     async def scenario(fleet: Fleet, audit: Audit) -> None:
-        # Waits BOOT_TIMEOUT_S (1 s, its floor) for the first resubmission to end.
-        supervisor = supervisor_for(fleet, audit, retry_budget_percent=0.0, retry_budget_min=1)
+        # BOOT_TIMEOUT_S (1 s, its floor) passes on the clock, not in real time.
+        supervisor = supervisor_for(fleet, audit, SteppingClock(0.5), retry_budget_percent=0.0,
+                                    retry_budget_min=1)
         first, _ = track(supervisor, "t1")
         second, _ = track(supervisor, "t2")
         for record in (first, second):
@@ -296,6 +319,25 @@ def test_poison_document_quarantined_after_two_workers() -> None:
         assert entry["workers"] == ["w0", "w1"] and entry["file_names"] == ["doc.pdf"]
         assert supervisor.quarantined("poison") is not None
         assert payload.released == 1
+
+    run(scenario)
+
+
+def test_a_document_is_hashed_only_when_a_trigger_death_needs_it(tmp_path: Path) -> None:
+    document = tmp_path / "doc.pdf"
+    document.write_bytes(b"%PDF-1.7 poison")
+
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit)
+        record, payload = track(supervisor, "t1", digest=None)
+        payload.uploads[0].path = str(document)
+        (tracked,) = supervisor._tasks.values()
+        assert tracked.digest is None  # submission: a healthy fleet hashes nothing
+        fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
+        await supervisor.refresh(record)
+        await settle(supervisor)
+        assert tracked.digest == content_digest([str(document)])
+        assert supervisor.poison.suspects() == 1 and workers_tried(record) == ["w0", "w1"]
 
     run(scenario)
 

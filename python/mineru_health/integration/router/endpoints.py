@@ -34,6 +34,7 @@ from typing import Any
 
 from .poison import content_digest
 from .tasks import TaskSupervisor, workers_tried
+from .tracked import upload_names
 
 __all__ = ["install_endpoints", "retained_payload_class"]
 
@@ -86,11 +87,16 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
         supervisor = _supervisor(request)
         if supervisor is None or not isinstance(payload, retained_class):
             return await submit(request, payload)
-        digest = await asyncio.to_thread(content_digest, [u.path for u in payload.uploads])
-        quarantine = supervisor.quarantined(digest)
-        if quarantine is not None:
-            names = [str(u.upload_name) for u in payload.uploads]
-            raise http_exception(status_code=422, detail=quarantine.message(names))
+        digest = None
+        if supervisor.poison.suspects():
+            # Hashed only once some document killed an engine: a healthy
+            # fleet's submissions never pay for it (a resubmission hashes
+            # on demand).
+            digest = await asyncio.to_thread(content_digest, [u.path for u in payload.uploads])
+            quarantine = supervisor.quarantined(digest)
+            if quarantine is not None:
+                raise http_exception(status_code=422,
+                                     detail=quarantine.message(upload_names(payload)))
         registry = request.app.state.router_task_registry
         try:
             record = await submit(request, payload)

@@ -17,17 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mineru_health import _native
 from mineru_health.monitor import HealthMonitor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 
-from .projection import passive_submission_reason, project_status
+from .projection import DECLARED_FAILED, passive_submission_reason, project_status
 
 __all__ = ["PassiveEjectionMixin"]
-
-_P = _native.WorkerPhase
-# Phases in which a further failure signal changes nothing in the policy.
-_HANDLED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
 
 
 class PassiveEjectionMixin:
@@ -52,7 +47,7 @@ class PassiveEjectionMixin:
     def _report_passive(self, server: Any, reason: str) -> None:
         worker_id = server.server_id
         status = self._monitor.status(worker_id)
-        if status is None or status.phase in _HANDLED:
+        if status is None or status.phase in DECLARED_FAILED:
             return
         server.last_error = reason
         self._monitor.report_passive_failure(worker_id, reason)

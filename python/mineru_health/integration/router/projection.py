@@ -15,14 +15,14 @@ Not thread-safe; everything here runs on the router's event loop.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from mineru_health import _native
+from mineru_health.audit import iso_time
 
 __all__ = [
+    "DECLARED_FAILED",
     "add_policy_fields",
-    "iso_time",
     "passive_submission_reason",
     "passive_task_reason",
     "process_exit_reason",
@@ -34,15 +34,14 @@ __all__ = [
 
 _PROBE = _native.PollerEventKind.PROBE
 _AUDIT = _native.PollerEventKind.AUDIT
-_EJECTED = _native.AuditAction.EJECTED
 
 # A reason longer than this is cut in audit reasons, last_error and logs.
 REASON_CHARS = 300
 
-
-
-def iso_time(unix_time: float) -> str:
-    return datetime.fromtimestamp(unix_time, tz=UTC).isoformat()
+_P = _native.WorkerPhase
+#: Phases in which the worker is declared failed: its tasks will not finish
+#: there, and a further failure signal changes nothing in the policy.
+DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
 
 
 def short_reason(text: str) -> str:

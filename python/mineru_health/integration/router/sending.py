@@ -28,9 +28,9 @@ from typing import Any
 
 from mineru_health import metrics
 
-from .poison import PoisonGuard, Quarantine
+from .poison import PoisonGuard, Quarantine, content_digest
 from .resubmit_policy import Refusal, RetryBudget, failure_text, refuse_resubmission
-from .tracked import WORKERS_ATTR, TrackedTask, workers_tried
+from .tracked import WORKERS_ATTR, TrackedTask, upload_names, workers_tried
 
 __all__ = ["NotSent", "TaskSending"]
 
@@ -61,28 +61,25 @@ class TaskSending:
     wait_for_worker_s: float
     retry_interval_s: float
     _background_task: Callable[..., asyncio.Task[Any]]
+    _keep: Callable[..., TrackedTask]
     _release: Callable[[TrackedTask], None]
     retries_in_flight: Callable[..., int]
 
-    async def hold(self, payload: Any, digest: str, registry: Any) -> Any:
+    async def hold(self, payload: Any, digest: str | None, registry: Any) -> Any:
         """Registers a pending task for ``payload`` and sends it once a worker is healthy.
 
         Bounded like a resubmission: ``BOOT_TIMEOUT_S``, then the task fails
         with a clear error. Returns MinerU's RouterTaskRecord.
         """
-        self._registry = registry
-        names = [str(u.upload_name) for u in payload.uploads]
+        names = upload_names(payload)
         record = await registry.register(
             upstream_server_id="", upstream_base_url="", upstream_task_id="",
             backend=payload.get_field_value("backend") or "",
             file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
             created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
             completed_at=None, error=None, queued_ahead=None)
-        setattr(record, WORKERS_ATTR, [])
-        payload.retained = True
-        tracked = TrackedTask(record, payload, digest)
+        tracked = self._keep(record, payload, digest, registry, [])
         tracked.busy = True
-        self._tasks[record.task_id] = tracked
         self._background_task(self._send_held(tracked), "hold")
         _log.warning("task %s: no healthy worker while the fleet heals; held until one is back",
                      record.task_id)
@@ -117,11 +114,12 @@ class TaskSending:
         record = tracked.record
         failed_on = record.upstream_server_id
         try:
+            digest = await self._digest(tracked)
             if trigger is not None:
-                quarantine = self.poison.record_trigger(tracked.digest, failed_on, trigger)
+                quarantine = self.poison.record_trigger(digest, failed_on, trigger)
                 if quarantine is not None:
                     self._quarantined(tracked, quarantine)
-            quarantine = self.poison.quarantined(tracked.digest)
+            quarantine = self.poison.quarantined(digest)
             if quarantine is not None:
                 await self._fail(tracked, failure_text(error, quarantine.message(
                     tracked.upload_names)), Refusal.POISON)
@@ -167,6 +165,14 @@ class TaskSending:
             if refusal is not Refusal.BUDGET or self._closed or left <= 0:
                 return refusal
             await asyncio.sleep(min(self.retry_interval_s, left))
+
+    @staticmethod
+    async def _digest(tracked: TrackedTask) -> str:
+        """The document's digest, hashed on first need (a resubmission), then kept."""
+        if tracked.digest is None:
+            tracked.digest = await asyncio.to_thread(content_digest,
+                                                     [u.path for u in tracked.payload.uploads])
+        return tracked.digest
 
     async def _submit_elsewhere(
         self, tracked: TrackedTask, failed_on: str

@@ -57,6 +57,7 @@ from mineru_health import _native
 from mineru_health.settings import HealthSettings
 
 from .poison import PoisonGuard, Quarantine
+from .projection import DECLARED_FAILED
 from .resubmit_policy import (
     Action,
     Answer,
@@ -78,8 +79,6 @@ _log = logging.getLogger("mineru_health.router.tasks")
 _P = _native.WorkerPhase
 _AUDIT = _native.PollerEventKind.AUDIT
 _RESTART = _native.PollerEventKind.RESTART_REQUESTED
-#: Phases in which the worker is declared failed: its tasks will not finish there.
-DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
 #: Phases of a local worker on its way back (a restart is due or under way).
 HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
 #: Seconds between two status checks of a task no client asks about (so a
@@ -124,18 +123,26 @@ class TaskSupervisor(TaskSending):
     def quarantined(self, digest: str) -> Quarantine | None:
         return self.poison.quarantined(digest)
 
-    def track(self, record: Any, payload: Any, digest: str, registry: Any) -> None:
+    def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
         """Keeps ``payload`` for ``record`` (MinerU's RouterTaskRecord) until it is terminal."""
-        self._registry = registry
-        setattr(record, WORKERS_ATTR, [record.upstream_server_id])
         if self._closed or is_terminal(record.status):
+            setattr(record, WORKERS_ATTR, [record.upstream_server_id])
             payload.release()
             return
+        self._keep(record, payload, digest, registry, [record.upstream_server_id])
+
+    def _keep(self, record: Any, payload: Any, digest: str | None, registry: Any,
+              workers: list[str]) -> TrackedTask:
+        """Registers a task to keep (``track``, ``hold``); the sweeper runs while any is kept."""
+        self._registry = registry
+        setattr(record, WORKERS_ATTR, workers)
         payload.retained = True
-        self._tasks[record.task_id] = TrackedTask(record, payload, digest)
+        tracked = TrackedTask(record, payload, digest)
+        self._tasks[record.task_id] = tracked
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="mineru-health-task-sweep")
+        return tracked
 
     def healing(self) -> bool:
         """A local worker is failed or restarting: it will be back (called after a 503).
@@ -155,8 +162,7 @@ class TaskSupervisor(TaskSending):
         return len(self._tasks)
 
     def retries_in_flight(self, exclude: TrackedTask | None = None) -> int:
-        return sum(1 for t in self._tasks.values()
-                   if t is not exclude and (t.resubmitting or len(workers_tried(t.record)) > 1))
+        return sum(1 for t in self._tasks.values() if t is not exclude and t.resubmitting)
 
     # -- status requests ------------------------------------------------------------
     async def refresh(self, record: Any) -> Any:
@@ -314,7 +320,6 @@ class TaskSupervisor(TaskSending):
                 _log.info("task %s: %s restored upstream task %s; following it there",
                           record.task_id, record.upstream_server_id, record.upstream_task_id)
                 record.upstream_base_url = url
-            self._pool.observe_task_status(record, payload)
             payload["created_at"] = record.created_at  # the client's task began then
             await self._registry.update_from_upstream_payload(record.task_id, payload)
         elif step.action is Action.RESUBMIT:

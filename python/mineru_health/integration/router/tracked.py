@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-__all__ = ["WORKERS_ATTR", "TrackedTask", "workers_tried"]
+__all__ = ["WORKERS_ATTR", "TrackedTask", "upload_names", "workers_tried"]
 
 #: Attribute on MinerU's RouterTaskRecord: the server ids it was submitted to, in order.
 WORKERS_ATTR = "_mineru_health_workers_tried"
@@ -26,16 +26,21 @@ def workers_tried(record: Any) -> list[str]:
     return [server] if server else []
 
 
+def upload_names(payload: Any) -> list[str]:
+    """The names the client uploaded, in order (MinerU's staged payload)."""
+    return [str(u.upload_name) for u in getattr(payload, "uploads", [])]
+
+
 class TrackedTask:
     """A non-terminal router task and what is needed to send it again."""
 
     __slots__ = ("busy", "check", "digest", "generation", "last_check", "payload", "record",
                  "resubmitting")
 
-    def __init__(self, record: Any, payload: Any, digest: str) -> None:
+    def __init__(self, record: Any, payload: Any, digest: str | None) -> None:
         self.record = record
         self.payload = payload  # endpoints.RetainedPayload
-        self.digest = digest
+        self.digest = digest  # of the uploads; None until first needed (sending.py)
         self.busy = False  # a resubmission (or the wait for a worker) is under way
         self.resubmitting = False  # counted as a retry in flight from its first resubmission
         self.generation = 0  # +1 per resubmission: answers about an older upstream are stale
@@ -44,4 +49,4 @@ class TrackedTask:
 
     @property
     def upload_names(self) -> list[str]:
-        return [str(u.upload_name) for u in getattr(self.payload, "uploads", [])]
+        return upload_names(self.payload)
