@@ -91,6 +91,11 @@ class FatalInfo:
         """ISO 8601 UTC time of the failure."""
         return datetime.fromtimestamp(self.unix_time, tz=UTC).isoformat()
 
+    @staticmethod
+    def cause(fatal: FatalInfo | None) -> str:
+        """``"engine_dead, rule vllm.engine_dead"``: the cause, safe to show anyone."""
+        return f"{fatal.category}, rule {fatal.rule}" if fatal else "unknown cause"
+
     @classmethod
     def _from_native(cls, record: _native.FatalRecord | None) -> FatalInfo | None:
         if record is None:
@@ -209,22 +214,19 @@ class WorkerHealth:
     ) -> Recorded:
         """Classifies ``failure`` (its whole chain) and records the outcome."""
         verdict = classify(failure, rules=rules, remote_engine=remote_engine)
-        error = describe_exception(failure)
-        exc_type = exception_type_name(failure)
-        when = time.time() if unix_time is None else unix_time
-        if verdict.fatal:
-            first = self._state.record_fatal(
-                _native.FatalRecord(error, verdict.rule, verdict.category, when, exc_type)
-            )
-            return Recorded(verdict, True, first, verdict.rule, verdict.category)
-        if verdict.ambiguous:
-            record = _native.FatalRecord(error, verdict.rule, verdict.category, when, exc_type)
-            if self._state.record_ambiguous(record):
-                budget = self._state.snapshot().first_fatal
-                assert budget is not None
-                return Recorded(verdict, True, True, budget.rule_id, budget.category)
+        if not (verdict.fatal or verdict.ambiguous):  # the common case: nothing to keep
+            self._state.record_task_local()
             return Recorded(verdict, False, False, verdict.rule, verdict.category)
-        self._state.record_task_local()
+        record = _native.FatalRecord(
+            describe_exception(failure), verdict.rule, verdict.category,
+            time.time() if unix_time is None else unix_time, exception_type_name(failure))
+        if verdict.fatal:
+            first = self._state.record_fatal(record)
+            return Recorded(verdict, True, first, verdict.rule, verdict.category)
+        if self._state.record_ambiguous(record):  # ambiguous: counts against the budget
+            budget = self._state.snapshot().first_fatal
+            assert budget is not None
+            return Recorded(verdict, True, True, budget.rule_id, budget.category)
         return Recorded(verdict, False, False, verdict.rule, verdict.category)
 
     def record_fatal(

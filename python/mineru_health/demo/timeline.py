@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from ..safe_text import printable
+
 __all__ = ["Event", "Marks", "Timeline", "since"]
 
 
@@ -66,6 +68,7 @@ class Timeline:
 
     def add(self, source: str, text: str, t: float | None = None) -> float:
         when = self.now() if t is None else t
+        text = printable(text)  # task errors and audit reasons come from workers
         self.events.append(Event(round(when, 2), source, text))
         if self.live is not None:
             print(f"t+{when:7.2f}s  {source:<6}  {text}", file=self.live, flush=True)

@@ -142,10 +142,9 @@ def install(app: Any) -> None:
 
     if settings.parent_pid:
         exit_with_parent(int(settings.parent_pid))
-    runtime.liveness_thread = start_thread(liveness_loop, health,
-                                             name="mineru-health-liveness")
+    start_thread(liveness_loop, health, name="mineru-health-liveness")
     if settings.exit_on_fatal:
-        runtime.exit_watcher = start_thread(exit_after_fatal, health, settings.exit_grace_s,
-                                              name="mineru-health-exit-on-fatal")
+        start_thread(exit_after_fatal, health, settings.exit_grace_s,
+                     name="mineru-health-exit-on-fatal")
     runtime.installed = True
     log("INFO", f"worker health hooks installed ({rules!r}; {settings!r})")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
@@ -65,8 +64,6 @@ class Runtime:
         self.advertised_port: int | None = None
         self.faults: Any = None  # testing.faults.FaultInjector when a plan is set
         self.watcher: asyncio.Task[None] | None = None
-        self.exit_watcher: threading.Thread | None = None
-        self.liveness_thread: threading.Thread | None = None
         self.classify_pool: concurrent.futures.ThreadPoolExecutor | None = None
         # True once outstanding tasks were failed for the current fatal record.
         self.acted_on_fatal = False

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ...worker import REFUSAL_ERROR_PREFIX
+from ...worker import REFUSAL_ERROR_PREFIX, FatalInfo
 from .context import GATED_POSTS, ASGIApp, current_health, runtime
 from .loop_watch import on_started, stop_watcher
 
@@ -100,8 +100,9 @@ class HealthGate:
                 await _send_json(send, status, body)
             else:
                 data = json.loads(body)
-                first = health.snapshot().first_fatal
-                what = f"{first.category}, rule {first.rule}" if first else "unknown cause"
+                # The body already names the first fatal's rule and category.
+                what = (f"{data['category']}, rule {data['rule']}" if data.get("rule")
+                        else FatalInfo.cause(None))
                 data["error"] = f"{REFUSAL_ERROR_PREFIX} {what}"
                 data["message"] = (
                     "The inference engine of this worker is unusable; the request was not "

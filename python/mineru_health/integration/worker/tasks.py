@@ -134,7 +134,7 @@ def on_engine_dead(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -
     """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
     if manager is None:
         return
-    what = f"{fatal.category}, rule {fatal.rule}" if fatal else "unknown cause"
+    what = FatalInfo.cause(fatal)
     manager.last_worker_error = f"inference engine unusable ({what})"
     count = fail_outstanding_tasks(manager, fatal, keep=keep)
     log("ERROR", f"inference engine unusable ({what}); failed {count} other task(s)")
