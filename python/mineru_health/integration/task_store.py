@@ -52,12 +52,16 @@ from typing import Any
 from ..errors import ConfigError
 from ..settings import WorkerSettings
 
-__all__ = ["DB_NAME", "TaskStore", "attach", "configure", "read_task", "record", "store"]
+__all__ = ["DB_NAME", "VERDICT_ATTR", "TaskStore", "attach", "configure", "read_task", "record",
+           "store"]
 
 #: File name of the store inside the state directory.
 DB_NAME = "mineru-health-tasks.sqlite3"
 #: MinerU's own default when MINERU_API_OUTPUT_ROOT is unset (relative to the cwd).
 _MINERU_OUTPUT_ROOT_DEFAULT = "./output"
+#: Attribute set on MinerU's task objects: the verdict its status payload
+#: carries (set by the worker hooks, kept here with the task).
+VERDICT_ATTR = "_mineru_health_verdict"
 _COMPLETED, _FAILED = "completed", "failed"
 _ATTACHED = "_mineru_health_task_store"
 
@@ -216,19 +220,13 @@ def configure(settings: WorkerSettings) -> TaskStore | None:
     return _store
 
 
-def _verdict_attr() -> str:
-    from .worker.context import VERDICT_ATTR  # the worker hooks own the name; imported when used
-
-    return VERDICT_ATTR
-
-
 def record(manager: Any, task: Any) -> None:
     """Writes ``task``'s row if it is finished. Never raises."""
     current = _store
     if current is None or getattr(task, "status", None) not in _terminal(manager):
         return
     try:
-        verdict = getattr(task, _verdict_attr(), None)
+        verdict = getattr(task, VERDICT_ATTR, None)
         current.save(task, verdict if isinstance(verdict, dict) else None)
     except Exception as error:  # noqa: BLE001 -- a full disk must not fail the task
         _log.warning("task store: cannot save task %s: %s", getattr(task, "task_id", "?"), error)
@@ -261,7 +259,7 @@ def _load(manager: Any, current: TaskStore) -> int:
             stale.append(task_id)
             continue
         if verdict is not None:
-            setattr(task, _verdict_attr(), verdict)
+            setattr(task, VERDICT_ATTR, verdict)
         task.submit_order = 0  # not queued: never counted in queued_ahead
         manager.tasks[task_id] = task
         event = asyncio.Event()

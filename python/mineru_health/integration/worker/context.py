@@ -24,8 +24,6 @@ GATED_POSTS = frozenset({"/tasks", "/file_parse"})
 PENDING = "pending"
 PROCESSING = "processing"
 FAILED = "failed"
-#: Attribute set on MinerU's task objects: the verdict its status payload carries.
-VERDICT_ATTR = "_mineru_health_verdict"
 
 ASGIApp = Callable[
     [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],

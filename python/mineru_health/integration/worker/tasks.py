@@ -16,11 +16,11 @@ from typing import Any
 from ... import metrics
 from ...worker import FatalInfo, Recorded, describe_exception
 from .. import task_store
+from ..task_store import VERDICT_ATTR
 from .context import (
     FAILED,
     PENDING,
     PROCESSING,
-    VERDICT_ATTR,
     current_health,
     log,
     runtime,
