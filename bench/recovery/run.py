@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from mineru_health.testing.faults import write_plan
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT_S = 240.0
@@ -239,7 +240,7 @@ class Side:
         victim_port = victim_url.rsplit(":", 1)[1]
         if scenario in ("engine_death", "stall"):
             word = "engine_dead" if scenario == "engine_death" else "engine_stall"
-            self._write_plan(self.plans / f"plan-{victim_port}", word)
+            write_plan(self.plans / f"plan-{victim_port}", word)
         elif scenario == "kill9":
             assert self.proc is not None
             pid = child_pid(self.proc.pid, victim_port)
@@ -248,17 +249,11 @@ class Side:
             os.kill(pid, signal.SIGKILL)
         elif scenario == "poison":
             for server_url in (url for _, url in self.servers().values()):
-                self._write_plan(self.plans / f"plan-{server_url.rsplit(':', 1)[1]}",
-                                 f"poison {POISON_NAME}")
+                write_plan(self.plans / f"plan-{server_url.rsplit(':', 1)[1]}",
+                           f"poison {POISON_NAME}")
             time.sleep(0.3)  # workers read their plan every 0.1 s
             poison = pdf_bytes("a document that kills inference engines")
             poisoned.append(pool.submit(self.run_task, client, POISON_NAME, poison))
-
-    @staticmethod
-    def _write_plan(path: Path, word: str) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(word + "\n")
-        os.replace(tmp, path)
 
     def run(self, scenario: str, pdf: bytes) -> Result:
         result = Result(self.name, scenario)
