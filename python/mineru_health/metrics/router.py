@@ -64,6 +64,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from mineru_health import _native
+from mineru_health._names import enum_name, enum_names
 
 from ._registry import BoundSourceCollector, Family, current
 
@@ -87,12 +88,12 @@ __all__ = [
 ]
 
 # The phases of the native RestartPolicy, as its to_string() spells them.
-WORKER_STATES: tuple[str, ...] = tuple(_native.to_string(p) for p in _native.WorkerPhase)
+WORKER_STATES: tuple[str, ...] = enum_names(_native.WorkerPhase)
 
 # Audit action names, as the audit log writes them.
-AUDIT_ACTIONS: tuple[str, ...] = tuple(_native.to_string(a) for a in _native.AuditAction)
+AUDIT_ACTIONS: tuple[str, ...] = enum_names(_native.AuditAction)
 
-_HEALTHY_PROBE = _native.to_string(_native.ProbeStatus.HEALTHY)
+_HEALTHY_PROBE = enum_name(_native.ProbeStatus.HEALTHY)
 
 # Every cause the native policy names (probe failure classifications, then
 # process_exit, passive_failure, ...); anything else is counted as "other" so
@@ -154,7 +155,7 @@ class WorkerStatusCollector(BoundSourceCollector):
         state, failures = families
         for status in value:
             try:
-                phase = _native.to_string(status.phase)
+                phase = enum_name(status.phase)
                 worker = str(status.id)
                 count = float(status.consecutive_failures)
             except (AttributeError, TypeError, ValueError):
@@ -278,7 +279,7 @@ def _name(value: object) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, _ENUMS):
-        return _native.to_string(value)
+        return enum_name(value)
     return "other"
 
 

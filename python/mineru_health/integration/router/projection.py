@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from mineru_health import _native
+from mineru_health._names import enum_name
 from mineru_health.audit import iso_time
 
 __all__ = [
@@ -90,7 +91,7 @@ def project_event(server: Any, event: Any) -> None:
             server.processing_window_size = max(1, int(load.processing_window_size))
             server.last_error = None
         else:
-            server.last_error = short_reason(f"{_native.to_string(probe.status)}: {probe.detail}")
+            server.last_error = short_reason(f"{enum_name(probe.status)}: {probe.detail}")
     elif event.kind == _AUDIT and not server.healthy and event.audit.reason:
         server.last_error = short_reason(event.audit.reason)
 
@@ -105,7 +106,7 @@ def add_policy_fields(
     entry: dict[str, Any], status: Any, *, restarting: bool, now: float
 ) -> None:
     """Adds the policy's view of one worker to its ``/health`` entry (MinerU's snapshot)."""
-    entry["state"] = _native.to_string(status.phase)
+    entry["state"] = enum_name(status.phase)
     entry["in_rotation"] = bool(status.in_rotation)
     entry["restartable"] = bool(status.restartable)
     entry["consecutive_failures"] = int(status.consecutive_failures)
@@ -115,7 +116,7 @@ def add_policy_fields(
     entry["next_restart_at"] = None if delay is None else iso_time(now + max(0.0, delay))
     stable = status.stable_in_s
     entry["restart_confirmed_at"] = None if stable is None else iso_time(now + max(0.0, stable))
-    entry["probe_endpoint"] = _native.to_string(status.endpoint)
+    entry["probe_endpoint"] = enum_name(status.endpoint)
     entry["probe_url"] = status.probe_url
     entry["last_cause"] = status.last_cause or None
     entry["last_exit_code"] = status.last_exit_code
