@@ -95,7 +95,7 @@ struct WorkerState::Impl {
     last_tick_ns.store(kNoTick, std::memory_order_release);
   }
 
-  const WorkerStateOptions options;
+  const WorkerStateOptions options;  // never changes: read without the lock
   const WorkerClock clock;
 
   // Nanoseconds since the steady clock's epoch of the loop's last tick.
@@ -119,8 +119,7 @@ struct WorkerState::Impl {
 };
 
 WorkerState::WorkerState(WorkerStateOptions options, WorkerClock clock)
-    : options_(options),
-      impl_(std::make_unique<Impl>(options_, std::move(clock))) {}
+    : impl_(std::make_unique<Impl>(options, std::move(clock))) {}
 
 WorkerState::~WorkerState() = default;
 
@@ -146,21 +145,21 @@ bool WorkerState::record_ambiguous(const FatalRecord& record) {
   {
     MutexLock lock(s.mu);
     ++s.ambiguous_count;
-    if (options_.error_budget <= 0) return false;
+    if (s.options.error_budget <= 0) return false;
     const SteadyTime now = s.clock.steady();
     s.recent_ambiguous.push_back(now);
     while (!s.recent_ambiguous.empty() &&
-           now - s.recent_ambiguous.front() > options_.error_budget_window) {
+           now - s.recent_ambiguous.front() > s.options.error_budget_window) {
       s.recent_ambiguous.pop_front();
     }
     // Only the newest `error_budget` times matter.
-    const auto budget = static_cast<std::size_t>(options_.error_budget);
+    const auto budget = static_cast<std::size_t>(s.options.error_budget);
     while (s.recent_ambiguous.size() > budget) s.recent_ambiguous.pop_front();
     if (s.healthy && s.recent_ambiguous.size() >= budget) {
       FatalRecord over = record;
       over.error = fmt::format(
           "{} ambiguous device errors within {:g} s; the last one: {}",
-          s.recent_ambiguous.size(), seconds(options_.error_budget_window),
+          s.recent_ambiguous.size(), seconds(s.options.error_budget_window),
           record.error);
       over.rule_id = kBudgetRule;
       over.category = kBudgetCategory;
@@ -218,12 +217,12 @@ WorkerSnapshot WorkerState::snapshot() {
   const std::int64_t tick = s.last_tick_ns.load(std::memory_order_acquire);
   const SteadyTime now = s.clock.steady();
   WorkerSnapshot snap;
-  snap.loop_hang_s = seconds(options_.loop_hang);
-  snap.stall_s = seconds(options_.stall);
+  snap.loop_hang_s = seconds(s.options.loop_hang);
+  snap.stall_s = seconds(s.options.stall);
   if (tick != kNoTick) {
     const auto lag = std::chrono::nanoseconds(ticks(now) - tick);
     snap.loop_lag_s = seconds(lag);
-    snap.loop_hung = lag > options_.loop_hang;
+    snap.loop_hung = lag > s.options.loop_hang;
   }
   bool stalled_now = false;
   {
@@ -231,7 +230,7 @@ WorkerSnapshot WorkerState::snapshot() {
     if (s.busy()) {
       const auto quiet = now - s.last_progress;
       snap.seconds_since_progress = seconds(quiet);
-      if (s.healthy && options_.stall.count() > 0 && quiet > options_.stall) {
+      if (s.healthy && s.options.stall.count() > 0 && quiet > s.options.stall) {
         stalled_now = s.record_fatal(FatalRecord{
             fmt::format("no engine progress for {:.0f} s with {} task(s) "
                         "processing and {} engine call(s) in flight",

@@ -150,11 +150,8 @@ class WorkerState {
   // unhealthy. Callers from Python must release the GIL around it.
   bool wait_until_unhealthy(std::chrono::milliseconds timeout) const;
 
-  const WorkerStateOptions& options() const { return options_; }
-
  private:
   struct Impl;  // the guarded state (worker_state.cc), lock-checked by clang
-  const WorkerStateOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 
