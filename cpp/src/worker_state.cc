@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -32,6 +33,10 @@ std::int64_t ticks(SteadyTime t) {
 }
 
 constexpr std::int64_t kNoTick = std::numeric_limits<std::int64_t>::min();
+
+// How late wait_until_unhealthy() may notice a stall that nobody else
+// probes: small next to the stall limit (300 s by default).
+constexpr std::chrono::seconds kStallCheckPeriod(1);
 
 }  // namespace
 
@@ -79,6 +84,21 @@ struct WorkerState::Impl {
     if (!first_fatal) first_fatal = record;
     last_fatal = std::move(record);
     return first;
+  }
+
+  // The stall watchdog, evaluated by every reader of the verdict (healthy(),
+  // wait_until_unhealthy(), snapshot()) so that a stall is recorded even when
+  // nobody asks for a snapshot. Returns true when it made the worker
+  // unhealthy, so the caller wakes the waiters.
+  bool check_stall(SteadyTime now) REQUIRES(mu) {
+    if (!healthy || !busy() || options.stall.count() <= 0) return false;
+    const auto quiet = now - last_progress;
+    if (quiet <= options.stall) return false;
+    return record_fatal(FatalRecord{
+        fmt::format("no engine progress for {:.0f} s with {} task(s) "
+                    "processing and {} engine call(s) in flight",
+                    seconds(quiet), tasks.processing, engine_calls_in_flight),
+        kStallRule, kStallCategory, unix_now(), ""});
   }
 
   void clear() REQUIRES(mu) {
@@ -205,9 +225,17 @@ void WorkerState::set_service(const ServiceInfo& service) {
   impl_->service = service;
 }
 
-bool WorkerState::healthy() const {
-  MutexLock lock(impl_->mu);
-  return impl_->healthy;
+bool WorkerState::healthy() {
+  Impl& s = *impl_;
+  bool stalled_now = false;
+  bool healthy = false;
+  {
+    MutexLock lock(s.mu);
+    stalled_now = s.check_stall(s.clock.steady());
+    healthy = s.healthy;
+  }
+  if (stalled_now) s.became_unhealthy.notify_all();
+  return healthy;
 }
 
 WorkerSnapshot WorkerState::snapshot() {
@@ -227,18 +255,8 @@ WorkerSnapshot WorkerState::snapshot() {
   bool stalled_now = false;
   {
     MutexLock lock(s.mu);
-    if (s.busy()) {
-      const auto quiet = now - s.last_progress;
-      snap.seconds_since_progress = seconds(quiet);
-      if (s.healthy && s.options.stall.count() > 0 && quiet > s.options.stall) {
-        stalled_now = s.record_fatal(FatalRecord{
-            fmt::format("no engine progress for {:.0f} s with {} task(s) "
-                        "processing and {} engine call(s) in flight",
-                        seconds(quiet), s.tasks.processing,
-                        s.engine_calls_in_flight),
-            kStallRule, kStallCategory, s.unix_now(), ""});
-      }
-    }
+    stalled_now = s.check_stall(now);
+    if (s.busy()) snap.seconds_since_progress = seconds(now - s.last_progress);
     snap.healthy = s.healthy;
     snap.fatal_count = s.fatal_count;
     snap.task_local_count = s.task_local_count;
@@ -270,23 +288,28 @@ void WorkerState::reset() {
   impl_->clear();
 }
 
-bool WorkerState::wait_until_unhealthy(
-    std::chrono::milliseconds timeout) const {
+bool WorkerState::wait_until_unhealthy(std::chrono::milliseconds timeout) {
   Impl& s = *impl_;
   MutexLock lock(s.mu);
+  // Other waiters are woken under the lock: they wait for `mu` a moment.
+  if (s.check_stall(s.clock.steady())) s.became_unhealthy.notify_all();
   if (timeout.count() <= 0) return !s.healthy;
   // now() + milliseconds::max() would overflow the clock's nanoseconds; a
   // century is forever for a worker.
   constexpr std::chrono::milliseconds kForever =
       std::chrono::hours(24 * 365 * 100);
   if (timeout > kForever) timeout = kForever;
+  const auto until = std::chrono::steady_clock::now() + timeout;
   // The loop form absorbs spurious wake-ups and a fatal recorded before the
   // wait began; the wait releases and retakes `mu`, as the analysis assumes.
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  // Nothing signals a stall (it is the absence of progress), so the wait
+  // wakes every kStallCheckPeriod to look for one itself.
   while (s.healthy) {
-    if (s.became_unhealthy.wait_until(s.mu, until) == std::cv_status::timeout) {
-      return !s.healthy;
-    }
+    const auto wake =
+        std::min(until, std::chrono::steady_clock::now() + kStallCheckPeriod);
+    s.became_unhealthy.wait_until(s.mu, wake);
+    if (s.check_stall(s.clock.steady())) s.became_unhealthy.notify_all();
+    if (std::chrono::steady_clock::now() >= until) return !s.healthy;
   }
   return true;
 }
