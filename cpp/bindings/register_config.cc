@@ -118,6 +118,10 @@ void register_config(py::module_& m) {
         py::arg("config"));
   m.def("validate", py::overload_cast<const WorkerConfig&>(&validate),
         py::arg("config"));
+  m.def("check_files", py::overload_cast<const HealthConfig&>(&check_files),
+        py::arg("config"));
+  m.def("check_files", py::overload_cast<const WorkerConfig&>(&check_files),
+        py::arg("config"));
   m.def("check_path", &check_path, py::arg("variable"), py::arg("path"));
 }
 

@@ -134,7 +134,6 @@ void register_worker_state(py::module_& m) {
       .def("healthy", &WorkerState::healthy)
       .def("snapshot", &WorkerState::snapshot)
       .def("reset", &WorkerState::reset)
-      .def_property_readonly("options", &WorkerState::options)
       // The timeout is converted before the guard releases the GIL, so the
       // wait blocks no other Python thread.
       .def("wait_until_unhealthy", &WorkerState::wait_until_unhealthy,

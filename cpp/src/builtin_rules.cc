@@ -343,7 +343,6 @@ std::vector<Rule> builtin_rules() {
       engine_message("cuda.stream_capture", kHeuristic, "device",
                      "operation not permitted when stream is capturing|"
                      "errorstreamcaptureinvalidated"),
-      // ROCm: the HSA runtime's faults.
       // ROCm: the HSA runtime's faults, and the HIP runtime's report of a
       // hung or faulted queue ("HW Exception by GPU node-N ... reason :GPU
       // Hang"), after which the process aborts.

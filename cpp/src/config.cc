@@ -9,20 +9,17 @@
 #include "mineru_health/config.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <system_error>
 #include <type_traits>
 #include <variant>
+
+#include "path_checks.h"
 
 namespace mineru_health {
 namespace {
@@ -38,7 +35,7 @@ constexpr const char* kDefaultPreset = "production";
 constexpr double kMinSeconds = 0.001;
 constexpr double kDay = 24 * 3600;
 
-enum class PathCheck { kNone, kReadableFile, kWritableFile };
+using internal::PathCheck;
 
 struct Limits {
   double min = 0;
@@ -563,65 +560,6 @@ PathCheck path_check_of(const ConfigVariable& variable) {
   return PathCheck::kNone;
 }
 
-// --- file-system checks --------------------------------------------------
-
-std::string errno_text(int error) {
-  return std::error_code(error, std::generic_category()).message();
-}
-
-void check_readable_file(const std::string& name, const std::string& path) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) {
-    refuse(name, fmt::format("{}={} cannot be read: {}", name, path,
-                             errno_text(errno)));
-  }
-  // A directory, FIFO or device would fail later, hang start-up, or be read
-  // without end (/dev/zero).
-  if (!S_ISREG(info.st_mode)) {
-    refuse(name, fmt::format("{}={} is not a regular file", name, path));
-  }
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    refuse(name, fmt::format("{}={} cannot be read: {}", name, path,
-                             errno_text(errno)));
-  }
-  ::close(fd);
-}
-
-void check_writable_file(const std::string& name, const std::string& path) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) == 0) {
-    // A FIFO without a reader would block the first write, and so start-up.
-    if (!S_ISREG(info.st_mode) && !S_ISCHR(info.st_mode)) {
-      refuse(name, fmt::format("{}={} is not a regular file (leave it empty "
-                               "for stderr)",
-                               name, path));
-    }
-    if (::access(path.c_str(), W_OK) != 0) {
-      refuse(name, fmt::format("{}={} is not writable: {}", name, path,
-                               errno_text(errno)));
-    }
-    return;
-  }
-  if (errno != ENOENT) {
-    refuse(name, fmt::format("{}={} cannot be used: {}", name, path,
-                             errno_text(errno)));
-  }
-  const std::size_t slash = path.find_last_of('/');
-  const std::string parent = slash == std::string::npos ? "."
-                             : slash == 0               ? "/"
-                                                        : path.substr(0, slash);
-  if (::stat(parent.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    refuse(name, fmt::format("{}={} cannot be created: directory {} does not "
-                             "exist",
-                             name, path, parent));
-  }
-  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
-    refuse(name, fmt::format("{}={} cannot be created in {}: {}", name, path,
-                             parent, errno_text(errno)));
-  }
-}
-
 // Each value within its table bounds.
 template <typename Config>
 void validate_values(const std::vector<Entry<Config>>& entries,
@@ -642,9 +580,8 @@ template <typename Config>
 void validate_files(const std::vector<Entry<Config>>& entries,
                     const Config& config) {
   for (const Entry<Config>& e : entries) {
-    if (e.path_check != PathCheck::kNone) {
-      check_path(e.variable, member_text(config, e.member));
-    }
+    internal::check_path(e.path_check, e.variable.name,
+                         member_text(config, e.member));
   }
 }
 
@@ -783,6 +720,7 @@ HealthConfig health_config_from_env(
       preset(preset_it == env.end() ? kDefaultPreset : preset_it->second);
   apply_env(router_entries(), env, config);
   validate(config);
+  check_files(config);
   return config;
 }
 
@@ -792,6 +730,7 @@ WorkerConfig worker_config_from_env(
   WorkerConfig config;
   apply_env(worker_entries(), env, config);
   validate(config);
+  check_files(config);
   return config;
 }
 
@@ -825,26 +764,22 @@ void validate(const HealthConfig& c) {
                        show("backoff_base_s", c.backoff_base_s),
                        show("backoff_max_s", c.backoff_max_s)));
   }
-  validate_files(router_entries(), c);
 }
 
 void validate(const WorkerConfig& config) {
   validate_values(worker_entries(), config);
+}
+
+void check_files(const HealthConfig& config) {
+  validate_files(router_entries(), config);
+}
+
+void check_files(const WorkerConfig& config) {
   validate_files(worker_entries(), config);
 }
 
 void check_path(const ConfigVariable& variable, const std::string& path) {
-  if (path.empty()) return;
-  switch (path_check_of(variable)) {
-    case PathCheck::kNone:
-      return;
-    case PathCheck::kReadableFile:
-      check_readable_file(variable.name, path);
-      return;
-    case PathCheck::kWritableFile:
-      check_writable_file(variable.name, path);
-      return;
-  }
+  internal::check_path(path_check_of(variable), variable.name, path);
 }
 
 }  // namespace mineru_health

@@ -15,7 +15,6 @@
 #define MINERU_HEALTH_SRC_CURL_HANDLES_H_
 
 #include <curl/curl.h>
-#include <unistd.h>
 
 #include <memory>
 #include <utility>
@@ -87,35 +86,6 @@ class MultiAttachment {
   CURLM* multi_ = nullptr;
   CURL* easy_ = nullptr;
   CURLMcode code_ = CURLM_OK;
-};
-
-// A file descriptor closed on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  // close() errors are not actionable for the descriptors held here
-  // (epoll sets): the descriptor is released either way.
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
 };
 
 }  // namespace mineru_health::internal

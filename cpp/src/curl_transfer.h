@@ -46,6 +46,7 @@
 
 #include "curl_handles.h"
 #include "mineru_health/probe.h"
+#include "unique_fd.h"
 
 namespace mineru_health::internal {
 

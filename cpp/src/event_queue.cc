@@ -2,33 +2,16 @@
 // drain never waits behind the poller's policy work) and an eventfd.
 #include "event_queue.h"
 
-#include <fmt/format.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <iterator>
-#include <stdexcept>
 #include <utility>
 
 namespace mineru_health::internal {
-namespace {
-
-int make_eventfd() {
-  const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (fd < 0) {
-    throw std::runtime_error(fmt::format("eventfd: {}", std::strerror(errno)));
-  }
-  return fd;
-}
-
-}  // namespace
 
 EventQueue::EventQueue(std::size_t capacity)
     : capacity_(capacity), fd_(make_eventfd()) {}
-
-EventQueue::~EventQueue() { close(fd_); }
 
 void EventQueue::push(PollerEvent event) {
   MutexLock lock(mu_);
@@ -42,7 +25,7 @@ void EventQueue::push(PollerEvent event) {
   if (was_empty) {
     const std::uint64_t one = 1;
     // EAGAIN means the counter is already non-zero: readable either way.
-    if (write(fd_, &one, sizeof one) < 0 && errno != EAGAIN) {
+    if (write(fd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
       ++counts_.notify_errors;
     }
   }
@@ -54,7 +37,7 @@ std::vector<PollerEvent> EventQueue::drain() {
   // after this point writes it again, so no wake-up is lost. EAGAIN: it was
   // not readable (nothing queued since the last drain).
   std::uint64_t counter = 0;
-  if (read(fd_, &counter, sizeof counter) < 0 && errno != EAGAIN) {
+  if (read(fd_.get(), &counter, sizeof counter) < 0 && errno != EAGAIN) {
     ++counts_.notify_errors;
   }
   std::vector<PollerEvent> out(std::make_move_iterator(events_.begin()),

@@ -18,6 +18,7 @@
 
 #include "mineru_health/poller.h"
 #include "thread_annotations.h"
+#include "unique_fd.h"
 
 namespace mineru_health::internal {
 
@@ -32,19 +33,18 @@ class EventQueue {
 
   // Throws std::runtime_error when no eventfd can be created.
   explicit EventQueue(std::size_t capacity);
-  ~EventQueue();
   EventQueue(const EventQueue&) = delete;
   EventQueue& operator=(const EventQueue&) = delete;
 
   // Readable while drain() has something to return.
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   void push(PollerEvent event) EXCLUDES(mu_);
   std::vector<PollerEvent> drain() EXCLUDES(mu_);
   Counts counts() const EXCLUDES(mu_);
 
  private:
   const std::size_t capacity_;
-  const int fd_;
+  const UniqueFd fd_;
   mutable Mutex mu_;
   std::deque<PollerEvent> events_ GUARDED_BY(mu_);
   Counts counts_ GUARDED_BY(mu_);

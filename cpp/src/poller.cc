@@ -4,7 +4,6 @@
 #include "mineru_health/poller.h"
 
 #include <fmt/format.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -12,7 +11,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -58,14 +56,6 @@ ProbeResult not_started(const std::string& id, std::string why) {
   r.status = ProbeStatus::kTransportError;
   r.detail = std::move(why);
   return r;
-}
-
-int make_wake_fd() {
-  const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (fd < 0) {
-    throw std::runtime_error(fmt::format("eventfd: {}", std::strerror(errno)));
-  }
-  return fd;
 }
 
 void PollerTestPeer::inject_io_fault(Poller& poller,
@@ -118,7 +108,7 @@ Poller::Impl::Impl(HealthConfig c, ProbeExpectations e, NowFn n,
     : config(std::move(c)),
       expect(internal::effective(std::move(e), config)),
       now(n ? std::move(n) : NowFn(SteadyClock::now)),
-      wake_fd(internal::make_wake_fd()),
+      wake_fd(internal::make_eventfd()),
       events(kMaxQueuedEvents),
       rng(seed != 0 ? seed : std::random_device{}()) {}
 

@@ -29,6 +29,7 @@
 #include "event_queue.h"
 #include "mineru_health/poller.h"
 #include "thread_annotations.h"
+#include "unique_fd.h"
 
 namespace mineru_health {
 
@@ -51,8 +52,6 @@ inline constexpr std::size_t kMaxStartsPerIteration = 500;
 
 Duration to_duration(double seconds);
 double unix_now();
-// An eventfd (nonblocking, close-on-exec); throws std::runtime_error.
-int make_wake_fd();
 // A probe that never started: transport_error saying why.
 ProbeResult not_started(const std::string& id, std::string why);
 // File descriptors the probes may use under the current RLIMIT_NOFILE.

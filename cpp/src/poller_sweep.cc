@@ -15,6 +15,7 @@
 #include "curl_transfer.h"
 #include "mineru_health/poller.h"
 #include "poller_impl.h"
+#include "unique_fd.h"
 
 namespace mineru_health {
 namespace internal {
@@ -86,7 +87,7 @@ std::vector<ProbeResult> Poller::sweep(const std::vector<Target>& targets,
   // header, which /health does not need.
   internal::Slist headers(
       curl_slist_append(nullptr, "Accept: application/json"));
-  const internal::UniqueFd wake(internal::make_wake_fd());
+  const internal::UniqueFd wake = internal::make_eventfd();
   std::string why;
   std::unique_ptr<internal::TransferDriver> driver =
       internal::TransferDriver::create(wake.get(), &why);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -32,6 +33,10 @@ std::int64_t ticks(SteadyTime t) {
 }
 
 constexpr std::int64_t kNoTick = std::numeric_limits<std::int64_t>::min();
+
+// How late wait_until_unhealthy() may notice a stall that nobody else
+// probes: small next to the stall limit (300 s by default).
+constexpr std::chrono::seconds kStallCheckPeriod(1);
 
 }  // namespace
 
@@ -81,6 +86,21 @@ struct WorkerState::Impl {
     return first;
   }
 
+  // The stall watchdog, evaluated by every reader of the verdict (healthy(),
+  // wait_until_unhealthy(), snapshot()) so that a stall is recorded even when
+  // nobody asks for a snapshot. Returns true when it made the worker
+  // unhealthy, so the caller wakes the waiters.
+  bool check_stall(SteadyTime now) REQUIRES(mu) {
+    if (!healthy || !busy() || options.stall.count() <= 0) return false;
+    const auto quiet = now - last_progress;
+    if (quiet <= options.stall) return false;
+    return record_fatal(FatalRecord{
+        fmt::format("no engine progress for {:.0f} s with {} task(s) "
+                    "processing and {} engine call(s) in flight",
+                    seconds(quiet), tasks.processing, engine_calls_in_flight),
+        kStallRule, kStallCategory, unix_now(), ""});
+  }
+
   void clear() REQUIRES(mu) {
     healthy = true;
     fatal_count = task_local_count = ambiguous_count = 0;
@@ -95,7 +115,7 @@ struct WorkerState::Impl {
     last_tick_ns.store(kNoTick, std::memory_order_release);
   }
 
-  const WorkerStateOptions options;
+  const WorkerStateOptions options;  // never changes: read without the lock
   const WorkerClock clock;
 
   // Nanoseconds since the steady clock's epoch of the loop's last tick.
@@ -119,8 +139,7 @@ struct WorkerState::Impl {
 };
 
 WorkerState::WorkerState(WorkerStateOptions options, WorkerClock clock)
-    : options_(options),
-      impl_(std::make_unique<Impl>(options_, std::move(clock))) {}
+    : impl_(std::make_unique<Impl>(options, std::move(clock))) {}
 
 WorkerState::~WorkerState() = default;
 
@@ -146,21 +165,21 @@ bool WorkerState::record_ambiguous(const FatalRecord& record) {
   {
     MutexLock lock(s.mu);
     ++s.ambiguous_count;
-    if (options_.error_budget <= 0) return false;
+    if (s.options.error_budget <= 0) return false;
     const SteadyTime now = s.clock.steady();
     s.recent_ambiguous.push_back(now);
     while (!s.recent_ambiguous.empty() &&
-           now - s.recent_ambiguous.front() > options_.error_budget_window) {
+           now - s.recent_ambiguous.front() > s.options.error_budget_window) {
       s.recent_ambiguous.pop_front();
     }
     // Only the newest `error_budget` times matter.
-    const auto budget = static_cast<std::size_t>(options_.error_budget);
+    const auto budget = static_cast<std::size_t>(s.options.error_budget);
     while (s.recent_ambiguous.size() > budget) s.recent_ambiguous.pop_front();
     if (s.healthy && s.recent_ambiguous.size() >= budget) {
       FatalRecord over = record;
       over.error = fmt::format(
           "{} ambiguous device errors within {:g} s; the last one: {}",
-          s.recent_ambiguous.size(), seconds(options_.error_budget_window),
+          s.recent_ambiguous.size(), seconds(s.options.error_budget_window),
           record.error);
       over.rule_id = kBudgetRule;
       over.category = kBudgetCategory;
@@ -206,9 +225,17 @@ void WorkerState::set_service(const ServiceInfo& service) {
   impl_->service = service;
 }
 
-bool WorkerState::healthy() const {
-  MutexLock lock(impl_->mu);
-  return impl_->healthy;
+bool WorkerState::healthy() {
+  Impl& s = *impl_;
+  bool stalled_now = false;
+  bool healthy = false;
+  {
+    MutexLock lock(s.mu);
+    stalled_now = s.check_stall(s.clock.steady());
+    healthy = s.healthy;
+  }
+  if (stalled_now) s.became_unhealthy.notify_all();
+  return healthy;
 }
 
 WorkerSnapshot WorkerState::snapshot() {
@@ -218,28 +245,18 @@ WorkerSnapshot WorkerState::snapshot() {
   const std::int64_t tick = s.last_tick_ns.load(std::memory_order_acquire);
   const SteadyTime now = s.clock.steady();
   WorkerSnapshot snap;
-  snap.loop_hang_s = seconds(options_.loop_hang);
-  snap.stall_s = seconds(options_.stall);
+  snap.loop_hang_s = seconds(s.options.loop_hang);
+  snap.stall_s = seconds(s.options.stall);
   if (tick != kNoTick) {
     const auto lag = std::chrono::nanoseconds(ticks(now) - tick);
     snap.loop_lag_s = seconds(lag);
-    snap.loop_hung = lag > options_.loop_hang;
+    snap.loop_hung = lag > s.options.loop_hang;
   }
   bool stalled_now = false;
   {
     MutexLock lock(s.mu);
-    if (s.busy()) {
-      const auto quiet = now - s.last_progress;
-      snap.seconds_since_progress = seconds(quiet);
-      if (s.healthy && options_.stall.count() > 0 && quiet > options_.stall) {
-        stalled_now = s.record_fatal(FatalRecord{
-            fmt::format("no engine progress for {:.0f} s with {} task(s) "
-                        "processing and {} engine call(s) in flight",
-                        seconds(quiet), s.tasks.processing,
-                        s.engine_calls_in_flight),
-            kStallRule, kStallCategory, s.unix_now(), ""});
-      }
-    }
+    stalled_now = s.check_stall(now);
+    if (s.busy()) snap.seconds_since_progress = seconds(now - s.last_progress);
     snap.healthy = s.healthy;
     snap.fatal_count = s.fatal_count;
     snap.task_local_count = s.task_local_count;
@@ -271,23 +288,28 @@ void WorkerState::reset() {
   impl_->clear();
 }
 
-bool WorkerState::wait_until_unhealthy(
-    std::chrono::milliseconds timeout) const {
+bool WorkerState::wait_until_unhealthy(std::chrono::milliseconds timeout) {
   Impl& s = *impl_;
   MutexLock lock(s.mu);
+  // Other waiters are woken under the lock: they wait for `mu` a moment.
+  if (s.check_stall(s.clock.steady())) s.became_unhealthy.notify_all();
   if (timeout.count() <= 0) return !s.healthy;
   // now() + milliseconds::max() would overflow the clock's nanoseconds; a
   // century is forever for a worker.
   constexpr std::chrono::milliseconds kForever =
       std::chrono::hours(24 * 365 * 100);
   if (timeout > kForever) timeout = kForever;
+  const auto until = std::chrono::steady_clock::now() + timeout;
   // The loop form absorbs spurious wake-ups and a fatal recorded before the
   // wait began; the wait releases and retakes `mu`, as the analysis assumes.
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  // Nothing signals a stall (it is the absence of progress), so the wait
+  // wakes every kStallCheckPeriod to look for one itself.
   while (s.healthy) {
-    if (s.became_unhealthy.wait_until(s.mu, until) == std::cv_status::timeout) {
-      return !s.healthy;
-    }
+    const auto wake =
+        std::min(until, std::chrono::steady_clock::now() + kStallCheckPeriod);
+    s.became_unhealthy.wait_until(s.mu, wake);
+    if (s.check_stall(s.clock.steady())) s.became_unhealthy.notify_all();
+    if (std::chrono::steady_clock::now() >= until) return !s.healthy;
   }
   return true;
 }

@@ -581,6 +581,35 @@ TEST(ConfigTest, FilesAreCheckedWithoutBeingCreated) {
   }
 }
 
+TEST(ConfigTest, ValidateLeavesFilesToCheckFiles) {
+  const std::string missing = scratch_dir("pure") + "/missing/file";
+  HealthConfig c;
+  c.ca_file = missing;
+  EXPECT_NO_THROW(validate(c));  // values only: no file-system access
+  try {
+    check_files(c);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.variable(), "MINERU_ROUTER_HEALTH_CA_FILE");
+  }
+  c.ca_file.clear();
+  c.audit_path = missing;
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_THROW(check_files(c), ConfigError);
+
+  WorkerConfig w;
+  w.rules_path = missing;
+  EXPECT_NO_THROW(validate(w));
+  try {
+    check_files(w);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.variable(), "MINERU_HEALTH_RULES");
+  }
+  EXPECT_NO_THROW(check_files(HealthConfig{}));
+  EXPECT_NO_THROW(check_files(WorkerConfig{}));
+}
+
 // --- the table itself
 // ----------------------------------------------------------
 

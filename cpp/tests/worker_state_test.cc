@@ -1,6 +1,7 @@
 // WorkerState tests. Nothing here sleeps to wait for logic: the watchdogs
-// run on a fake clock, and waits either time out on a short bound or are
-// released by another thread's action.
+// run on a fake clock, and waits either time out on a short bound, are
+// released by another thread's action, or notice a stall on their own
+// periodic check (within a second).
 #include "mineru_health/worker_state.h"
 
 #include <gtest/gtest.h>
@@ -21,16 +22,23 @@ FatalRecord record(const char* error, double when) {
                      "vllm.v1.engine.exceptions.EngineDeadError"};
 }
 
-// A steady clock that only moves when told, and a fixed wall clock.
+// A steady clock that only moves when told, and a fixed wall clock. Atomic
+// so that a waiting thread may read it while the test advances it.
 class FakeClock {
  public:
   WorkerClock clock() {
-    return WorkerClock{[this] { return now_; }, [] { return 1700000000.0; }};
+    return WorkerClock{[this] {
+                         ++reads_;
+                         return now_.load();
+                       },
+                       [] { return 1700000000.0; }};
   }
-  void advance(std::chrono::nanoseconds d) { now_ += d; }
+  void advance(std::chrono::nanoseconds d) { now_.store(now_.load() + d); }
+  int reads() const { return reads_.load(); }
 
  private:
-  SteadyTime now_ = SteadyTime{} + std::chrono::hours(1);
+  std::atomic<int> reads_{0};
+  std::atomic<SteadyTime> now_{SteadyTime{} + std::chrono::hours(1)};
 };
 
 WorkerStateOptions options(int hang_s, int stall_s) {
@@ -252,6 +260,47 @@ TEST(WorkerState, StallNeedsEngineCallsInFlightAndNoProgress) {
   EXPECT_TRUE(state.wait_until_unhealthy(milliseconds(0)));
   // Evaluated again: recorded once.
   EXPECT_EQ(state.snapshot().fatal_count, 1u);
+}
+
+TEST(WorkerState, HealthySeesAStallWithoutASnapshot) {
+  FakeClock fake;
+  WorkerState state(options(60, 10), fake.clock());
+  state.engine_call_started();
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_FALSE(state.healthy());
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_EQ(snap.fatal_count, 1u);
+  ASSERT_TRUE(snap.first_fatal.has_value());
+  EXPECT_EQ(snap.first_fatal->category, kStallCategory);
+}
+
+TEST(WorkerState, WaitSeesAStallWithoutASnapshot) {
+  FakeClock fake;
+  WorkerState state(options(60, 10), fake.clock());
+  state.engine_call_started();
+  fake.advance(std::chrono::seconds(11));
+  // A bound far beyond the test's run time: returning proves no wait.
+  EXPECT_TRUE(state.wait_until_unhealthy(std::chrono::hours(1)));
+  EXPECT_EQ(state.snapshot().first_fatal->category, kStallCategory);
+}
+
+TEST(WorkerState, WaiterNoticesAStallThatNobodyProbes) {
+  FakeClock fake;
+  WorkerState state(options(60, 10), fake.clock());
+  state.engine_call_started();
+  const int reads_before = fake.reads();
+  std::future<bool> waiter = std::async(std::launch::async, [&state] {
+    return state.wait_until_unhealthy(std::chrono::hours(1));
+  });
+  // Advance only after the waiter's first look at the clock, so that its
+  // periodic check finds the stall, not its check on entry; nothing else
+  // calls into the state from here on.
+  while (fake.reads() == reads_before) std::this_thread::yield();
+  fake.advance(std::chrono::seconds(11));
+  ASSERT_EQ(waiter.wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(state.snapshot().first_fatal->category, kStallCategory);
 }
 
 TEST(WorkerState, EngineCallsAloneCountAsWork) {

@@ -6,8 +6,9 @@
 //   auto worker = mineru_health::worker_config_from_env(env);  // ConfigError
 //   for (const auto& v : mineru_health::config_variables()) print(v.name);
 //
-// Pure functions over immutable tables; thread-safe. The *_from_env functions
-// and validate() also look at the file system (CA_FILE, AUDIT_PATH, RULES).
+// Pure functions over immutable tables; thread-safe. Only the *_from_env
+// functions, check_files() and check_path() look at the file system
+// (CA_FILE, AUDIT_PATH, RULES); validate() checks values alone.
 #ifndef MINERU_HEALTH_CONFIG_H_
 #define MINERU_HEALTH_CONFIG_H_
 
@@ -149,24 +150,32 @@ std::vector<std::string> preset_names();
 HealthConfig preset(const std::string& name);  // throws ConfigError
 
 // Reads MINERU_ROUTER_HEALTH_PRESET first, then each variable over it, then
-// validate(). Unknown MINERU_ROUTER_HEALTH_* names are refused too (a typo
-// must not pass); other names are ignored.
+// validate() and check_files(). Unknown MINERU_ROUTER_HEALTH_* names are
+// refused too (a typo must not pass); other names are ignored.
 HealthConfig health_config_from_env(
     const std::map<std::string, std::string>& env);
 
-// Reads MINERU_HEALTH_* over the defaults, then validate(). Unknown
+// Reads MINERU_HEALTH_* over the defaults, then validate() and check_files().
+// Unknown
 // MINERU_HEALTH_* names are refused; tooling names are accepted and ignored.
 WorkerConfig worker_config_from_env(
     const std::map<std::string, std::string>& env);
 
 // Throws ConfigError naming the variable of the first broken rule: bounds,
-// cross-field rules, then the file-system checks (CA_FILE a readable regular
-// file, AUDIT_PATH creatable and writable, RULES a readable regular file).
+// then cross-field rules. Never touches the file system, so it is cheap to
+// run on every copy of a configuration.
 void validate(const HealthConfig& config);
 void validate(const WorkerConfig& config);
 
-// The file-system check of one path variable (see validate()); a no-op for
-// "" and for variables without one.
+// Throws ConfigError naming the variable of the first path that cannot be
+// used: CA_FILE and RULES must be readable regular files, AUDIT_PATH a file
+// that can be created and appended to. Done where configuration is read at
+// start-up (the *_from_env functions, `mineru-health config --check`).
+void check_files(const HealthConfig& config);
+void check_files(const WorkerConfig& config);
+
+// The file-system check of one path variable (see check_files()); a no-op
+// for "" and for variables without one.
 void check_path(const ConfigVariable& variable, const std::string& path);
 
 }  // namespace mineru_health

@@ -140,21 +140,21 @@ class WorkerState {
   void set_tasks(const TaskCounts& tasks, const std::string& manager_error);
   void set_service(const ServiceInfo& service);
 
-  bool healthy() const;
-  // Evaluates the watchdogs at this instant (a stall records a fatal
-  // failure) and returns a consistent copy.
+  // healthy(), snapshot() and wait_until_unhealthy() evaluate the stall
+  // watchdog at this instant: a stall records a fatal failure whichever of
+  // them notices it first, so no caller depends on another one probing.
+  bool healthy();
+  // A consistent copy of everything, the loop lag included.
   WorkerSnapshot snapshot();
   // Back to starting with zero counters (a test, or an engine rebuilt).
   void reset();
   // Blocks until the worker is unhealthy or `timeout` passes; true if
-  // unhealthy. Callers from Python must release the GIL around it.
-  bool wait_until_unhealthy(std::chrono::milliseconds timeout) const;
-
-  const WorkerStateOptions& options() const { return options_; }
+  // unhealthy. Notices a stall within a second even if nothing else calls
+  // in. Callers from Python must release the GIL around it.
+  bool wait_until_unhealthy(std::chrono::milliseconds timeout);
 
  private:
   struct Impl;  // the guarded state (worker_state.cc), lock-checked by clang
-  const WorkerStateOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 
