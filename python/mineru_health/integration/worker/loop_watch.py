@@ -83,8 +83,8 @@ async def _watch_loop() -> None:
                 runtime.faults.poll()
             if ticks % 5 == 0:
                 _report_tasks()
-            if ticks % 10 == 0 and not health.snapshot().healthy:
-                act_on_fatal()
+            if ticks % 10 == 0:
+                act_on_fatal()  # once per fatal record; cheap while healthy
         except Exception as error:  # noqa: BLE001 - the watcher must survive one bad step
             if ticks % 100 == 0:
                 log("WARNING", f"watcher step failed: {describe_exception(error)}")
