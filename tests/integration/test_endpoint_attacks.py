@@ -88,7 +88,7 @@ def test_an_attacked_endpoint_is_not_ejected(
         "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
     })
     servers = wait_both_in_rotation(proc)
-    victim_id, victim = sorted(servers.items())[0]
+    victim_id, victim = min(servers.items())
     port = _native_port(victim["base_url"])
 
     stop = threading.Event()

@@ -174,7 +174,11 @@ class PoolLifecycleMixin:
         self._first_health: asyncio.Event | None = None
         # Task store directories and replaced instances' outputs (issue 9).
         retention = getattr(getattr(self, "settings", None), "task_retention_seconds", 0)
-        self._instance_dirs = InstanceDirs(retention_s=float(retention or 0))
+        try:
+            self._instance_dirs = InstanceDirs(retention_s=float(retention or 0))
+        except ConfigError as exc:
+            _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
+            raise
         for server in self._servers.values():
             local = server.local_server is not None
             if local and self._local_server_class is not None:
