@@ -255,6 +255,60 @@ std::vector<Rule> builtin_rules() {
       engine_message("sglang.scheduler_dead", kFatal, "engine_dead",
                      "rank \\d+ scheduler is dead"),
 
+      // ==== llama.cpp (mineru_llama_cpp, MinerU 4.0 on CPU and macOS) =======
+      // An in-process llama-server context. Its binding raises EngineError
+      // for every server-side error result, InvalidRequestError for bad
+      // requests, ContextExceededError for an oversized prompt; MinerU's
+      // client re-raises them as mineru_vl_utils' ServerError/RequestError
+      // while handling them, so these rules judge the original frame (a
+      // context link, which may make the chain fatal).
+      //
+      // The binding's reader returns no result only when the server's queue
+      // was stopped: the decode loop is gone for good.
+      engine_message("llama.engine_stopped", kFatal, "engine_dead",
+                     "no result \\(stopped\\)"),
+      // Engine construction (model load, backend selection) failed: MinerU
+      // builds the engine on the first task, so every later task fails too.
+      engine_message("llama.engine_start", kFatal, "engine_start",
+                     "^load_model failed|packaged cpu backend is unavailable|"
+                     "requested \\S+ backend is unavailable; check gpu "
+                     "drivers|mineru_llama_cpp_backend must be "),
+      // llama_decode() < -1 (graph compute or its buffer allocation failed)
+      // and a failed image-chunk encode. Out of memory on CPU; on Metal the
+      // backend refuses every later graph after one failed command buffer.
+      // The same text either way: counted, not fatal alone.
+      engine_message("llama.compute_error", kAmbiguous, "device",
+                     "^(?:\\w+\\(\\) failed: )?compute error\\.|^failed to "
+                     "process mtmd chunk"),
+      // Per-request failures: the server releases the slot and goes on.
+      type_rule("llama.context_exceeded", kTaskLocal, "request_too_long",
+                "^mineru_llama_cpp\\.[\\w.]*ContextExceededError\\b"),
+      engine_message("llama.context_exceeded_message", kTaskLocal,
+                     "request_too_long",
+                     "^(?:\\w+\\(\\) failed: )?(?:context size has been "
+                     "exceeded|context shift is disabled)"),
+      type_rule("llama.invalid_request", kTaskLocal, "request",
+                "^mineru_llama_cpp\\.[\\w.]*InvalidRequestError\\b"),
+      engine_message("llama.invalid_batch", kTaskLocal, "request",
+                     "^(?:\\w+\\(\\) failed: )?invalid input batch\\."),
+      // ggml's own checks abort the process (GGML_ASSERT, and the CUDA,
+      // ROCm, MUSA, CANN and SYCL backends' error report before their
+      // GGML_ABORT): seen only as log text, and the process is gone.
+      engine_message("ggml.abort", kFatal, "worker_dead",
+                     "ggml_assert\\(.+\\) failed|\\bcurrent device: -?\\d+, "
+                     "in function \\S+ at \\S+:\\d+"),
+      // ggml-metal after one failed command buffer: every later graph fails
+      // until the backend is recreated.
+      engine_message("ggml.metal_error_state", kFatal, "device",
+                     "backend is in error state from a previous command "
+                     "buffer failure"),
+      // Vulkan (ggml-vulkan via vulkan.hpp: "vk::Queue::submit:
+      // ErrorDeviceLost"): a lost device stays lost for the process.
+      engine_message("vulkan.device_lost", kFatal, "device",
+                     "errordevicelost|vk_error_device_lost"),
+      engine_message("vulkan.out_of_memory", kAmbiguous, "out_of_memory",
+                     "erroroutofdevicememory|vk_error_out_of_device_memory"),
+
       // ==== Distributed runtime (Ray, worker processes) =====================
       type_rule("ray.actor_died", kFatal, "worker_dead",
                 "^ray\\.[\\w.]*(?:RayActorError|ActorDiedError|"
