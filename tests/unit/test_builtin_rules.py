@@ -116,6 +116,10 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "vulkan.device_lost": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
                            "decode() failed: vk::Queue::submit: ErrorDeviceLost",
                            "mineru_llama_cpp.engine"),
+    "npu.no_device": ("", "", (), ("[ERROR] APP(846,python) [log_inner.cpp:76] device_count:25: "
+                      "\"[PTA]:\"get device count of NPU failed\"\""), ""),
+    "mlx.load_weights": ("builtins", "ValueError", EXC, ("Missing 1 parameters: \n"
+                         "language_model.lm_head.weight."), "mlx.nn.layers.base"),
     "vulkan.out_of_memory": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
                              ("decode() failed: vk::Device::allocateMemory: "
                               "ErrorOutOfDeviceMemory"), "mineru_llama_cpp.engine"),
