@@ -982,11 +982,27 @@ std::shared_ptr<const RuleSet> with_operator_file(const std::string& text) {
 
 TEST(OperatorRules, TaskLocalCarveOutBeatsBuiltinDefinitive) {
   Classifier classifier(with_operator_file(
-      "site.fonts task_local bad_input target=message ^fontlib says\n"));
+      "site.fonts task_local bad_input target=message origin=any "
+      "^fontlib says\n"));
   const Verdict verdict = classifier.classify(
       {runtime_error("fontlib says no", "fontlib"), v1_engine_dead()});
   EXPECT_FALSE(verdict.fatal);
   EXPECT_EQ(verdict.rule_id, "site.fonts");
+}
+
+// Issue 17: a plain operator rule let document text decide again (a zip
+// member name chosen by the document turned fatal). By default a file rule
+// judges only what an engine or device runtime raised.
+TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
+  Classifier classifier(with_operator_file(
+      "site.gone fatal engine_dead target=message acme engine gone\n"));
+  const Verdict from_document = classifier.classify(
+      {runtime_error("bad zip member 'acme engine gone.png'", "zipfile")});
+  EXPECT_FALSE(from_document.fatal);
+  const Verdict from_engine = classifier.classify(
+      {runtime_error("acme engine gone", "vllm.v1.engine.core")});
+  EXPECT_TRUE(from_engine.fatal);
+  EXPECT_EQ(from_engine.rule_id, "site.gone");
 }
 
 TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {
