@@ -10,19 +10,18 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
-from . import _native
+from . import _native, safe_text
 from ._names import enum_name
 from .errors import ConfigError
 
 __all__ = ["AuditLog", "audit_record", "iso_time"]
 
-_log = logging.getLogger("mineru_health.audit")
+_log = safe_text.logger("mineru_health.audit")
 
 
 def iso_time(unix_time: float) -> str:

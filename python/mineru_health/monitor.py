@@ -16,12 +16,13 @@ records are written by ``audit.AuditLog``.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from mineru_health import _native
 from mineru_health.settings import HealthSettings
+
+from . import safe_text
 
 __all__ = [
     "AuditAction",
@@ -43,7 +44,7 @@ PollerEventKind = _native.PollerEventKind
 PollerEvent = _native.PollerEvent
 WorkerStatus = _native.WorkerStatus
 
-_log = logging.getLogger("mineru_health.monitor")
+_log = safe_text.logger("mineru_health.monitor")
 
 
 def expectations(

@@ -12,9 +12,10 @@ such character with a visible escape; JSON output needs none of this
 
 from __future__ import annotations
 
+import logging
 import re
 
-__all__ = ["printable"]
+__all__ = ["logger", "printable"]
 
 # C0 and C1 controls and DEL; line/paragraph separators; bidi marks, embeddings,
 # overrides and isolates; lone surrogates (undecodable bytes kept by
@@ -33,3 +34,31 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: str) -> str:
     """``text`` with every control, bidi or surrogate character shown as an escape."""
     return _UNSAFE.sub(_escape, text)
+
+
+class _PrintableFilter(logging.Filter):
+    """Escapes a record's formatted message: its arguments may quote a worker or a user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        safe = printable(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+_FILTER = _PrintableFilter()
+
+
+def logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)`` whose every line goes through :func:`printable`.
+
+    An uploaded file name or a worker's answer with a newline or an ESC
+    sequence in it then cannot forge or rewrite a line of the log. The
+    exception text a ``logger.exception`` adds is the traceback Python
+    formats; handlers print it on lines of its own.
+    """
+    log = logging.getLogger(name)
+    if _FILTER not in log.filters:
+        log.addFilter(_FILTER)
+    return log

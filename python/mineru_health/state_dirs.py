@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
+from . import safe_text
 from .errors import ConfigError
 
 __all__ = ["LOCK_NAME", "StateLock", "claim", "set_aside", "sweep_abandoned"]
 
 LOCK_NAME = ".mineru-health.lock"
 
-_log = logging.getLogger("mineru_health.state")
+_log = safe_text.logger("mineru_health.state")
 
 
 class StateLock:

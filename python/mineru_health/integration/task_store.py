@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import sqlite3
 import sys
@@ -51,7 +50,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import state_dirs
+from .. import safe_text, state_dirs
 from ..errors import ConfigError
 from ..settings import WorkerSettings
 
@@ -68,7 +67,7 @@ VERDICT_ATTR = "_mineru_health_verdict"
 _COMPLETED, _FAILED = "completed", "failed"
 _ATTACHED = "_mineru_health_task_store"
 
-_log = logging.getLogger("mineru_health.task_store")
+_log = safe_text.logger("mineru_health.task_store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (

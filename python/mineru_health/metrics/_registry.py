@@ -7,7 +7,6 @@ set once under a lock; prometheus-client's metric objects lock internally.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
@@ -16,9 +15,11 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import safe_text
+
 __all__ = ["BoundSourceCollector", "Family", "ProcessRegistry", "current", "reset"]
 
-_log = logging.getLogger("mineru_health.metrics")
+_log = safe_text.logger("mineru_health.metrics")
 
 #: The metric families a BoundSourceCollector exports.
 Family = GaugeMetricFamily | CounterMetricFamily

@@ -21,7 +21,6 @@ thread-safe: the router's loop owns it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import tempfile
@@ -31,12 +30,14 @@ from typing import Any
 
 from mineru_health import state_dirs
 
+from ... import safe_text
+
 __all__ = ["STATE_DIR_ENV", "InstanceDirs"]
 
 STATE_DIR_ENV = "MINERU_HEALTH_STATE_DIR"
 _TEMP_PREFIX = "mineru-health-state-"
 
-_log = logging.getLogger("mineru_health.router")
+_log = safe_text.logger("mineru_health.router")
 
 
 class InstanceDirs:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from mineru_health import _native, metrics, patching
+from mineru_health import _native, metrics, patching, safe_text
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
@@ -51,7 +51,7 @@ from .projection import (
 
 __all__ = ["PoolLifecycleMixin", "launching_server_class", "log_audit"]
 
-_log = logging.getLogger("mineru_health.router")
+_log = safe_text.logger("mineru_health.router")
 
 PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
 _PROBE = _native.PollerEventKind.PROBE

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -28,13 +27,14 @@ from typing import Any
 
 from mineru_health import metrics
 
+from ... import safe_text
 from .poison import PoisonGuard, Quarantine, content_digest
 from .resubmit_policy import Refusal, RetryBudget, failure_text, refuse_resubmission
 from .tracked import WORKERS_ATTR, TrackedTask, upload_names, workers_tried
 
 __all__ = ["NotSent", "TaskSending"]
 
-_log = logging.getLogger("mineru_health.router.tasks")
+_log = safe_text.logger("mineru_health.router.tasks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,6 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -56,6 +55,7 @@ from typing import Any
 from mineru_health import _native
 from mineru_health.settings import HealthSettings
 
+from ... import safe_text
 from .poison import PoisonGuard, Quarantine
 from .projection import DECLARED_FAILED
 from .resubmit_policy import (
@@ -74,7 +74,7 @@ from .tracked import WORKERS_ATTR, TrackedTask, workers_tried
 
 __all__ = ["TaskSupervisor", "TrackedTask", "workers_tried"]
 
-_log = logging.getLogger("mineru_health.router.tasks")
+_log = safe_text.logger("mineru_health.router.tasks")
 
 _P = _native.WorkerPhase
 _AUDIT = _native.PollerEventKind.AUDIT
