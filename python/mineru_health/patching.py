@@ -352,12 +352,18 @@ def startup_problem(mineru_dir: Path) -> str | None:
     Workers and routers call this once at start-up: a target that is still
     original, modified or missing next to a patched one (a half-finished
     apply, a local edit, an upgrade of one package without the other) is
-    said plainly instead of showing up later as odd behaviour.
+    said plainly instead of showing up later as odd behaviour. A pair that
+    a killed apply left half patched is completed first.
     """
     try:
         _manifest, targets = detect(mineru_dir)
+        if _half_applied(targets):
+            apply(mineru_dir)  # finish what a killed apply began
+            _manifest, targets = detect(mineru_dir)
     except PatchError as error:
         return str(error)
+    except OSError as error:  # a read-only site-packages: say so, do not stop
+        return f"cannot finish a half-finished apply in {mineru_dir}: {error}"
     wrong = [t for t in targets if t.state is not FileState.PATCHED]
     if not wrong:
         return None
@@ -468,10 +474,29 @@ def _transaction(verb: str) -> Iterator[safe_files.Transaction]:
 # --- the three commands --------------------------------------------------------------------
 
 
+def _half_applied(targets: Sequence[_Target]) -> bool:
+    """Some targets patched and the others original: an apply that was killed midway."""
+    states = {t.state for t in targets}
+    return states == {FileState.PATCHED, FileState.ORIGINAL}
+
+
 def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
-    """Reports the state of every target file; changes nothing."""
+    """Reports the state of every target file.
+
+    Changes nothing, except to finish an apply that was killed between its
+    files (some patched, the rest original): that pair is completed, since
+    a half-patched MinerU runs one process healed and the other not.
+    """
     mineru_dir = find_mineru(mineru_path)
     manifest, targets = detect(mineru_dir)
+    if _half_applied(targets):
+        report = apply(mineru_dir)
+        files = tuple(
+            FileStatus(f.target, f.path, f.state,
+                       "completed a half-finished apply" if f.action == "patched" else "")
+            for f in report.files)
+        return PatchReport(report.mineru_dir, report.mineru_version, report.line, files,
+                           report.cleaned)
     return PatchReport(
         mineru_dir, mineru_version(mineru_dir), manifest.line,
         tuple(FileStatus(t.entry.target, t.path, t.state) for t in targets),

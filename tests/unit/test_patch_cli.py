@@ -164,6 +164,32 @@ def test_every_shipped_manifest_loads() -> None:
                 assert (manifest.directory / variant.patch).is_file(), variant
 
 
+def _half_apply(small_tree: Path) -> tuple[Path, Path]:
+    """What a SIGKILL between the two renames of apply leaves: one file patched."""
+    patching.apply(small_tree)
+    fast_api, router = small_tree / "cli" / "fast_api.py", small_tree / "cli" / "router.py"
+    router.write_bytes(_backup(router).read_bytes())
+    _backup(router).unlink()
+    return fast_api, router
+
+
+@pytest.mark.parametrize("how", ["check", "apply", "startup"])
+def test_a_half_applied_pair_is_completed(small_tree: Path, how: str) -> None:
+    """Issue 17: a killed apply left one file patched and one not until someone reran it."""
+    _fast_api, router = _half_apply(small_tree)
+    if how == "check":
+        report = patching.check(small_tree)
+        assert report.all_patched
+        assert {f.target: f.action for f in report.files}["cli/router.py"] == \
+            "completed a half-finished apply"
+    elif how == "apply":
+        assert patching.apply(small_tree).all_patched
+    else:
+        assert patching.startup_problem(small_tree) is None
+    assert patching.check(small_tree).all_patched
+    assert _backup(router).is_file()
+
+
 def test_startup_problem_names_an_unpatched_file(small_tree: Path) -> None:
     assert patching.startup_problem(small_tree) is not None  # nothing patched yet
     patching.apply(small_tree)
