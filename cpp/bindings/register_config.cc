@@ -64,6 +64,8 @@ void register_config(py::module_& m) {
       .def_readwrite("retry_budget_percent",
                      &HealthConfig::retry_budget_percent)
       .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min)
+      .def_readwrite("max_kept_tasks", &HealthConfig::max_kept_tasks)
+      .def_readwrite("max_kept_mb", &HealthConfig::max_kept_mb)
       .def_readwrite("native_probes", &HealthConfig::native_probes);
 
   py::class_<WorkerConfig>(

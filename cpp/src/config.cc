@@ -140,6 +140,14 @@ const std::vector<Row<HealthConfig>>& router_rows() {
       {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
        T::kInteger, {0, 1000},
        "Resubmissions in flight always allowed, whatever the share."},
+      {"MAX_KEPT_TASKS", "max_kept_tasks", &C::max_kept_tasks, T::kInteger,
+       {1, 1000000},
+       "Tasks whose uploads the router keeps for resubmission at most; past "
+       "it new submissions get 503 with Retry-After."},
+      {"MAX_KEPT_MB", "max_kept_mb", &C::max_kept_mb, T::kInteger,
+       {1, 16 * 1024 * 1024},
+       "MiB of kept uploads on disk at most; past it new submissions get 503 "
+       "with Retry-After."},
       {"NATIVE_PROBES", "native_probes", &C::native_probes, T::kFlag, {},
        "Probe local workers' native health endpoints (MINERU_HEALTH_PORT, "
        "reserved and passed on by the router) and the one a remote worker "

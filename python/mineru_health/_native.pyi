@@ -375,6 +375,8 @@ class HealthConfig(metaclass=_pybind11_type):
     task_retries: int
     retry_budget_percent: float
     retry_budget_min: int
+    max_kept_tasks: int
+    max_kept_mb: int
     native_probes: bool
     @overload
     def __init__(self) -> None: ...

@@ -488,3 +488,29 @@ def test_close_releases_every_upload() -> None:
         assert [p.released for p in payloads] == [1, 1, 1] and supervisor.in_flight == 0
 
     run(scenario)
+
+
+def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
+    """Issue 17: 2,000 tasks at once held 1,961 uploads on disk and doubled the router's RSS."""
+
+    async def scenario(fleet: Fleet, audit: Audit) -> None:
+        supervisor = supervisor_for(fleet, audit, max_kept_tasks=2)
+        assert supervisor.full() is None
+        track(supervisor, "t0")
+        track(supervisor, "t1")
+        why = supervisor.full()
+        assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS=2" in why
+        await supervisor.close()
+        assert supervisor.full() is None  # released uploads free their place
+
+        by_size = supervisor_for(fleet, audit, max_kept_mb=1)
+        big = tmp_path / "big.pdf"
+        big.write_bytes(b"\0" * (1024 * 1024))
+        record, payload = new_record("t2", "w0"), Payload()
+        payload.uploads = [SimpleNamespace(upload_name="big.pdf", path=str(big))]
+        by_size.track(record, payload, "digest", Registry())
+        why = by_size.full()
+        assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_MB=1" in why
+        await by_size.close()
+
+    run(scenario)

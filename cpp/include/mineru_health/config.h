@@ -67,6 +67,8 @@ struct HealthConfig {
   int task_retries = 2;                // resubmissions of one task
   double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
   int retry_budget_min = 3;            // resubmissions always allowed
+  int max_kept_tasks = 1000;           // uploads kept for resubmission, at most
+  int max_kept_mb = 8192;              // their size on disk, at most (MiB)
   // Probe local workers' native health endpoints and switch to the one a
   // remote worker advertises; false probes every main-port /health with
   // probe_timeout_s, as mineru-health 0.1 did (busy workers then time out).

@@ -4,7 +4,10 @@ MinerU's endpoints look these names up in the router module's globals when
 they run; ``install_endpoints(namespace)`` (called by ``install_app`` once
 the module is fully defined) rebinds them:
 
-- ``stage_multipart_request`` returns a ``RetainedPayload``: MinerU calls its
+- ``stage_multipart_request`` answers 503 with Retry-After, before staging
+  anything, while the supervisor keeps as many tasks or bytes as its caps
+  allow (``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``); else it returns a
+  ``RetainedPayload``: MinerU calls its
   ``cleanup()`` in a ``finally`` right after submitting, which now does
   nothing once the task supervisor kept the payload; the supervisor deletes
   the staged files when the task is terminal (or at shutdown).
@@ -78,6 +81,14 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
 
     @functools.wraps(stage)
     async def stage_multipart_request(request: Any) -> Any:
+        supervisor = _supervisor(request)
+        why = supervisor.full() if supervisor is not None else None
+        if why is not None and supervisor is not None:
+            raise http_exception(
+                status_code=503,
+                detail=f"{why}; retry shortly",
+                headers={"Retry-After": str(supervisor.retry_after_s)},
+            )
         payload = await stage(request)
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
         return retained_class(**fields)

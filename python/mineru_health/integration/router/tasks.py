@@ -112,6 +112,9 @@ class TaskSupervisor(TaskSending):
         self.status_timeout_s = max(3.0, 2.0 * float(settings.probe_timeout_s))
         #: Retry-After of a result request while the task's worker restarts.
         self.retry_after_s = max(1, math.ceil(2 * float(settings.interval_s)))
+        self.max_kept_tasks = int(settings.max_kept_tasks)
+        self.max_kept_bytes = int(settings.max_kept_mb) * 1024 * 1024
+        self._kept_bytes = 0
         self._tasks: dict[str, TrackedTask] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -139,6 +142,7 @@ class TaskSupervisor(TaskSending):
         payload.retained = True
         tracked = TrackedTask(record, payload, digest)
         self._tasks[record.task_id] = tracked
+        self._kept_bytes += tracked.size_bytes
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="mineru-health-task-sweep")
@@ -153,6 +157,22 @@ class TaskSupervisor(TaskSending):
         count. A fleet that gave up gets MinerU's 503 at once.
         """
         return any(s.restartable and s.phase in HEALING for s in self._pool._monitor.statuses())
+
+    def full(self) -> str | None:
+        """Why no more uploads can be kept now (the caps on kept tasks and bytes), or None.
+
+        A submission then gets 503 with Retry-After before its upload is
+        staged: the router's memory and disk stay bounded however many
+        clients submit at once.
+        """
+        if len(self._tasks) >= self.max_kept_tasks:
+            return (f"the router keeps {len(self._tasks)} tasks for resubmission "
+                    f"(MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS={self.max_kept_tasks})")
+        if self._kept_bytes >= self.max_kept_bytes:
+            return (f"the router keeps {self._kept_bytes // (1024 * 1024)} MiB of uploads for "
+                    f"resubmission (MINERU_ROUTER_HEALTH_MAX_KEPT_MB="
+                    f"{self.max_kept_bytes // (1024 * 1024)})")
+        return None
 
     def tracks(self, record: Any) -> bool:
         return getattr(record, "task_id", None) in self._tasks
@@ -347,6 +367,7 @@ class TaskSupervisor(TaskSending):
     def _release(self, tracked: TrackedTask) -> None:
         if self._tasks.get(tracked.record.task_id) is tracked:
             del self._tasks[tracked.record.task_id]
+            self._kept_bytes -= tracked.size_bytes
         tracked.payload.release()
 
     async def _sweep(self) -> None:

@@ -9,6 +9,8 @@ Not thread-safe; the router's loop owns every instance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from typing import Any
 
 __all__ = ["WORKERS_ATTR", "TrackedTask", "upload_names", "workers_tried"]
@@ -26,6 +28,15 @@ def workers_tried(record: Any) -> list[str]:
     return [server] if server else []
 
 
+def payload_bytes(payload: Any) -> int:
+    """Bytes the staged uploads take on disk (0 for one already gone)."""
+    total = 0
+    for upload in getattr(payload, "uploads", []):
+        with contextlib.suppress(OSError, TypeError):
+            total += os.stat(upload.path).st_size
+    return total
+
+
 def upload_names(payload: Any) -> list[str]:
     """The names the client uploaded, in order (MinerU's staged payload)."""
     return [str(u.upload_name) for u in getattr(payload, "uploads", [])]
@@ -35,11 +46,12 @@ class TrackedTask:
     """A non-terminal router task and what is needed to send it again."""
 
     __slots__ = ("busy", "check", "digest", "generation", "last_check", "payload", "record",
-                 "resubmitting")
+                 "resubmitting", "size_bytes")
 
     def __init__(self, record: Any, payload: Any, digest: str | None) -> None:
         self.record = record
         self.payload = payload  # endpoints.RetainedPayload
+        self.size_bytes = payload_bytes(payload)  # on disk, for the cap on kept uploads
         self.digest = digest  # of the uploads; None until first needed (sending.py)
         self.busy = False  # a resubmission (or the wait for a worker) is under way
         self.resubmitting = False  # counted as a retry in flight from its first resubmission
