@@ -14,6 +14,9 @@ the worker consumes (deletes) it and then behaves as follows:
 ``cuda_illegal_address``
     as ``engine_dead``, with the sticky ``RuntimeError`` PyTorch raises after an
     illegal memory access (raised at a ``torch`` module, as PyTorch does).
+``remote_engine_dead``
+    as ``engine_dead``, with what a remote VLM server's death looks like to
+    ``mineru_vl_utils``' HTTP client (a ``ServerError`` quoting vLLM's message).
 ``device_oom``
     the next engine call raises one device out-of-memory error (ambiguous: it
     counts against the error budget).
@@ -74,7 +77,8 @@ __all__ = [
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
-PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "device_oom",
+PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "remote_engine_dead",
+              "device_oom",
               "task_local", "engine_stall", "hang", "engine_dead_idle", "poison")
 #: Words that take a number of seconds after a space.
 _TIMED_WORDS = ("hang",)
@@ -142,11 +146,26 @@ TORCH_RAISED_IN = "torch.cuda"
 def make_llama_engine_error() -> Exception:
     """llama.cpp's EngineError: the real class when mineru_llama_cpp is installed."""
     try:
-        from mineru_llama_cpp.exceptions import EngineError  # type: ignore[import-not-found]
+        from mineru_llama_cpp.exceptions import (  # type: ignore[import-not-found,unused-ignore]
+            EngineError,
+        )
     except ImportError:
         EngineError = type("EngineError", (Exception,),
                            {"__module__": "mineru_llama_cpp.exceptions"})
     error: Exception = EngineError(LLAMA_MESSAGE)
+    return error
+
+
+def make_remote_server_error() -> Exception:
+    """mineru_vl_utils' ServerError for an HTTP 500 quoting vLLM (a look-alike without it)."""
+    try:
+        from mineru_vl_utils.vlm_client.base_client import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            ServerError,
+        )
+    except ImportError:
+        ServerError = type("ServerError", (RuntimeError,),
+                           {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+    error: Exception = ServerError(f"Server returned status 500: {ENGINE_DEAD_MESSAGE}")
     return error
 
 
@@ -164,6 +183,7 @@ DEATHS: dict[str, tuple[Any, str]] = {
     "engine_dead": (make_engine_dead_error, "vllm.v1.engine.async_llm"),
     "llama_engine_dead": (make_llama_engine_error, LLAMA_RAISED_IN),
     "cuda_illegal_address": (lambda: RuntimeError(CUDA_ILLEGAL_ADDRESS_MESSAGE), TORCH_RAISED_IN),
+    "remote_engine_dead": (make_remote_server_error, "mineru_vl_utils.vlm_client.http_client"),
 }
 _raisers: dict[str, Any] = {}
 

@@ -1,0 +1,134 @@
+"""Shared by the MinerU 4.0 integration tests: a patched ``mineru-api`` 4.0 on loopback.
+
+Skips unless ``MINERU_HEALTH_MINERU4_PYTHON`` names the interpreter of a
+MinerU 4.0 venv (``scripts/setup.sh`` makes ``.venv-mineru4``). The worker
+runs the flash tier offline, ``MINERU_HOME``/``HOME`` in a scratch
+directory, with the fault plan plugin of the test sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mineru_health.testing import sandbox
+from mineru_health.testing.sandbox import ManagedProcess, Processes, free_port, wait_until
+
+START_TIMEOUT_S = 180.0
+JOB_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Worker4:
+    proc: ManagedProcess
+    base_url: str
+    native_url: str
+    plan: Path
+
+    def get(self, path: str, timeout_s: float = 10.0) -> httpx.Response:
+        return httpx.get(f"{self.base_url}{path}", timeout=timeout_s)
+
+    def native(self, path: str = "/health", timeout_s: float = 5.0) -> httpx.Response:
+        return httpx.get(f"{self.native_url}{path}", timeout=timeout_s)
+
+    def submit(self, pdf: bytes, *, path: str = "/v1/tasks", name: str = "doc.pdf",
+               formats: tuple[str, ...] = ("markdown",),
+               timeout_s: float = 60.0) -> httpx.Response:
+        params: list[tuple[str, str | int | float | bool | None]] = [("tier", "flash")]
+        params += [("output_formats", f) for f in formats]
+        return httpx.post(f"{self.base_url}{path}", params=params,
+                          files={"files": (name, pdf, "application/pdf")}, timeout=timeout_s)
+
+    def job(self, task_id: str) -> dict[str, Any]:
+        response = self.get(f"/v1/tasks/{task_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def wait_terminal(self, task_id: str, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+        def terminal() -> dict[str, Any] | None:
+            body = self.job(task_id)
+            return body if body["status"] in ("completed", "partial", "failed", "canceled") else None
+
+        body = wait_until(terminal, timeout_s, 0.2)
+        assert body, f"job {task_id} did not finish:\n{self.proc.log_tail()}"
+        result: dict[str, Any] = body
+        return result
+
+
+def mineru4_python() -> str:
+    python = sandbox.mineru4_python()
+    if python is None:
+        pytest.skip(f"{sandbox.MINERU4_PYTHON_ENV} is not set (a MinerU 4.0 venv's python)")
+    try:
+        sandbox.mineru_package_dir(python, timeout_s=60)
+    except sandbox.SandboxError as exc:
+        pytest.skip(str(exc))
+    return python
+
+
+def text_pdf(pages: int = 2, **kwargs: Any) -> bytes:
+    """A PDF whose pages have a real text layer (the flash tier reads it, no OCR)."""
+    return sandbox.make_pdf(pages, lines_per_page=40, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def python4() -> str:
+    return mineru4_python()
+
+
+@pytest.fixture(scope="session")
+def site4(tmp_path_factory: pytest.TempPathFactory, python4: str) -> Path:
+    return sandbox.patched_site4(tmp_path_factory.mktemp("mineru4-site"), python4)
+
+
+@pytest.fixture
+def start_worker4(tmp_path: Path, python4: str, site4: Path) -> Iterator[Any]:
+    processes = Processes()
+    count = 0
+
+    def start(extra_env: Mapping[str, str] | None = None, args: tuple[str, ...] = ()) -> Worker4:
+        nonlocal count
+        count += 1
+        scratch = tmp_path / f"worker{count}"
+        scratch.mkdir()
+        port, native_port = free_port(), free_port()
+        plan = scratch / "fault-plan"
+        env = sandbox.mineru4_env(site4, scratch, extra={
+            "MINERU_HEALTH_PORT": str(native_port),
+            "MINERU_HEALTH_FAULT_PLAN": str(plan),
+            **(extra_env or {}),
+        })
+        argv = sandbox.mineru4_api_command(python4, port, scratch / "uploads", args=args)
+        proc = processes.start("mineru-api-4", argv, env=env, log_path=scratch / "api.log")
+        worker = Worker4(proc, f"http://{sandbox.HOST}:{port}",
+                         f"http://{sandbox.HOST}:{native_port}", plan)
+
+        def up() -> bool:
+            assert proc.poll() is None, f"mineru-api exited:\n{proc.log_tail()}"
+            try:
+                return worker.get("/v1/health", 2.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        assert wait_until(up, START_TIMEOUT_S, 0.5), f"mineru-api did not start:\n{proc.log_tail()}"
+        return worker
+
+    yield start
+    processes.stop_all(15.0)
+
+
+def plan_consumed(worker: Worker4, timeout_s: float = 10.0) -> None:
+    """Waits until the worker read the plan file (its watcher polls every 100 ms)."""
+    assert wait_until(lambda: not worker.plan.exists(), timeout_s, 0.05), worker.proc.log_tail()
+
+
+def elapsed(fn: Any) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
