@@ -8,11 +8,12 @@ directory, with the fault plan plugin of the test sandbox.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -132,3 +133,37 @@ def elapsed(fn: Any) -> float:
     start = time.monotonic()
     fn()
     return time.monotonic() - start
+
+
+class Prober:
+    """Asks ``url`` every 100 ms from a thread of its own; keeps (latency, status) per answer."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.answers: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    status = client.get(self.url).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers.append((time.monotonic() - started, status))
+                self._stop.wait(0.1)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout_s + 5)
+
+    @property
+    def worst_s(self) -> float:
+        return max((latency for latency, _ in self.answers), default=0.0)
