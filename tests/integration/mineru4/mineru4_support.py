@@ -46,7 +46,8 @@ class Worker4:
                           files={"files": (name, pdf, "application/pdf")}, timeout=timeout_s)
 
     def job(self, task_id: str) -> dict[str, Any]:
-        response = self.get(f"/v1/tasks/{task_id}")
+        # 4.0 answers on the loop it blocks for most of a minute after a large job.
+        response = self.get(f"/v1/tasks/{task_id}", timeout_s=600.0)
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         return body
@@ -93,7 +94,8 @@ def start_worker4(tmp_path: Path, python4: str, site4: Path) -> Iterator[Any]:
     processes = Processes()
     count = 0
 
-    def start(extra_env: Mapping[str, str] | None = None, args: tuple[str, ...] = ()) -> Worker4:
+    def start(extra_env: Mapping[str, str] | None = None, args: tuple[str, ...] = (),
+              upload_dir: Path | None = None) -> Worker4:
         nonlocal count
         count += 1
         scratch = tmp_path / f"worker{count}"
@@ -105,7 +107,8 @@ def start_worker4(tmp_path: Path, python4: str, site4: Path) -> Iterator[Any]:
             "MINERU_HEALTH_FAULT_PLAN": str(plan),
             **(extra_env or {}),
         })
-        argv = sandbox.mineru4_api_command(python4, port, scratch / "uploads", args=args)
+        argv = sandbox.mineru4_api_command(python4, port, upload_dir or scratch / "uploads",
+                                           args=args)
         proc = processes.start("mineru-api-4", argv, env=env, log_path=scratch / "api.log")
         worker = Worker4(proc, f"http://{sandbox.HOST}:{port}",
                          f"http://{sandbox.HOST}:{native_port}", plan)

@@ -17,6 +17,7 @@ from typing import Any
 from ...integration.worker.context import TICK_S, current_health, log, mineru_version, runtime
 from ...integration.worker.gate import HealthGate
 from ...worker import FatalInfo, describe_exception
+from . import job_store
 
 #: 4.0's routes: its health check, and the three ways to submit work.
 HEALTH_PATHS = frozenset({"/v1/health"})
@@ -111,6 +112,8 @@ async def _watch_loop() -> None:
 
 
 def on_started() -> None:
+    for app in runtime.apps:
+        job_store.attach(app)  # finished jobs of an earlier run back; new ones kept
     report_service()
     report_jobs()
     if runtime.watcher is None or runtime.watcher.done():
