@@ -48,11 +48,11 @@ def modules() -> Iterator[list[types.ModuleType]]:
     saved = {name: sys.modules.get(name) for name in verdicts.MODULES}
     sys.modules.update({m.__name__: m for m in made})
     yield made
-    for name, module in saved.items():
-        if module is None:
+    for name, previous in saved.items():
+        if previous is None:
             sys.modules.pop(name, None)
         else:
-            sys.modules[name] = module
+            sys.modules[name] = previous
 
 
 def test_rebind_reaches_every_namespace_and_records_natively(
