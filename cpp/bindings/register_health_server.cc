@@ -21,6 +21,10 @@ void register_health_server(py::module_& m) {
       .def_readwrite("connection_limit", &HealthServerOptions::connection_limit)
       .def_readwrite("per_ip_connection_limit",
                      &HealthServerOptions::per_ip_connection_limit)
+      .def_readwrite("connection_deadline_ms",
+                     &HealthServerOptions::connection_deadline_ms)
+      .def_readwrite("connection_grace_ms",
+                     &HealthServerOptions::connection_grace_ms)
       .def_readwrite("idle_timeout_s", &HealthServerOptions::idle_timeout_s)
       .def_readwrite("connection_memory_bytes",
                      &HealthServerOptions::connection_memory_bytes)

@@ -1,5 +1,6 @@
 // HealthServer: libmicrohttpd with its own polling thread (epoll on Linux),
-// bounded connections, an idle timeout and a small per-connection memory
+// bounded connections (ConnectionGuard, run on that thread as each
+// connection is accepted), an idle timeout and a small per-connection memory
 // budget. The handler answers from WorkerState::snapshot() alone: no GIL, no
 // event loop, no allocation beyond the JSON body.
 #include "mineru_health/health_server.h"
@@ -15,7 +16,10 @@
 #include <cstring>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <utility>
+
+#include "connection_guard.h"
 
 namespace mineru_health {
 
@@ -165,12 +169,67 @@ struct HandlerContext {
   bool expose_errors = false;
 };
 
+// The client address as bytes: connections are counted per address.
+std::string client_address(MHD_Connection* connection) {
+  const MHD_ConnectionInfo* info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  if (info == nullptr || info->client_addr == nullptr) return {};
+  const sockaddr* address = info->client_addr;
+  if (address->sa_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(address);
+    return std::string(reinterpret_cast<const char*>(&v4->sin_addr),
+                       sizeof(v4->sin_addr));
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(address);
+    return std::string(reinterpret_cast<const char*>(&v6->sin6_addr),
+                       sizeof(v6->sin6_addr));
+  }
+  return {};
+}
+
+// Every connection the daemon holds, and the guard that picks which to close.
+// Touched only from libmicrohttpd's one internal thread (its callbacks), so
+// no lock: the socket a shutdown() reaches is still open, since the daemon
+// closes sockets on that same thread after telling us.
+struct Connections {
+  explicit Connections(ConnectionGuard::Limits limits) : guard(limits) {}
+  ConnectionGuard guard;
+  std::unordered_map<ConnectionGuard::Id, int> sockets;
+};
+
+void on_connection(void* cls, MHD_Connection* connection,
+                   void** /*socket_context*/,
+                   enum MHD_ConnectionNotificationCode code) {
+  auto* connections = static_cast<Connections*>(cls);
+  const auto id = reinterpret_cast<ConnectionGuard::Id>(connection);
+  if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    connections->guard.closed(id);
+    connections->sockets.erase(id);
+    return;
+  }
+  const MHD_ConnectionInfo* fd =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (fd == nullptr) return;
+  connections->sockets[id] = fd->connect_fd;
+  for (ConnectionGuard::Id old : connections->guard.opened(
+           id, client_address(connection), ConnectionGuard::Clock::now())) {
+    // The daemon sees end-of-stream and closes it on its next pass.
+    const auto found = connections->sockets.find(old);
+    if (found != connections->sockets.end()) {
+      ::shutdown(found->second, SHUT_RDWR);
+    }
+  }
+}
+
 }  // namespace
 
 // The handler's context lives beside the daemon handle; the daemon (and its
 // thread) is stopped in the destructor body, before the context goes.
 struct HealthServer::Daemon {
+  explicit Daemon(ConnectionGuard::Limits limits) : connections(limits) {}
   HandlerContext context;
+  Connections connections;
   MHD_Daemon* handle = nullptr;
   ~Daemon() {
     if (handle != nullptr) MHD_stop_daemon(handle);
@@ -187,6 +246,9 @@ MHD_Result queue(MHD_Connection* connection, int status,
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
                           "application/json");
   MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  // One request per connection: a connection kept alive would be one more
+  // that a slow client could hold, and a probe costs one loopback connect.
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
   if (allow_header) {
     MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
   }
@@ -253,18 +315,24 @@ HealthServerStart HealthServer::start(std::shared_ptr<WorkerState> state,
 
   std::unique_ptr<HealthServer> server(
       new HealthServer(std::move(state), std::move(options)));
-  server->daemon_ = std::make_unique<Daemon>();
+  const HealthServerOptions& opts = server->options_;
+  server->daemon_ = std::make_unique<Daemon>(ConnectionGuard::Limits{
+      opts.connection_limit, opts.per_ip_connection_limit,
+      std::chrono::milliseconds(opts.connection_deadline_ms),
+      std::chrono::milliseconds(opts.connection_grace_ms)});
   Daemon& daemon = *server->daemon_;
+  // The daemon's own limit only backs ours up: it refuses outright, so it is
+  // set well above the guard's, which closes the oldest instead.
+  const unsigned hard_limit = opts.connection_limit * 4 + 16;
   daemon.context.state = server->state_.get();
   daemon.context.expose_errors = server->options_.expose_errors;
   daemon.handle = MHD_start_daemon(
       flags, server->options_.port, nullptr, nullptr, &handle_request,
       &daemon.context, MHD_OPTION_SOCK_ADDR, address,
-      MHD_OPTION_CONNECTION_LIMIT, server->options_.connection_limit,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      server->options_.per_ip_connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-      server->options_.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      server->options_.connection_memory_bytes, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_NOTIFY_CONNECTION,
+      &on_connection, &daemon.connections, MHD_OPTION_CONNECTION_TIMEOUT,
+      opts.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      opts.connection_memory_bytes, MHD_OPTION_END);
   if (daemon.handle == nullptr) {
     result.error = fmt::format(
         "cannot serve the health endpoint on {}:{} (address in use, or not "

@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace mineru_health {
 namespace {
@@ -290,6 +291,45 @@ TEST(HealthServer, SilentConnectionsDoNotBlockProbes) {
     EXPECT_EQ(::read(fd, &byte, 1), 0);
     ::close(fd);
   }
+}
+
+// Issue 17: 64 sockets trickling a byte now and then used to fill every
+// slot. Now the oldest give way to the newest, from the same address too, and
+// every answer closes its connection.
+TEST(HealthServer, SlowClientsFromTheProbesAddressNeverCrowdItOut) {
+  HealthServerOptions options;
+  options.connection_limit = 8;
+  options.per_ip_connection_limit = 4;
+  options.connection_grace_ms = 0;  // the grace has its own unit test
+  auto state = std::make_shared<WorkerState>();
+  state->set_service(service());
+  state->loop_tick();
+  auto server = serve(state, options);
+  ASSERT_NE(server, nullptr);
+  std::vector<int> slow;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = connect_to(server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, "G", 1, MSG_NOSIGNAL),
+              1);  // a request that never ends
+    slow.push_back(fd);
+  }
+  for (int round = 0; round < 5; ++round) {
+    Reply probe = fetch(url(*server, "/health"));
+    EXPECT_EQ(probe.code, CURLE_OK);
+    EXPECT_EQ(probe.status, 200);
+    for (int fd : slow) (void)::send(fd, "E", 1, MSG_NOSIGNAL);  // trickle
+  }
+  // All but the newest few slow ones were closed by the server.
+  int closed = 0;
+  for (int fd : slow) {
+    timeval bound{0, 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound));
+    char byte;
+    if (::read(fd, &byte, 1) == 0) ++closed;
+    ::close(fd);
+  }
+  EXPECT_GE(closed, 64 - 4);
 }
 
 TEST(HealthServer, OversizedRequestHeadIsRefusedNotFatal) {

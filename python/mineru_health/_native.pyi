@@ -290,6 +290,8 @@ class HealthServerOptions(metaclass=_pybind11_type):
     port: int
     connection_limit: int
     per_ip_connection_limit: int
+    connection_deadline_ms: int
+    connection_grace_ms: int
     idle_timeout_s: int
     connection_memory_bytes: int
     expose_errors: bool

@@ -178,3 +178,22 @@ def test_the_router_reads_a_dead_workers_store(state: Path, tmp_path: Path) -> N
     assert fields["status"] == "completed" and verdict == {"engine_dead": False}
     assert task_store.read_task(state, "unknown") is None
     assert task_store.read_task(tmp_path / "nowhere", "done") is None
+
+
+@pytest.mark.parametrize("damage", [b"garbage, not a database" * 100, b""])
+def test_a_damaged_file_is_set_aside_and_a_fresh_store_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: bytes
+) -> None:
+    """Issue 17: a store overwritten with garbage made the worker (and the router) exit."""
+    monkeypatch.setattr(task_store, "_store", None)
+    directory = tmp_path / "state"
+    directory.mkdir()
+    (directory / task_store.DB_NAME).write_bytes(damage or b"SQLite format 3\0" + b"\xff" * 200)
+    settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(directory)})
+    current = task_store.configure(settings)
+    assert current is not None and current.count() == 0
+    kept = [p for p in directory.iterdir() if ".damaged-" in p.name]
+    assert len(kept) == 1 and kept[0].read_bytes()[:16] == (damage or b"SQLite format 3\0")[:16]
+    current.save(finished(tmp_path, "t1"))
+    assert current.count() == 1
+    current.close()

@@ -35,11 +35,15 @@ namespace mineru_health {
 struct HealthServerOptions {
   std::string bind_address = "127.0.0.1";  // an IPv4 or IPv6 literal
   std::uint16_t port = 0;                  // 0: an ephemeral port
-  // A probe is one short request: a few connections are plenty, and the
-  // bounds keep a misbehaving client from exhausting the process.
-  unsigned connection_limit = 64;
-  unsigned per_ip_connection_limit = 0;  // 0: none (loopback shares one IP)
-  unsigned idle_timeout_s = 2;           // idle or silent connections closed
+  // A probe is one short request, answered and closed at once. No client can
+  // crowd it out: past these bounds the OLDEST connections are closed (the
+  // newest, a probe that speaks at once, is served), and none lives past the
+  // deadline however slowly it trickles bytes (connection_guard.h).
+  unsigned connection_limit = 64;          // open connections, in all
+  unsigned per_ip_connection_limit = 16;   // per client address; 0: no bound
+  unsigned connection_deadline_ms = 2000;  // from acceptance, absolute
+  unsigned connection_grace_ms = 250;      // never closed for the bounds
+  unsigned idle_timeout_s = 2;             // silent connections closed
   std::size_t connection_memory_bytes = 16 * 1024;  // request head budget
   // Publish the failing exception's message in bodies (it can quote a
   // user's document); off by default: rule, category, type and time only.

@@ -23,7 +23,9 @@ root); a worker started on the same directory loads them back::
 - ``cleanup_expired_tasks()``: rows of the tasks MinerU expired (task
   retention) are deleted with them.
 
-Rows whose output directory is gone are dropped at load. The router reads
+Rows whose output directory is gone are dropped at load. A file that is not
+a usable database is moved aside (``<name>.damaged-<time>``, named in a
+warning) and a fresh store started: damaged state never stops the worker. The router reads
 the store of a local worker whose process is gone (``read_task``), to learn
 whether a task it had not seen finish did finish before the crash. A row holds no
 document content, only the task's options, names, timestamps and the path
@@ -49,6 +51,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import state_dirs
 from ..errors import ConfigError
 from ..settings import WorkerSettings
 
@@ -196,6 +199,28 @@ def state_dir(settings: WorkerSettings) -> Path:
     return Path(root).expanduser().resolve()
 
 
+def open_store(path: Path) -> TaskStore:
+    """The store at ``path``; a file that is not a usable database is set aside first.
+
+    A damaged store must not keep the worker down (and with it every restart
+    the router tries): it is renamed, kept for the operator, and replaced by
+    an empty one. Only an error that a fresh file would hit too (a directory
+    that cannot be written) is raised.
+    """
+    current: TaskStore | None = None
+    try:
+        current = TaskStore(path)
+        current.count()  # reads the table: a damaged page shows here, not mid-run
+        return current
+    except sqlite3.DatabaseError as error:
+        if current is not None:
+            current.close()
+        if isinstance(error, sqlite3.OperationalError):  # cannot open, locked: not damage
+            raise
+        state_dirs.set_aside(path, error)
+    return TaskStore(path)
+
+
 def configure(settings: WorkerSettings) -> TaskStore | None:
     """Opens the store in the state directory (created if missing); called once, by install().
 
@@ -210,7 +235,7 @@ def configure(settings: WorkerSettings) -> TaskStore | None:
     variable = WorkerSettings.variable_name("state_dir")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _store = TaskStore(directory / DB_NAME)
+        _store = open_store(directory / DB_NAME)
     except (OSError, sqlite3.Error) as error:
         where = "" if settings.state_dir else " (unset: MinerU's output root)"
         raise ConfigError(

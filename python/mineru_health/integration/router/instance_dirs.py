@@ -12,8 +12,10 @@ instance a restart replaced is kept (MinerU's ``stop`` would delete it), so
 that the new instance can still serve the results the old one completed.
 Retired directories older than MinerU's task retention are removed at the
 next restart, the rest when the router shuts down; a state directory under
-an operator's ``MINERU_HEALTH_STATE_DIR`` is kept. Not thread-safe: the
-router's loop owns it.
+an operator's ``MINERU_HEALTH_STATE_DIR`` is kept, and claimed for this
+router alone (``state_dirs.claim``). Temporary state directories are claimed
+too, so that the next router sweeps those a killed one left behind. Not
+thread-safe: the router's loop owns it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mineru_health import state_dirs
+
 __all__ = ["STATE_DIR_ENV", "InstanceDirs"]
 
 STATE_DIR_ENV = "MINERU_HEALTH_STATE_DIR"
+_TEMP_PREFIX = "mineru-health-state-"
 
 _log = logging.getLogger("mineru_health.router")
 
@@ -39,11 +44,20 @@ class InstanceDirs:
 
     def __init__(self, *, retention_s: float, base: str | None = None) -> None:
         # An operator's MINERU_HEALTH_STATE_DIR in the router's environment:
-        # one subdirectory per worker, kept across router restarts.
+        # one subdirectory per worker, kept across router restarts, and
+        # claimed (ConfigError if another live router holds it: its workers
+        # would serve each other's tasks).
         self._base = base if base is not None else os.environ.get(STATE_DIR_ENV, "")
         self._retention_s = retention_s
         self._state: dict[str, tuple[Path, bool]] = {}  # server id -> (dir, ours to remove)
         self._retired: list[tuple[float, Any]] = []  # (monotonic time, TemporaryDirectory)
+        self._locks: list[state_dirs.StateLock] = []
+        if self._base:
+            self._locks.append(state_dirs.claim(Path(self._base).expanduser(),
+                                                variable=STATE_DIR_ENV))
+        else:
+            # Left by routers that were killed before they could remove them.
+            state_dirs.sweep_abandoned(tempfile.gettempdir(), _TEMP_PREFIX)
 
     def state_dir(self, server_id: str) -> Path:
         """The worker's state directory (created on first use)."""
@@ -55,7 +69,8 @@ class InstanceDirs:
             path.mkdir(parents=True, exist_ok=True)
             self._state[server_id] = (path, False)
         else:
-            path = Path(tempfile.mkdtemp(prefix=f"mineru-health-state-{server_id}-"))
+            path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{server_id}-"))
+            self._locks.append(state_dirs.claim(path))
             self._state[server_id] = (path, True)
         return path
 
@@ -81,6 +96,9 @@ class InstanceDirs:
             if ours:
                 shutil.rmtree(path, ignore_errors=True)
         self._state.clear()
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()
 
     @property
     def retired(self) -> int:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from mineru_health import _native, metrics
+from mineru_health import _native, metrics, patching
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
@@ -154,6 +154,9 @@ class PoolLifecycleMixin:
         except ConfigError as exc:
             _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
             raise
+        problem = patching.running_problem()
+        if problem:
+            _log.warning("this MinerU is not one mineru-health patched as a whole: %s", problem)
         super().__init__(*args, **kwargs)
         # Workers launched from here die with this process, however it dies
         # (they inherit the environment; see parent_watch.h).
@@ -171,7 +174,11 @@ class PoolLifecycleMixin:
         self._first_health: asyncio.Event | None = None
         # Task store directories and replaced instances' outputs (issue 9).
         retention = getattr(getattr(self, "settings", None), "task_retention_seconds", 0)
-        self._instance_dirs = InstanceDirs(retention_s=float(retention or 0))
+        try:
+            self._instance_dirs = InstanceDirs(retention_s=float(retention or 0))
+        except ConfigError as exc:
+            _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
+            raise
         for server in self._servers.values():
             local = server.local_server is not None
             if local and self._local_server_class is not None:

@@ -1,0 +1,125 @@
+"""A real router with two real workers while one worker's native endpoint is attacked.
+
+Issue 17: 64 sockets trickling a byte a second used to fill every slot of a
+worker's native endpoint, so the router's probes failed and the healthy
+worker was ejected and restarted; a flood of requests did the same to the
+``fast`` preset. Here both attacks run from loopback, the router's own
+address, against a worker behind a real ``mineru-router`` with the ``fast``
+preset (0.5 s probe timeout, two failures eject), and the test asserts that
+nothing was ejected: no audit record beyond the two admissions. Every loop is
+bounded in time and count, and only 127.0.0.1 is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ManagedProcess, http_get, router_servers, wait_both_in_rotation
+
+pytestmark = pytest.mark.integration
+
+ATTACK_S = 12.0
+SLOW_SOCKETS = 128
+FLOOD_THREADS = 8
+FLOOD_CONNECTIONS = 20_000  # in all, at most
+
+
+def _native_port(worker_url: str) -> int:
+    response = http_get(f"{worker_url}/health", 30.0)
+    assert response is not None, worker_url
+    port = response.json().get("native_health_port")
+    assert isinstance(port, int), response.text
+    return port
+
+
+def _slowloris(port: int, stop: threading.Event, opened: list[int]) -> None:
+    """SLOW_SOCKETS connections trickling one byte each, reopened when the server closes them."""
+    held: list[socket.socket] = []
+    deadline = time.monotonic() + ATTACK_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        while len(held) < SLOW_SOCKETS:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=1.0))
+                opened[0] += 1
+            except OSError:
+                break
+        alive = []
+        for sock in held:
+            try:
+                sock.send(b"G")
+                alive.append(sock)
+            except OSError:
+                sock.close()
+        held = alive
+        stop.wait(0.25)
+    for sock in held:
+        sock.close()
+
+
+def _flood(port: int, stop: threading.Event, budget: list[int], lock: threading.Lock) -> None:
+    """Complete requests as fast as one thread can send them, the answers never read."""
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    deadline = time.monotonic() + ATTACK_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        with lock:
+            if budget[0] <= 0:
+                return
+            budget[0] -= 1
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+                sock.sendall(request)
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("attack", ["slow-clients", "flood"])
+def test_an_attacked_endpoint_is_not_ejected(
+    launch_router: Callable[..., ManagedProcess], tmp_path: Path, attack: str
+) -> None:
+    audit_path = tmp_path / "audit.jsonl"
+    proc = launch_router({
+        "MINERU_ROUTER_HEALTH_PRESET": "fast",
+        "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
+    })
+    servers = wait_both_in_rotation(proc)
+    victim_id, victim = min(servers.items())
+    port = _native_port(victim["base_url"])
+
+    stop = threading.Event()
+    opened = [0]
+    budget = [FLOOD_CONNECTIONS]
+    lock = threading.Lock()
+    if attack == "slow-clients":
+        attackers = [threading.Thread(target=_slowloris, args=(port, stop, opened))]
+    else:
+        attackers = [threading.Thread(target=_flood, args=(port, stop, budget, lock))
+                     for _ in range(FLOOD_THREADS)]
+    out_of_rotation = []
+    for thread in attackers:
+        thread.start()
+    try:
+        end = time.monotonic() + ATTACK_S
+        while time.monotonic() < end:
+            entry = router_servers(proc.base_url).get(victim_id, {})
+            if not entry.get("in_rotation", True):
+                out_of_rotation.append(entry)
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(timeout=30.0)
+    if attack == "slow-clients":
+        assert opened[0] >= SLOW_SOCKETS, "the slow clients never connected"
+    else:
+        assert FLOOD_CONNECTIONS - budget[0] > 100, "the flood never ran"
+
+    assert out_of_rotation == [], [e.get("last_error") for e in out_of_rotation]
+    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    assert [r["action"] for r in records] == ["admitted", "admitted"], records
+    assert router_servers(proc.base_url)[victim_id]["consecutive_failures"] == 0
