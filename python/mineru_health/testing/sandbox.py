@@ -351,30 +351,6 @@ def health_link_dir(dest_dir: Path) -> Path:
     return dest_dir
 
 
-def _apply_line_manifest(mineru_dir: Path) -> None:
-    """Applies ``patches/mineru-4.0`` (manifest format 2) until ``patching`` reads that format."""
-    import hashlib
-    import json
-
-    import patch_ng  # type: ignore[import-untyped]
-
-    from mineru_health import patching
-
-    directory = patching.patches_root() / "mineru-4.0"
-    manifest = json.loads((directory / patching.MANIFEST_NAME).read_text(encoding="utf-8"))
-    for entry in manifest["files"]:
-        target = mineru_dir / entry["target"]
-        digest = hashlib.sha256(target.read_bytes()).hexdigest()
-        variant = next((v for v in entry["variants"] if v["original_sha256"] == digest), None)
-        if variant is None:
-            raise SandboxError(f"{target} is no MinerU 4.0 release the patches know")
-        patch_set = patch_ng.fromfile(str(directory / variant["patch"]))
-        if not patch_set or not patch_set.apply(strip=1, root=str(mineru_dir)):
-            raise SandboxError(f"{variant['patch']} does not apply to {target}")
-        if hashlib.sha256(target.read_bytes()).hexdigest() != variant["patched_sha256"]:
-            raise SandboxError(f"{target} patched differs from the manifest")
-
-
 def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
     """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``."""
     from mineru_health import patching
@@ -383,11 +359,11 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
     site = copy_mineru(dest_dir, python)
     try:
         report = patching.apply(site / "mineru")
-        targets = {f.target for f in report.files}
-        if WORKER4_TARGET not in targets:
-            raise SandboxError(f"the patch set covers only {sorted(targets)}")
-    except MineruHealthError:
-        _apply_line_manifest(site / "mineru")  # this patching predates format 2
+    except MineruHealthError as exc:
+        raise SandboxError(f"mineru-health patch apply: {exc}") from None
+    targets = {f.target for f in report.files}
+    if report.line != "4.0" or WORKER4_TARGET not in targets:
+        raise SandboxError(f"line {report.line} patched, covering only {sorted(targets)}")
     if faults:
         (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     return site

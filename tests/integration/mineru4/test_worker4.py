@@ -157,3 +157,13 @@ def test_native_endpoint_answers_while_the_loop_hangs(start_worker4: Any) -> Non
     recovered = wait_until(lambda: worker.native().status_code == 200, 20.0, 0.2)
     assert recovered, worker.native().text
     assert worker.get("/v1/health").status_code == 200
+
+
+def test_exit_on_fatal(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4({"MINERU_HEALTH_EXIT_ON_FATAL": "1",
+                                     "MINERU_HEALTH_EXIT_GRACE_S": "3"})
+    write_plan(worker.plan, "cuda_illegal_address")
+    plan_consumed(worker)
+    job = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+    assert job["files"][0]["error"]["code"] == "engine_dead"
+    assert worker.proc.wait(30.0) == 75, worker.proc.log_tail()  # EX_TEMPFAIL

@@ -33,7 +33,7 @@ import multiprocessing
 from collections.abc import MutableMapping
 from typing import Any
 
-from ... import metrics
+from ... import metrics, patching
 from ...classifier import default_rules
 from ...integration import engine_calls
 from ...integration.worker import _start_endpoint
@@ -91,5 +91,8 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
         start_thread(exit_after_fatal, health, settings.exit_grace_s,
                      name="mineru-health-exit-on-fatal")
     runtime.installed = True
+    problem = patching.running_problem()
+    if problem:
+        log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
     log("INFO", f"worker health hooks installed on MinerU 4.0 ({rebound} engine checks "
                 f"rebound; {rules!r}; {settings!r})")
