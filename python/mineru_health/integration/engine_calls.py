@@ -27,13 +27,14 @@ Thread-safety: the wrappers run on any thread; install() runs once, at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "install",
     "on_import",
     "track",
+    "upload_names",
 ]
 
 #: (module, class, methods) whose calls are engine calls.
@@ -90,6 +92,16 @@ _upload_names: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 def current_upload_names() -> tuple[str, ...]:
     """The upload names of the task being processed in this context (empty outside one)."""
     return _upload_names.get()
+
+
+@contextlib.contextmanager
+def upload_names(names: Iterable[str]) -> Iterator[None]:
+    """Puts ``names`` in context as the upload names of the work done inside the block."""
+    token = _upload_names.set(tuple(str(name) for name in names))
+    try:
+        yield
+    finally:
+        _upload_names.reset(token)
 
 
 def follow_tasks(manager: Any) -> None:

@@ -11,19 +11,24 @@ The sandbox writes a ``sitecustomize.py`` next to its MinerU copy that calls
 * the injector is handed to the worker hooks (``runtime.faults``), whose
   event-loop watcher polls the plan file (``hang`` sleeps on the loop).
 
-The words are those of :mod:`.faults` (``engine_dead_idle`` and ``poison``
-act on 3.4's structures and do nothing here).
+* 4.0's ``_run_job`` (``mineru.parser.api_server``, looked up by name when a
+  job starts) runs with its files' names in context, for the ``poison`` word.
+
+The words are those of :mod:`.faults` (``engine_dead_idle`` acts on 3.4's
+structures and does nothing here).
 """
 
 from __future__ import annotations
 
 import functools
 from types import ModuleType
+from typing import Any
 
 from ..integration import engine_calls
 from .faults import FaultInjector
 
 PARSER_MODULE = "mineru.parser.mineru_parser"
+SERVER_MODULE = "mineru.parser.api_server"
 PARSE_CALLS = ("_arun_analysis", "_run_analysis")
 
 _injector: FaultInjector | None = None
@@ -49,6 +54,22 @@ def _wrap_parser(module: ModuleType) -> None:
     engine_calls.track(module, "MinerUParser", PARSE_CALLS, current_health, injector)
 
 
+def _wrap_run_job(module: ModuleType) -> None:
+    run_job = getattr(module, "_run_job", None)
+    if run_job is None or getattr(run_job, "__mineru_health_faults__", False):
+        return
+
+    @functools.wraps(run_job)
+    async def run_job_with_names(record: Any, *args: Any, **kwargs: Any) -> Any:
+        names = [str(getattr(f, "name", "")) for f in getattr(record, "files", None) or ()]
+        with engine_calls.upload_names(names):
+            return await run_job(record, *args, **kwargs)
+
+    run_job_with_names.__mineru_health_faults__ = True  # type: ignore[attr-defined]
+    module._run_job = run_job_with_names  # type: ignore[attr-defined]
+
+
 def load() -> None:
-    """Arms the plan for this process: the parse call is wrapped when MinerU imports it."""
-    engine_calls.on_import(PARSER_MODULE, functools.partial(_wrap_parser))
+    """Arms the plan for this process: MinerU's functions are wrapped when it imports them."""
+    engine_calls.on_import(PARSER_MODULE, _wrap_parser)
+    engine_calls.on_import(SERVER_MODULE, _wrap_run_job)

@@ -167,3 +167,16 @@ def test_exit_on_fatal(start_worker4: Any) -> None:
     job = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
     assert job["files"][0]["error"]["code"] == "engine_dead"
     assert worker.proc.wait(30.0) == 75, worker.proc.log_tail()  # EX_TEMPFAIL
+
+
+def test_poison_document_kills_the_engine_of_whoever_parses_it(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4()
+    write_plan(worker.plan, "poison poison.pdf")
+    assert wait_until(lambda: worker.native().status_code == 200, 5.0)
+    fine = worker.wait_terminal(worker.submit(text_pdf(), name="fine.pdf").json()["task_id"])
+    assert fine["status"] == "completed", fine
+    assert worker.native().status_code == 200
+    bad = worker.wait_terminal(worker.submit(text_pdf(), name="poison.pdf").json()["task_id"])
+    assert bad["files"][0]["error"]["code"] == "engine_dead", bad
+    assert worker.native().status_code == 503
+    assert worker.plan.exists()  # not consumed: a restarted worker is armed alike
