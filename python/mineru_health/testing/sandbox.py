@@ -57,6 +57,7 @@ __all__ = [
 # MinerU 4.0 (mineru-api 4.0.x) lives in its own venv: see the end of this module.
 __all__ += [
     "MINERU4_PYTHON_ENV",
+    "add_fault_plugin",
     "health_link_dir",
     "mineru4_api_command",
     "mineru4_env",
@@ -365,7 +366,13 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
     if report.line != "4.0" or WORKER4_TARGET not in targets:
         raise SandboxError(f"line {report.line} patched, covering only {sorted(targets)}")
     if faults:
-        (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
+        add_fault_plugin(site)
+    return site
+
+
+def add_fault_plugin(site: Path) -> Path:
+    """Makes every 4.0 process started from ``site`` load the fault plan plugin (patched or not)."""
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     return site
 
 
