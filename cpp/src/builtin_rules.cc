@@ -196,7 +196,9 @@ std::vector<Rule> builtin_rules() {
                 "torch_dipu)(?:\\.|$)"),
 
       // ==== lmdeploy ========================================================
-      // PyTorch engine run in a child process (ZMQ): dead backend.
+      // PyTorch engine run in a child process (ZMQ): dead backend. The child
+      // logs "RPC Server stopped with exception" when its server loop dies
+      // (mp_engine/zmq_engine.py), then closes the engine.
       type_rule("lmdeploy.rpc_server_dead", kFatal, "engine_dead",
                 "(?:^|[ .(])RPCServerDeadError\\b"),
       engine_message("lmdeploy.engine_loop_stopped", kFatal, "engine_dead",
@@ -204,7 +206,7 @@ std::vector<Rule> builtin_rules() {
                      "alive|task has stopped)|engine main loop failed|"
                      "engine loop failed with error|zmq "
                      "engine process is not alive|mpengine \\S+ (?:is "
-                     "dead|died)"),
+                     "dead|died)|rpc server stopped with exception"),
       engine_message("lmdeploy.engine_stop_error", kFatal, "engine_dead",
                      "enginestoperror"),
       // The engine's background tasks (lmdeploy/pytorch/engine: the main
@@ -415,6 +417,10 @@ std::vector<Rule> builtin_rules() {
       // ROCm: the HSA runtime's faults, and the HIP runtime's report of a
       // hung or faulted queue ("HW Exception by GPU node-N ... reason :GPU
       // Hang"), after which the process aborts.
+      // ROCclr's HSA queue callback prints this and calls abort() on any
+      // device exception (rocdevice.cpp callbackQueue).
+      engine_message("rocm.queue_abort", kFatal, "worker_dead",
+                     "callback(?:queue|: queue \\S+) aborting with error"),
       engine_message("rocm.memory_fault", kFatal, "device",
                      "memory access fault by gpu|hsa_status_error_memory_"
                      "(?:aperture_violation|fault)|hsa_status_error_exception|"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -329,6 +330,39 @@ def test_engine_stall_is_fatal_and_fails_its_tasks(
         assert final["verdict"]["role"] == "collateral"
         assert final["verdict"]["category"] == "engine_stalled"
     assert _health(proc).status_code == 503
+
+
+def test_a_remote_server_that_never_answers_never_stalls_the_worker(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+) -> None:
+    """Issue 17: a user's ``server_url`` that answers /v1/models and then nothing.
+
+    MinerU's HTTP client waits up to 600 s; past STALL_S the watchdog used to
+    call those remote calls a stalled engine and the worker 503'd, failing
+    every other user's tasks. A remote server is not this worker's engine.
+    """
+    port = free_port()
+    stall_s = 3.0
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(stall_s)},
+    )
+    tarpit = f"{fake_vlm_url}/delay/60000/"  # each completion answers after 60 s
+    task_id = _submit(proc.base_url, tiny_pdf, tarpit).json()["task_id"]
+    assert wait_until(lambda: _status(proc.base_url, task_id)["status"] == "processing",
+                      60.0, 0.1), proc.log_tail()
+    # Well past the stall bound, the worker is healthy and counts nothing in flight.
+    deadline = time.monotonic() + stall_s + 5.0
+    while time.monotonic() < deadline:
+        native = _native_health(port)
+        assert native is not None and native.status_code == 200, (native, proc.log_tail())
+        assert native.json()["engine_calls_in_flight"] == 0
+        time.sleep(0.25)
+    assert _status(proc.base_url, task_id)["status"] == "processing"
+    assert _health(proc).status_code == 200
 
 
 def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:

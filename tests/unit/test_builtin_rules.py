@@ -116,6 +116,9 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "vulkan.device_lost": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
                            "decode() failed: vk::Queue::submit: ErrorDeviceLost",
                            "mineru_llama_cpp.engine"),
+    "rocm.queue_abort": ("", "", (), (":0:rocdevice.cpp :3586: Callback: Queue 0x772c40900000 "
+                         "aborting with error : HSA_STATUS_ERROR_OUT_OF_RESOURCES: The runtime "
+                         "failed to allocate the necessary resources. code: 0x1008"), ""),
     "npu.no_device": ("", "", (), ("[ERROR] APP(846,python) [log_inner.cpp:76] device_count:25: "
                       "\"[PTA]:\"get device count of NPU failed\"\""), ""),
     "mlx.load_weights": ("builtins", "ValueError", EXC, ("Missing 1 parameters: \n"

@@ -41,7 +41,7 @@ def test_corpus_shape(records: list[corpus.Record]) -> None:
     assert len(ids) == len(set(ids)), "record ids must be unique"
     labels = collections.Counter(r.label for r in records)
     assert set(labels) == set(corpus.LABELS)
-    assert {r.split for r in records} == {"dev", "holdout", "holdout2", "holdout3"}
+    assert {r.split for r in records} == {"dev", "holdout", "holdout2", "holdout3", "holdout4"}
     assert any(r.lang == "zh" for r in records)
     assert any(len(r.chain) > 1 for r in records)
     engines = {r.engine for r in records}

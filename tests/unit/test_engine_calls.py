@@ -77,12 +77,41 @@ def test_engine_calls_are_counted_and_faults_consulted(tmp_path: Path) -> None:
     client = Client()
     assert asyncio.run(client.aio_batch_two_step_extract([1])) == ["ok"]
     assert client.batch_two_step_extract([2]) == ["sync"]
-    assert (health.started, health.finished) == (2, 2)
+    # Each call: the fault plan's turn (it stands in for a local engine), then the call.
+    assert (health.started, health.finished) == (4, 4)
     write_plan(plan, "engine_dead")
     with pytest.raises(Exception, match="EngineCore encountered an issue"):
         asyncio.run(client.aio_batch_two_step_extract([3]))
     assert client.seen == [[1], [2]]
-    assert (health.started, health.finished) == (3, 3)  # a failed call still ends
+    assert (health.started, health.finished) == (5, 5)  # a failed call still ends
+
+
+def test_calls_to_a_remote_server_are_never_in_flight() -> None:
+    """Issue 17: a user's server_url that never answers made workers "stalled"."""
+
+    class Client:
+        def __init__(self, backend: str) -> None:
+            self.backend = backend
+
+        async def aio_batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            return ["ok"]
+
+        def batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            return ["sync"]
+
+    module = type(sys)("fake_mineru_client_remote")
+    module.MinerUClient = Client  # type: ignore[attr-defined]
+    health = _Health()
+    make = lambda fn: engine_calls._engine_call(fn, lambda: health, lambda: None)
+    engine_calls._wrap_class(module, "MinerUClient",
+                             ("aio_batch_two_step_extract", "batch_two_step_extract"), make)
+    remote, local = Client("http-client"), Client("vllm-async-engine")
+    assert asyncio.run(remote.aio_batch_two_step_extract([1])) == ["ok"]
+    assert remote.batch_two_step_extract([1]) == ["sync"]
+    assert (health.started, health.finished) == (0, 0)
+    assert asyncio.run(local.aio_batch_two_step_extract([1])) == ["ok"]
+    assert local.batch_two_step_extract([1]) == ["sync"]
+    assert (health.started, health.finished) == (2, 2)
 
 
 def test_requests_are_progress_only() -> None:

@@ -6,7 +6,9 @@ Two kinds of call site are wrapped, each once per process:
   ``(aio_)batch_two_step_extract`` and ``(aio_)batch_extract_with_layout``
   (VLM and hybrid backends) and the pipeline backend's ``BatchAnalyze.__call__``.
   Each is counted in flight while it runs; its end (success or failure) is
-  progress. The fault plan (tests, demo) is consulted here, where a real
+  progress. A call whose client is ``http-client`` talks to a remote server,
+  not this worker's engine, and is never counted (issue 17: a user's
+  ``server_url`` that never answers must not make the worker stalled). The fault plan (tests, demo) is consulted here, where a real
   engine would raise or stall.
 * **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
   the concrete ``mineru_vl_utils`` VLM clients. Their end is progress too, so a
@@ -180,18 +182,37 @@ def on_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
 # --- wrappers ---------------------------------------------------------------------------------
 
 
+def _is_remote(args: tuple[Any, ...]) -> bool:
+    """True when the call's client talks to a remote server (``http-client``).
+
+    A remote server, often one a user named in ``server_url``, is not this
+    worker's engine: its slowness never counts toward the stall watchdog, as
+    its errors never make the worker fatal. The task waits on the client's
+    own timeout and fails alone.
+    """
+    return bool(args) and getattr(args[0], "backend", None) == "http-client"
+
+
 def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth],
                  faults: Callable[[], Any]) -> Callable[..., Any]:
+    # The fault plan (tests, demo) stands in for a local engine: its failure
+    # or stall happens in flight, whatever transport the task uses.
     if _is_coroutine_function(original):
 
         @functools.wraps(original)
         async def tracked_async(*args: Any, **kwargs: Any) -> Any:
             state = health()
+            injector = faults()
+            if injector is not None:
+                state.engine_call_started()
+                try:
+                    await injector.before_engine_call_async(current_upload_names())
+                finally:
+                    state.engine_call_finished()
+            if _is_remote(args):
+                return await original(*args, **kwargs)
             state.engine_call_started()
             try:
-                injector = faults()
-                if injector is not None:
-                    await injector.before_engine_call_async(current_upload_names())
                 return await original(*args, **kwargs)
             finally:
                 state.engine_call_finished()
@@ -201,11 +222,17 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
     @functools.wraps(original)
     def tracked(*args: Any, **kwargs: Any) -> Any:
         state = health()
+        injector = faults()
+        if injector is not None:
+            state.engine_call_started()
+            try:
+                injector.before_engine_call(current_upload_names())
+            finally:
+                state.engine_call_finished()
+        if _is_remote(args):
+            return original(*args, **kwargs)
         state.engine_call_started()
         try:
-            injector = faults()
-            if injector is not None:
-                injector.before_engine_call(current_upload_names())
             return original(*args, **kwargs)
         finally:
             state.engine_call_finished()
