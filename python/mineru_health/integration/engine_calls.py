@@ -49,7 +49,6 @@ __all__ = [
     "follow_tasks",
     "install",
     "on_import",
-    "track",
     "upload_names",
 ]
 
@@ -281,12 +280,6 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         wrapped = make(current)
         setattr(wrapped, _MARK, True)
         setattr(cls, name, wrapped)
-
-
-def track(module: ModuleType, class_name: str, methods: tuple[str, ...],
-          health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:
-    """Wraps ``methods`` of ``module.class_name`` as engine calls (idempotent)."""
-    _wrap_class(module, class_name, methods, lambda fn: _engine_call(fn, health, faults))
 
 
 def install(health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:

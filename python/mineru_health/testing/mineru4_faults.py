@@ -4,10 +4,9 @@ The sandbox writes a ``sitecustomize.py`` next to its MinerU copy that calls
 :func:`load` when ``MINERU_HEALTH_FAULT_PLAN`` is set. Then:
 
 * 4.0's parse call, ``MinerUParser._arun_analysis`` (and ``_run_analysis``),
-  is where the engine raises: the flash tier runs no engine, so this call
-  stands in for one (counted as an engine call in flight, so a stalled one
-  trips the stall watchdog) and consults :class:`~.faults.FaultInjector`
-  first;
+  is where the engine raises: the flash tier runs no engine, so the planned
+  fault stands in for an engine call (in flight while it raises or stalls,
+  so a stalled one trips the stall watchdog; the parse itself is not one);
 * the injector is handed to the worker hooks (``runtime.faults``), whose
   event-loop watcher polls the plan file (``hang`` sleeps on the loop).
 
@@ -21,6 +20,7 @@ structures and does nothing here).
 from __future__ import annotations
 
 import functools
+import inspect
 from types import ModuleType
 from typing import Any
 
@@ -31,6 +31,7 @@ PARSER_MODULE = "mineru.parser.mineru_parser"
 SERVER_MODULE = "mineru.parser.api_server"
 PARSE_CALLS = ("_arun_analysis", "_run_analysis")
 
+_MARK = "__mineru_health_faults__"
 _injector: FaultInjector | None = None
 
 
@@ -47,16 +48,54 @@ def injector() -> FaultInjector | None:
     return _injector
 
 
-def _wrap_parser(module: ModuleType) -> None:
+def _faulted(original: Any) -> Any:
     from ..integration.worker.context import current_health
 
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def parse_async(*args: Any, **kwargs: Any) -> Any:
+            planned = injector()
+            if planned is not None:
+                state = current_health()
+                state.engine_call_started()
+                try:
+                    await planned.before_engine_call_async(engine_calls.current_upload_names())
+                finally:
+                    state.engine_call_finished()
+            return await original(*args, **kwargs)
+
+        return parse_async
+
+    @functools.wraps(original)
+    def parse(*args: Any, **kwargs: Any) -> Any:
+        planned = injector()
+        if planned is not None:
+            state = current_health()
+            state.engine_call_started()
+            try:
+                planned.before_engine_call(engine_calls.current_upload_names())
+            finally:
+                state.engine_call_finished()
+        return original(*args, **kwargs)
+
+    return parse
+
+
+def _wrap_parser(module: ModuleType) -> None:
     injector()
-    engine_calls.track(module, "MinerUParser", PARSE_CALLS, current_health, injector)
+    parser = getattr(module, "MinerUParser", None)
+    for name in PARSE_CALLS:
+        current = getattr(parser, "__dict__", {}).get(name)
+        if current is not None and not getattr(current, _MARK, False):
+            wrapped = _faulted(current)
+            setattr(wrapped, _MARK, True)
+            setattr(parser, name, wrapped)
 
 
 def _wrap_run_job(module: ModuleType) -> None:
     run_job = getattr(module, "_run_job", None)
-    if run_job is None or getattr(run_job, "__mineru_health_faults__", False):
+    if run_job is None or getattr(run_job, _MARK, False):
         return
 
     @functools.wraps(run_job)
@@ -65,7 +104,7 @@ def _wrap_run_job(module: ModuleType) -> None:
         with engine_calls.upload_names(names):
             return await run_job(record, *args, **kwargs)
 
-    run_job_with_names.__mineru_health_faults__ = True  # type: ignore[attr-defined]
+    setattr(run_job_with_names, _MARK, True)
     module._run_job = run_job_with_names  # type: ignore[attr-defined]
 
 
