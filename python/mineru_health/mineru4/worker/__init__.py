@@ -70,6 +70,7 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
         runtime.settings = settings
         health = configure_worker_health(WorkerHealth(
             loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
+            task_hang_s=settings.task_hang_s,
             error_budget=settings.error_budget,
             error_budget_window_s=settings.error_budget_window_s,
         ))
