@@ -29,13 +29,14 @@ Thread-safety: the wrappers run on any thread; install() runs once, at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "follow_tasks",
     "install",
     "on_import",
+    "upload_names",
 ]
 
 #: (module, class, methods) whose calls are engine calls.
@@ -92,6 +94,16 @@ _current_task: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars
 def current_upload_names() -> tuple[str, ...]:
     """The upload names of the task being processed in this context (empty outside one)."""
     return _current_task.get()[1]
+
+
+@contextlib.contextmanager
+def upload_names(names: Iterable[str], task_id: str = "") -> Iterator[None]:
+    """Puts ``names`` (and ``task_id``) in context for the work done inside the block."""
+    token = _current_task.set((task_id, tuple(str(name) for name in names)))
+    try:
+        yield
+    finally:
+        _current_task.reset(token)
 
 
 def current_task_id() -> str:

@@ -1,0 +1,1 @@
+"""Adapters for MinerU 4.0.x (``mineru-api``: :mod:`.worker`)."""
