@@ -253,6 +253,14 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        "Tests and the demo only: the Python that runs MinerU (default: the "
        "current one); workers ignore it.",
        PathCheck::kNone, kTool, true},
+      {"MINERU4_PYTHON", "", {}, T::kPath, {},
+       "Tests and benchmarks only: the Python of a MinerU 4.0 environment "
+       "(the 4.0 integration tests skip without it); workers ignore it.",
+       PathCheck::kNone, kTool, true},
+      {"RELEASE_WHEELS", "", {}, T::kPath, {},
+       "Tests only: directory of the MinerU release wheels the patch "
+       "manifests name (scripts/setup.sh fetches them); workers ignore it.",
+       PathCheck::kNone, kTool, true},
       {"PATCHES_DIR", "", {}, T::kPath, {},
        "`mineru-health patch` only: directory of the patch sets (default: the "
        "installed ones); workers ignore it.",
