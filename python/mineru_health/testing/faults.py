@@ -389,7 +389,8 @@ class FaultInjector:
         if self._raise_planned(upload_names):
             await asyncio.sleep(self.hang_s)
 
-    def _take_parse_hang(self) -> bool:
+    def take_parse_hang(self) -> bool:
+        """True once per ``parse_hang`` planned: the caller's parse must hang."""
         self.poll()
         with self._lock:
             if self.parse_hang_pending <= 0:
@@ -422,7 +423,7 @@ class FaultInjector:
         if inspect.iscoroutinefunction(original):
             @functools.wraps(original)
             async def parse_async(*args: Any, **kwargs: Any) -> Any:
-                if self._take_parse_hang():
+                if self.take_parse_hang():
                     await asyncio.sleep(self.hang_s)
                 return await original(*args, **kwargs)
 
@@ -431,7 +432,7 @@ class FaultInjector:
 
         @functools.wraps(original)
         def parse(*args: Any, **kwargs: Any) -> Any:
-            if self._take_parse_hang():
+            if self.take_parse_hang():
                 threading.Event().wait(self.hang_s)
             return original(*args, **kwargs)
 

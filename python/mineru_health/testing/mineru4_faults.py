@@ -10,8 +10,10 @@ The sandbox writes a ``sitecustomize.py`` next to its MinerU copy that calls
 * the injector is handed to the worker hooks (``runtime.faults``), whose
   event-loop watcher polls the plan file (``hang`` sleeps on the loop).
 
-* 4.0's ``_run_job`` (``mineru.parser.api_server``, looked up by name when a
-  job starts) runs with its files' names in context, for the ``poison`` word.
+* the worker hooks run each job with its files' names in context
+  (``mineru4.worker.watch.follow_jobs``), which the ``poison`` word reads;
+* ``parse_hang`` blocks the next parse call before it starts, outside any
+  engine call: only the task watchdog sees it.
 
 The words are those of :mod:`.faults` (``engine_dead_idle`` acts on 3.4's
 structures and does nothing here).
@@ -19,8 +21,10 @@ structures and does nothing here).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -28,7 +32,6 @@ from ..integration import engine_calls
 from .faults import FaultInjector
 
 PARSER_MODULE = "mineru.parser.mineru_parser"
-SERVER_MODULE = "mineru.parser.api_server"
 PARSE_CALLS = ("_arun_analysis", "_run_analysis")
 
 _MARK = "__mineru_health_faults__"
@@ -56,6 +59,8 @@ def _faulted(original: Any) -> Any:
         @functools.wraps(original)
         async def parse_async(*args: Any, **kwargs: Any) -> Any:
             planned = injector()
+            if planned is not None and planned.take_parse_hang():
+                await asyncio.sleep(planned.hang_s)
             if planned is not None:
                 state = current_health()
                 state.engine_call_started()
@@ -70,6 +75,8 @@ def _faulted(original: Any) -> Any:
     @functools.wraps(original)
     def parse(*args: Any, **kwargs: Any) -> Any:
         planned = injector()
+        if planned is not None and planned.take_parse_hang():
+            threading.Event().wait(planned.hang_s)
         if planned is not None:
             state = current_health()
             state.engine_call_started()
@@ -93,22 +100,6 @@ def _wrap_parser(module: ModuleType) -> None:
             setattr(parser, name, wrapped)
 
 
-def _wrap_run_job(module: ModuleType) -> None:
-    run_job = getattr(module, "_run_job", None)
-    if run_job is None or getattr(run_job, _MARK, False):
-        return
-
-    @functools.wraps(run_job)
-    async def run_job_with_names(record: Any, *args: Any, **kwargs: Any) -> Any:
-        names = [str(getattr(f, "name", "")) for f in getattr(record, "files", None) or ()]
-        with engine_calls.upload_names(names):
-            return await run_job(record, *args, **kwargs)
-
-    setattr(run_job_with_names, _MARK, True)
-    module._run_job = run_job_with_names  # type: ignore[attr-defined]
-
-
 def load() -> None:
     """Arms the plan for this process: MinerU's functions are wrapped when it imports them."""
     engine_calls.on_import(PARSER_MODULE, _wrap_parser)
-    engine_calls.on_import(SERVER_MODULE, _wrap_run_job)

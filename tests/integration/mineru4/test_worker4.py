@@ -180,3 +180,21 @@ def test_poison_document_kills_the_engine_of_whoever_parses_it(start_worker4: An
     assert bad["files"][0]["error"]["code"] == "engine_dead", bad
     assert worker.native().status_code == 503
     assert worker.plan.exists()  # not consumed: a restarted worker is armed alike
+
+
+def test_a_hung_parse_ends_as_task_hung_and_stalls_a_worker_with_nothing_else(
+    start_worker4: Any,
+) -> None:
+    """Issue 17 on 4.0: a parse that hangs outside any engine call used to run forever."""
+    worker: Worker4 = start_worker4({"MINERU_HEALTH_TASK_HANG_S": "3"})
+    warm = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+    assert warm["status"] == "completed", warm
+    write_plan(worker.plan, "parse_hang")
+    plan_consumed(worker)
+    job = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"], timeout_s=60.0)
+    assert job["status"] == "failed", job
+    assert job["files"][0]["error"]["code"] == "task_hung", job
+    # Its only job hung: the worker is as good as stalled (concurrency 1).
+    body = worker.native().json()
+    assert body["engine_dead"] is True and body["rule"] == "watchdog.tasks_hung", body
+    assert worker.get("/v1/health").status_code == 503

@@ -47,7 +47,7 @@ from ...integration.worker.threads import (
 from ...settings import WorkerSettings
 from ...worker import WorkerHealth, configure_worker_health
 from .verdicts import rebind
-from .watch import Gate
+from .watch import Gate, follow_jobs
 
 __all__ = ["EXIT_CODE", "Gate", "install"]
 
@@ -82,6 +82,8 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
     metrics.bind_worker_healthy(lambda: current_health().healthy)
     metrics.bind_worker_snapshot(lambda: current_health().snapshot())
     rebound = rebind(namespace)
+    if namespace is not None:
+        follow_jobs(namespace)  # the task watchdog, and the job in context
     if not first_install:
         return
     engine_calls.install(current_health, lambda: runtime.faults)

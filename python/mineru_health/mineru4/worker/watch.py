@@ -1,4 +1,4 @@
-"""4.0's event-loop watcher and main-port gate.
+"""4.0's event-loop watcher, its jobs followed by the task watchdog, and the main-port gate.
 
 The watcher starts when MinerU's start-up is over (lifespan complete): a
 tick every 100 ms (loop lag), MinerU's job figures pushed to the native state
@@ -10,10 +10,12 @@ without a job failing through MinerU's own path).
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ...integration import engine_calls
 from ...integration.worker.context import TICK_S, current_health, log, mineru_version, runtime
 from ...integration.worker.gate import HealthGate
 from ...worker import FatalInfo, describe_exception
@@ -23,6 +25,7 @@ from . import job_store
 HEALTH_PATHS = frozenset({"/v1/health"})
 GATED_POSTS = frozenset({"/v1/tasks", "/v1/parse/jobs", "/v1/file_parse"})
 _COUNTED = {"queued": 0, "running": 1, "completed": 2, "partial": 2, "failed": 3}
+_MARK = "__mineru_health_followed__"
 
 
 def job_stores() -> list[Any]:
@@ -80,6 +83,86 @@ def report_jobs() -> None:
     current_health().set_tasks(queued, running, completed, failed, "; ".join(errors))
 
 
+#: The error code of a file whose job the task watchdog failed (the router resubmits it).
+HUNG_CODE = "task_hung"
+
+
+def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
+    """Wraps 4.0's ``_run_job`` (looked up by name per job): its job tracked and in context.
+
+    The job id and its files' names are in context for the work it does (its
+    engine calls and requests are its progress); each file parsed is
+    progress too. Idempotent.
+    """
+    run_job = namespace.get("_run_job")
+    if run_job is None or getattr(run_job, _MARK, False):
+        return
+    parse = namespace.get("parse_async")
+
+    @functools.wraps(run_job)
+    async def run_job_followed(record: Any, *args: Any, **kwargs: Any) -> Any:
+        job_id = str(getattr(record, "id", "") or "")
+        names = [str(getattr(f, "name", "")) for f in getattr(record, "files", None) or ()]
+        state = current_health()
+        state.task_started(job_id)
+        try:
+            with engine_calls.upload_names(names, task_id=job_id):
+                return await run_job(record, *args, **kwargs)
+        finally:
+            state.task_finished(job_id)
+
+    setattr(run_job_followed, _MARK, True)
+    namespace["_run_job"] = run_job_followed
+    if parse is not None and not getattr(parse, _MARK, False):
+
+        @functools.wraps(parse)
+        async def parse_counted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await parse(*args, **kwargs)
+            finally:
+                current_health().task_progress(engine_calls.current_task_id())
+
+        setattr(parse_counted, _MARK, True)
+        namespace["parse_async"] = parse_counted
+
+
+def fail_hung_jobs() -> int:
+    """Fails the jobs the native task watchdog found hung (loop thread); returns how many.
+
+    Their unfinished files fail with code ``task_hung`` and the job's task is
+    cancelled (its concurrency slot is freed); every job hung makes the
+    worker stalled, natively, and ``act_on_fatal`` does the rest.
+    """
+    hung = set(current_health().take_hung_tasks())
+    if not hung:
+        return 0
+    failed = 0
+    for store in job_stores():
+        error_detail = getattr(sys.modules.get(type(store).__module__), "ErrorDetail", None)
+        for job_id in sorted(hung):
+            record = getattr(store, "_jobs", {}).get(job_id)
+            if record is None or getattr(record, "status", "") not in ("queued", "running"):
+                continue
+            message = ("mineru-health: the parse made no progress for "
+                       f"{runtime.settings.task_hang_s:g} s (hung); resubmit it")
+            record.status = "failed"
+            for file in getattr(record, "files", ()):
+                if getattr(file, "status", "") != "completed":
+                    file.status = "failed"
+                    if error_detail is not None:
+                        file.error = error_detail(type="engine_error", code=HUNG_CODE,
+                                                  message=message)
+            # Out of MinerU's running set at once: an engine death recorded
+            # next (every job hung) must not relabel it as that death's collateral.
+            task = getattr(store, "_tasks", {}).pop(job_id, None)
+            if task is not None and not task.done():
+                task.cancel()
+            failed += 1
+            log("ERROR", f"job {job_id} failed: no progress for "
+                         f"{runtime.settings.task_hang_s:g} s (hung parse)")
+    return failed
+
+
 def act_on_fatal() -> None:
     """Once per fatal record: every app fails its unfinished jobs (loop thread)."""
     health = current_health()
@@ -103,6 +186,7 @@ async def _watch_loop() -> None:
             if ticks % 5 == 0:
                 report_jobs()
             if ticks % 10 == 0:
+                fail_hung_jobs()  # before act_on_fatal: hung jobs are not collateral
                 act_on_fatal()
         except Exception as error:  # noqa: BLE001 - the watcher must survive one bad step
             if ticks % 100 == 0:
