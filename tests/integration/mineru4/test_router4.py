@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -103,7 +103,7 @@ class Stream:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Stream:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -233,7 +233,7 @@ def _assert_downloadable(fleet: Fleet, jobs: list[Job]) -> None:
 
 def test_kill_9_of_a_worker_loses_no_job(fleet: Fleet) -> None:
     def kill() -> None:
-        pid = sorted(fleet.worker_pids())[0]
+        pid = min(fleet.worker_pids())
         os.kill(pid, signal.SIGKILL)
 
     _, before, _ = _run_fault(fleet, kill, "process_exit")
