@@ -85,8 +85,14 @@ class KeptJob:
     resendable: bool
     workers: list[str] = field(default_factory=list)
     submissions: int = 1
-    resubmitting: bool = False
+    resubmitting: bool = False  # being sent again right now (waiting included)
+    counted: bool = False  # past the retry budget's check
     check: asyncio.Task[None] | None = None
+
+    @property
+    def retrying(self) -> bool:
+        """Counted as a retry in flight (the budget), from its first resubmission to its end."""
+        return self.counted or self.submissions > 1
 
 
 def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +192,7 @@ class JobSupervisor:
         return len(self._jobs)
 
     def retries_in_flight(self, exclude: KeptJob | None = None) -> int:
-        return sum(1 for j in self._jobs.values() if j is not exclude and j.resubmitting)
+        return sum(1 for j in self._jobs.values() if j is not exclude and j.retrying)
 
     def file_payloads(self, worker_id: str) -> list[tuple[str, dict[str, Any]]]:
         """(upstream id, metadata) of every file the router knows on ``worker_id``."""
@@ -331,11 +337,11 @@ class JobSupervisor:
 
     async def _send_again(self, kept: KeptJob, reason: str, error: str) -> None:
         try:
-            refusal = self._refusal(kept)
+            deadline = self._clock() + self.wait_for_worker_s
+            refusal = await self._within_budget(kept, deadline)
             if refusal is not None:
                 self._fail(kept, refusal, error)
                 return
-            deadline = self._clock() + self.wait_for_worker_s
             while not self._closed:
                 reservation = self._reserve(kept)
                 if reservation is not None:
@@ -359,15 +365,29 @@ class JobSupervisor:
         finally:
             kept.resubmitting = False
 
-    def _refusal(self, kept: KeptJob) -> Refusal | None:
+    async def _within_budget(self, kept: KeptJob, deadline: float) -> Refusal | None:
+        """None once ``kept`` may be sent again; else why not.
+
+        As on 3.x, the retry budget bounds how many resubmissions run at
+        once, not whether a job is sent again: one over it waits (queued for
+        its client, adding no load) until earlier ones end, until ``deadline``.
+        """
         if kept.digest and self.poison.quarantined(kept.digest) is not None:
             return Refusal.POISON
         if not kept.resendable:
             return Refusal.REJECTED
-        return refuse_resubmission(
-            submissions=kept.submissions, task_retries=self.task_retries, budget=self.budget,
-            retries_in_flight=self.retries_in_flight(exclude=kept),
-            tasks_in_flight=self.in_flight)
+        while True:
+            refusal = refuse_resubmission(
+                submissions=kept.submissions, task_retries=self.task_retries, budget=self.budget,
+                retries_in_flight=self.retries_in_flight(exclude=kept),
+                tasks_in_flight=self.in_flight)
+            left = deadline - self._clock()
+            if refusal is None:
+                kept.counted = True  # no await since the check: two cannot take one place
+                return None
+            if refusal is not Refusal.BUDGET or self._closed or left <= 0:
+                return refusal
+            await asyncio.sleep(min(self.retry_interval_s, left))
 
     def _reserve(self, kept: KeptJob) -> Any:
         body = kept.body
