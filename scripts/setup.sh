@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for mineru-health: system libraries,
-# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test and demo extras).
+# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test and demo extras),
+# and .venv-mineru4 with mineru==4.0.12 (the 4.0 integration tests run MinerU there).
 # Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +46,19 @@ echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0"
 .venv/bin/pip install -q --no-build-isolation ".[test,demo]"
+
+# MinerU 4.0 brings its own FastAPI, pydantic, ...: a venv of its own. The tests
+# reach this package from there through PYTHONPATH (testing/sandbox.py); it
+# needs only what mineru-health imports at run time besides MinerU's own.
+MINERU4_VERSION="${MINERU4_VERSION:-4.0.12}"
+if [ ! -x .venv-mineru4/bin/python ]; then
+  echo "== creating .venv-mineru4 with $PYTHON"
+  "$PYTHON" -m venv .venv-mineru4
+fi
+if ! .venv-mineru4/bin/python -c "import importlib.metadata as m, sys; \
+    sys.exit(m.version('mineru') != '$MINERU4_VERSION')" 2>/dev/null; then
+  echo "== installing mineru==$MINERU4_VERSION into .venv-mineru4"
+  .venv-mineru4/bin/pip install -q --upgrade pip >/dev/null
+  timeout 1800 .venv-mineru4/bin/pip install -q "mineru==$MINERU4_VERSION" patch-ng prometheus-client
+fi
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

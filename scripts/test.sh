@@ -26,6 +26,10 @@ echo "== fuzzing (${FUZZ_SECONDS:-30}s per target)"
 bash scripts/fuzz.sh
 
 echo "== Python tests"
+# The MinerU 4.0 tests (tests/integration/mineru4) skip without it.
+if [ -x .venv-mineru4/bin/python ]; then
+  export MINERU_HEALTH_MINERU4_PYTHON="${MINERU_HEALTH_MINERU4_PYTHON:-$PWD/.venv-mineru4/bin/python}"
+fi
 # Run from tests/ so the installed package, not python/, is imported.
 cd tests
 python -m pytest -q -p no:cacheprovider "$@" .

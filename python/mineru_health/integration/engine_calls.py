@@ -46,6 +46,7 @@ __all__ = [
     "follow_tasks",
     "install",
     "on_import",
+    "track",
 ]
 
 #: (module, class, methods) whose calls are engine calls.
@@ -241,6 +242,12 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         wrapped = make(current)
         setattr(wrapped, _MARK, True)
         setattr(cls, name, wrapped)
+
+
+def track(module: ModuleType, class_name: str, methods: tuple[str, ...],
+          health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:
+    """Wraps ``methods`` of ``module.class_name`` as engine calls (idempotent)."""
+    _wrap_class(module, class_name, methods, lambda fn: _engine_call(fn, health, faults))
 
 
 def install(health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:

@@ -8,6 +8,18 @@ the worker consumes (deletes) it and then behaves as follows:
 ``engine_dead``
     from then on every engine call in this process raises vLLM's
     ``EngineDeadError`` (same module path, class name, base and message).
+``llama_engine_dead``
+    as ``engine_dead``, with llama.cpp's ``mineru_llama_cpp.exceptions.EngineError``
+    (the real class where the package is installed, raised at its engine module).
+``cuda_illegal_address``
+    as ``engine_dead``, with the sticky ``RuntimeError`` PyTorch raises after an
+    illegal memory access (raised at a ``torch`` module, as PyTorch does).
+``remote_engine_dead``
+    as ``engine_dead``, with what a remote VLM server's death looks like to
+    ``mineru_vl_utils``' HTTP client (a ``ServerError`` quoting vLLM's message).
+``device_oom``
+    the next engine call raises one device out-of-memory error (ambiguous: it
+    counts against the error budget).
 ``task_local``
     the next engine call raises one ``ValueError``, like a corrupt document.
 ``engine_stall``
@@ -57,13 +69,17 @@ __all__ = [
     "FaultInjector",
     "engine_dead_error_class",
     "make_engine_dead_error",
+    "make_llama_engine_error",
     "parse_plan",
+    "raise_in",
     "write_plan",
 ]
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
-PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison")
+PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "remote_engine_dead",
+              "device_oom",
+              "task_local", "engine_stall", "hang", "engine_dead_idle", "poison")
 #: Words that take a number of seconds after a space.
 _TIMED_WORDS = ("hang",)
 #: Words that take the rest of the line (a file name) as their argument.
@@ -109,6 +125,83 @@ def engine_dead_error_class() -> type[Exception]:
 
 def make_engine_dead_error() -> Exception:
     return engine_dead_error_class()(ENGINE_DEAD_MESSAGE)
+
+
+#: What llama.cpp's binding raises once its server loop stopped, and where.
+LLAMA_MESSAGE = "no result (stopped)"
+LLAMA_RAISED_IN = "mineru_llama_cpp.engine"
+#: PyTorch's sticky error after an illegal memory access, and a module it raises it in.
+CUDA_ILLEGAL_ADDRESS_MESSAGE = (
+    "CUDA error: an illegal memory access was encountered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+DEVICE_OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "23.64 GiB of which 1.02 GiB is free."
+)
+TORCH_RAISED_IN = "torch.cuda"
+
+
+def make_llama_engine_error() -> Exception:
+    """llama.cpp's EngineError: the real class when mineru_llama_cpp is installed."""
+    try:
+        from mineru_llama_cpp.exceptions import (  # type: ignore[import-not-found,unused-ignore]
+            EngineError,
+        )
+    except ImportError:
+        EngineError = type("EngineError", (Exception,),
+                           {"__module__": "mineru_llama_cpp.exceptions"})
+    error: Exception = EngineError(LLAMA_MESSAGE)
+    return error
+
+
+def make_remote_server_error() -> Exception:
+    """mineru_vl_utils' ServerError for an HTTP 500 quoting vLLM (a look-alike without it)."""
+    try:
+        from mineru_vl_utils.vlm_client.base_client import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            ServerError,
+        )
+    except ImportError:
+        ServerError = type("ServerError", (RuntimeError,),
+                           {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+    error: Exception = ServerError(f"Server returned status 500: {ENGINE_DEAD_MESSAGE}")
+    return error
+
+
+def _device_oom_error() -> Exception:
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        return torch.cuda.OutOfMemoryError(DEVICE_OOM_MESSAGE)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError):
+        return RuntimeError(DEVICE_OOM_MESSAGE)
+
+
+#: Sticky deaths: word -> (error factory, module the error is raised in).
+DEATHS: dict[str, tuple[Any, str]] = {
+    "engine_dead": (make_engine_dead_error, "vllm.v1.engine.async_llm"),
+    "llama_engine_dead": (make_llama_engine_error, LLAMA_RAISED_IN),
+    "cuda_illegal_address": (lambda: RuntimeError(CUDA_ILLEGAL_ADDRESS_MESSAGE), TORCH_RAISED_IN),
+    "remote_engine_dead": (make_remote_server_error, "mineru_vl_utils.vlm_client.http_client"),
+}
+_raisers: dict[str, Any] = {}
+
+
+def raise_in(module: str, error: BaseException) -> None:
+    """Raises ``error`` from a function whose module is ``module``.
+
+    The classifier judges an error text by where it was raised (a CUDA
+    message from ``torch`` is the device's; from a document library it is
+    text); the fault plan raises where the real engine would.
+    """
+    raiser = _raisers.get(module)
+    if raiser is None:
+        namespace: dict[str, Any] = {"__name__": module}
+        exec(compile("def _raise(error):\n    raise error\n", f"<{module}>", "exec"),  # noqa: S102
+             namespace)
+        raiser = _raisers.setdefault(module, namespace["_raise"])
+    raiser(error)
 
 
 def parse_plan(text: str) -> tuple[str, float | str | None] | None:
@@ -191,8 +284,10 @@ class FaultInjector:
         self.hang_s = hang_s
         self._lock = threading.Lock()
         self.engine_dead = False
+        self.death = "engine_dead"  # which of DEATHS an engine_dead engine raises
         self.engine_stall = False
         self.task_local_pending = 0
+        self.oom_pending = 0
         self.poison_names: frozenset[str] = frozenset()
         self.applied: list[str] = []
 
@@ -233,8 +328,11 @@ class FaultInjector:
                 return None
             word, seconds = plan
             self.applied.append(word)
-            if word == "engine_dead":
+            if word in DEATHS:
                 self.engine_dead = True
+                self.death = word
+            elif word == "device_oom":
+                self.oom_pending += 1
             elif word == "engine_stall":
                 self.engine_stall = True
             elif word == "task_local":
@@ -263,7 +361,11 @@ class FaultInjector:
             if self.poison_names.intersection(upload_names):
                 self.engine_dead = True
             if self.engine_dead:
-                raise make_engine_dead_error()
+                make, module = DEATHS[self.death]
+                raise_in(module, make())
+            if self.oom_pending:
+                self.oom_pending -= 1
+                raise_in(TORCH_RAISED_IN, _device_oom_error())
             if self.task_local_pending:
                 self.task_local_pending -= 1
                 raise ValueError(TASK_LOCAL_MESSAGE)

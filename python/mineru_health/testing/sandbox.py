@@ -54,6 +54,16 @@ __all__ = [
     "wait_until",
 ]
 
+# MinerU 4.0 (mineru-api 4.0.x) lives in its own venv: see the end of this module.
+__all__ += [
+    "MINERU4_PYTHON_ENV",
+    "health_link_dir",
+    "mineru4_api_command",
+    "mineru4_env",
+    "mineru4_python",
+    "patched_site4",
+]
+
 HOST = "127.0.0.1"
 MINERU_PYTHON_ENV = "MINERU_HEALTH_MINERU_PYTHON"
 # Variables of ours that must not leak from the caller's environment into a sandbox.
@@ -235,8 +245,12 @@ def make_pdf(
     image_px: int = 256,
     seed: int = 0,
     text: str = "mineru-health test page",
+    lines_per_page: int = 1,
 ) -> bytes:
-    """A PDF of ``pages`` A4 pages, each with a line of text and ``images_per_page`` images.
+    """A PDF of ``pages`` A4 pages, each with ``lines_per_page`` lines of text and images.
+
+    MinerU 4.0's flash tier reads the text layer; a page with one short line
+    falls back to OCR (which wants model weights): give it tens of lines.
 
     Every image is ``image_px`` x ``image_px`` RGB noise, so it neither
     compresses nor repeats: size grows with pages x images (about
@@ -247,6 +261,8 @@ def make_pdf(
     """
     if pages < 1:
         raise ValueError(f"pages must be at least 1, not {pages}")
+    if not 1 <= lines_per_page <= 60:
+        raise ValueError(f"lines_per_page must be between 1 and 60, not {lines_per_page}")
     if images_per_page < 0:
         raise ValueError(f"images_per_page must not be negative, not {images_per_page}")
     if not 1 <= image_px <= 4096:
@@ -261,7 +277,13 @@ def make_pdf(
     width, height = A4
     margin = 48.0
     for page in range(1, pages + 1):
-        pdf.drawString(margin, height - margin - 12, text if pages == 1 else f"{text} {page}")
+        heading = text if pages == 1 else f"{text} {page}"
+        pdf.drawString(margin, height - margin - 12, heading)
+        for line in range(1, lines_per_page):
+            # Text lines take the top half when the page also holds images.
+            step = (height / 2 - margin) / lines_per_page if images_per_page else 12.5
+            pdf.drawString(margin, height - margin - 12 - line * step,
+                           f"{heading}, line {line}: the quick brown fox jumps over the lazy dog")
         if images_per_page:
             _draw_noise(pdf, rng, images_per_page, image_px, ImageReader, margin, width, height)
         pdf.showPage()
@@ -292,3 +314,106 @@ def _draw_noise(
         x = margin + column * cell_w
         y = height - margin - 24 - (row + 1) * cell_h
         pdf.drawImage(reader(noise), x, y, width=side, height=side)
+
+
+# --- MinerU 4.0 -----------------------------------------------------------------------------
+
+MINERU4_PYTHON_ENV = "MINERU_HEALTH_MINERU4_PYTHON"
+#: Loads the fault plan plugin in every process started from a 4.0 sandbox site.
+_SITECUSTOMIZE = """\
+# Written by mineru_health.testing.sandbox: the fault plan plugin, for tests and demos only.
+import os
+if os.environ.get("MINERU_HEALTH_FAULT_PLAN"):
+    import mineru_health.testing.mineru4_faults
+    mineru_health.testing.mineru4_faults.load()
+"""
+#: The 4.0 target the sandbox insists on.
+WORKER4_TARGET = "parser/api_server.py"
+
+
+def mineru4_python() -> str | None:
+    """The interpreter of the MinerU 4.0 venv (``$MINERU_HEALTH_MINERU4_PYTHON``), if set."""
+    return os.environ.get(MINERU4_PYTHON_ENV) or None
+
+
+def health_link_dir(dest_dir: Path) -> Path:
+    """A directory holding only a link to this ``mineru_health`` package (for ``PYTHONPATH``).
+
+    MinerU 4.0 runs in another venv: putting this venv's whole site-packages
+    on its path would shadow that venv's own FastAPI, pydantic...
+    """
+    import mineru_health
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    link = dest_dir / "mineru_health"
+    if not link.exists():
+        link.symlink_to(Path(mineru_health.__file__).resolve().parent, target_is_directory=True)
+    return dest_dir
+
+
+def _apply_line_manifest(mineru_dir: Path) -> None:
+    """Applies ``patches/mineru-4.0`` (manifest format 2) until ``patching`` reads that format."""
+    import hashlib
+    import json
+
+    import patch_ng  # type: ignore[import-untyped]
+
+    from mineru_health import patching
+
+    directory = patching.patches_root() / "mineru-4.0"
+    manifest = json.loads((directory / patching.MANIFEST_NAME).read_text(encoding="utf-8"))
+    for entry in manifest["files"]:
+        target = mineru_dir / entry["target"]
+        digest = hashlib.sha256(target.read_bytes()).hexdigest()
+        variant = next((v for v in entry["variants"] if v["original_sha256"] == digest), None)
+        if variant is None:
+            raise SandboxError(f"{target} is no MinerU 4.0 release the patches know")
+        patch_set = patch_ng.fromfile(str(directory / variant["patch"]))
+        if not patch_set or not patch_set.apply(strip=1, root=str(mineru_dir)):
+            raise SandboxError(f"{variant['patch']} does not apply to {target}")
+        if hashlib.sha256(target.read_bytes()).hexdigest() != variant["patched_sha256"]:
+            raise SandboxError(f"{target} patched differs from the manifest")
+
+
+def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
+    """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``."""
+    from mineru_health import patching
+    from mineru_health.errors import MineruHealthError
+
+    site = copy_mineru(dest_dir, python)
+    try:
+        report = patching.apply(site / "mineru")
+        targets = {f.target for f in report.files}
+        if WORKER4_TARGET not in targets:
+            raise SandboxError(f"the patch set covers only {sorted(targets)}")
+    except MineruHealthError:
+        _apply_line_manifest(site / "mineru")  # this patching predates format 2
+    if faults:
+        (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
+    return site
+
+
+def mineru4_env(site: Path, scratch: Path, *, health_path: Path | None = None,
+                extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a 4.0 process: offline, ``MINERU_HOME`` and ``HOME`` in ``scratch``."""
+    home = scratch / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    link = health_path or health_link_dir(scratch / "health-path")
+    env = mineru_env(site, health_path=str(link), extra={
+        "MINERU_HOME": str(home),
+        "HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
+    })
+    return env
+
+
+def mineru4_api_command(python: str, port: int, upload_dir: Path, *, tier: str = "flash",
+                        host: str = HOST, args: tuple[str, ...] = ()) -> list[str]:
+    """argv of ``mineru-api`` 4.0 (the venv's console script, as a user starts it)."""
+    script = Path(python).parent / "mineru-api"
+    start = [str(script)] if script.is_file() else [
+        python, "-c", "from mineru.kit.commands.api_server import main; main()"]
+    return [*start, "--host", host, "--port", str(port), "--tier", tier,
+            "--upload-dir", str(upload_dir), *args]

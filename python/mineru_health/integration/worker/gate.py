@@ -37,44 +37,76 @@ async def _send_json(
     await send({"type": "http.response.body", "body": payload})
 
 
+#: A /health body larger than this is passed on as it is (it is not MinerU's small JSON).
+_ADVERTISE_MAX_BYTES = 64 * 1024
+
+
 def _advertising_send(send: Callable[[Any], Awaitable[None]],
                       port: int) -> Callable[[Any], Awaitable[None]]:
-    """Adds ``native_health_port`` to MinerU's small JSON /health body."""
+    """Adds ``native_health_port`` to MinerU's small JSON /health body.
+
+    The body may come in chunks (4.0's ``BaseHTTPMiddleware`` streams it and
+    ends with an empty one): they are held until the last, up to a bound.
+    """
     held: list[Any] = []
+    parts: list[bytes] = []
+
+    async def flush() -> None:
+        for message in held:
+            await send(message)
+        held.clear()
+        parts.clear()
 
     async def wrapped(message: Any) -> None:
         kind = message.get("type")
-        if kind == "http.response.start":
+        if kind == "http.response.start" and not held:
             held.append(message)
             return
-        if kind == "http.response.body" and held and not message.get("more_body", False):
-            start = held.pop()
-            body = message.get("body", b"")
-            headers = list(start.get("headers", []))
-            encoded = any(k.lower() == b"content-encoding" for k, _ in headers)
-            with contextlib.suppress(ValueError, TypeError):
-                if not encoded:
-                    data = json.loads(body)
-                    if isinstance(data, dict):
-                        data["native_health_port"] = port
-                        body = json.dumps(data).encode("utf-8")
-                        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-                        headers.append((b"content-length", str(len(body)).encode("ascii")))
-            await send({**start, "headers": headers})
-            await send({**message, "body": body})
+        if kind != "http.response.body" or not held:
+            await flush()
+            await send(message)
             return
-        while held:
-            await send(held.pop())
-        await send(message)
+        parts.append(message.get("body", b""))
+        if message.get("more_body", False):
+            held.append({**message, "more_body": True})
+            if sum(map(len, parts)) > _ADVERTISE_MAX_BYTES:
+                await flush()
+            return
+        start = held[0]
+        body = b"".join(parts)
+        headers = list(start.get("headers", []))
+        encoded = any(k.lower() == b"content-encoding" for k, _ in headers)
+        with contextlib.suppress(ValueError, TypeError):
+            if not encoded:
+                data = json.loads(body)
+                if isinstance(data, dict):
+                    data["native_health_port"] = port
+                    body = json.dumps(data).encode("utf-8")
+                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                    headers.append((b"content-length", str(len(body)).encode("ascii")))
+        held.clear()
+        parts.clear()
+        await send({**start, "headers": headers})
+        await send({**message, "body": body})
 
     return wrapped
 
 
 class HealthGate:
-    """ASGI middleware on the main port: a dead engine answers 503 and refuses new work."""
+    """ASGI middleware on the main port: a dead engine answers 503 and refuses new work.
+
+    The paths are class attributes, and ``lifespan`` wraps the lifespan
+    messages, so that each MinerU line's adapter names its own.
+    """
+
+    health_paths: frozenset[str] = frozenset({"/health"})
+    gated_posts: frozenset[str] = GATED_POSTS
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+    def lifespan(self, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        return watch_lifespan(send)
 
     async def __call__(
         self,
@@ -84,15 +116,15 @@ class HealthGate:
     ) -> None:
         kind = scope.get("type")
         if kind == "lifespan":
-            await self.app(scope, receive, watch_lifespan(send))
+            await self.app(scope, receive, self.lifespan(send))
             return
         if kind != "http":
             await self.app(scope, receive, send)
             return
         path = str(scope.get("path", "")).rstrip("/") or "/"
         method = scope.get("method", "")
-        is_health = method in ("GET", "HEAD") and path == "/health"
-        gated = is_health or (method == "POST" and path in GATED_POSTS)
+        is_health = method in ("GET", "HEAD") and path in self.health_paths
+        gated = is_health or (method == "POST" and path in self.gated_posts)
         health = current_health()
         if gated and not health.healthy:
             status, body = health.answer("/health", expose_errors=runtime.settings.expose_errors)

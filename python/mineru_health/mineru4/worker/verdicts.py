@@ -1,0 +1,112 @@
+"""MinerU 4.0's question "is this engine error fatal?", answered by the native classifier.
+
+4.0 asks ``mineru.model.vlm.errors.is_fatal_engine_error(exc)`` in three
+places: its VLM runtime thread (``async_runtime``, which then refuses every
+later request), ``_run_job`` (which then fails every unfinished job through
+``JobStore.fail_engine``) and the model preload. Two of them imported the
+function by name, so :func:`rebind` replaces it in every namespace that holds
+it. The replacement records the verdict in the native worker state (the
+native endpoint and ``/v1/health`` answer 503 from then on) and answers True
+for a fatal one, so MinerU's own ``fail_engine`` path fails the other jobs.
+
+It answers True when the native verdict is fatal (an ambiguous device error
+that exhausts the error budget included), or when MinerU's own function says
+so (never narrower than upstream), except for a remote engine
+(``server_url`` set: the http-client backend), which never condemns the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from ... import metrics
+from ...integration.worker.context import current_health, log, runtime
+from ...worker import describe_exception, exception_type_name
+
+NAME = "is_fatal_engine_error"
+#: Modules of 4.0.12 that hold the function (``errors`` defines it, the others import it).
+MODULES = ("mineru.model.vlm.errors", "mineru.model.vlm.async_runtime", "mineru.parser.api_server")
+_MARK = "__mineru_health__"
+#: The answer already given for an exception: 4.0 asks twice for one failure
+#: (runtime thread, then ``_run_job``), and an ambiguous one must count once.
+_ANSWER_ATTR = "__mineru_health_fatal__"
+
+
+def _remote_engine() -> bool:
+    """True when the app whose job runs here parses through a remote VLM server."""
+    module = sys.modules.get("mineru.model.vlm.async_runtime")
+    owner_var = getattr(module, "runtime_owner", None)
+    owner = owner_var.get() if owner_var is not None else None
+    for app in runtime.apps:
+        state = getattr(app, "state", None)
+        store = getattr(state, "job_store", None)
+        if owner is None or getattr(store, "runtime_owner", None) is owner:
+            return bool(getattr(getattr(state, "vlm_config", None), "server_url", None))
+    return False
+
+
+def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> bool:
+    remote = _remote_engine()
+    health = current_health()
+    outcome = health.record(error, remote_engine=remote)
+    if outcome.fatal:
+        metrics.record_worker_fatal(outcome.rule, outcome.category)
+        if outcome.first:
+            log("ERROR", f"fatal engine error: rule {outcome.rule} ({outcome.category}) "
+                         f"matched {outcome.verdict.excerpt!r}")
+        return True
+    metrics.record_worker_task_local(remote_engine=remote)
+    if remote or not upstream(error):
+        return False
+    # MinerU knows a death our rules do not: keep its verdict, recorded natively.
+    if health.record_fatal(describe_exception(error), rule="mineru.is_fatal_engine_error",
+                           category="engine_dead", exception_type=exception_type_name(error)):
+        log("ERROR", f"fatal engine error (MinerU's own check): {describe_exception(error)}")
+    metrics.record_worker_fatal("mineru.is_fatal_engine_error", "engine_dead")
+    return True
+
+
+def make_replacement(upstream: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
+    def is_fatal_engine_error(error: BaseException) -> bool:
+        known = getattr(error, _ANSWER_ATTR, None)
+        if isinstance(known, bool):
+            return known
+        try:
+            answer = _decide(error, upstream)
+        except Exception as failure:  # noqa: BLE001 - MinerU must keep its own handling
+            log("ERROR", f"classifying an engine error failed: {describe_exception(failure)}")
+            return upstream(error)
+        with contextlib.suppress(Exception):  # an exception refusing attributes is asked again
+            setattr(error, _ANSWER_ATTR, answer)
+        return answer
+
+    setattr(is_fatal_engine_error, _MARK, True)
+    is_fatal_engine_error.__doc__ = "MinerU's check, decided by mineru-health's classifier."
+    return is_fatal_engine_error
+
+
+def rebind(namespace: MutableMapping[str, Any] | None = None) -> int:
+    """Replaces the function in 4.0's modules and in ``namespace``; returns how many."""
+    spaces: list[MutableMapping[str, Any]] = [
+        vars(m) for m in map(sys.modules.get, MODULES) if m is not None]
+    if namespace is not None and not any(space is namespace for space in spaces):
+        spaces.append(namespace)
+    errors = sys.modules.get(MODULES[0])
+    upstream = getattr(errors, NAME, None)
+    if upstream is None or getattr(upstream, _MARK, False):
+        upstream = getattr(upstream, "__wrapped__", None)
+    if upstream is None:
+        log("WARNING", f"{MODULES[0]}.{NAME} not found; MinerU's engine checks stay its own")
+        return 0
+    replacement = make_replacement(upstream)
+    replacement.__wrapped__ = upstream  # type: ignore[attr-defined]
+    count = 0
+    for space in spaces:
+        current = space.get(NAME)
+        if current is not None and (current is upstream or getattr(current, _MARK, False)):
+            space[NAME] = replacement
+            count += 1
+    return count

@@ -1,0 +1,159 @@
+"""A real, patched ``mineru-api`` 4.0.12 whose engine dies (fault plan), end to end.
+
+The fault is raised at 4.0's parse call (where an engine raises) with the
+engine's own exception: llama.cpp's ``EngineError``, PyTorch's sticky CUDA
+``RuntimeError``, vLLM's ``EngineDeadError``. Upstream 4.0.12 recognises only
+the last; with the hooks every one turns the worker's native ``/health`` and
+``/v1/health`` to 503 and refuses new work, while a document's own error
+leaves it healthy.
+"""
+
+# ruff: noqa: F811 - the fixtures are imported from mineru4_support and named as parameters
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import httpx
+import mineru_health
+import pytest
+from mineru4_support import (  # noqa: F401 - fixtures
+    Worker4,
+    plan_consumed,
+    python4,
+    site4,
+    start_worker4,
+    text_pdf,
+)
+from mineru_health.testing import faults
+from mineru_health.testing.faults import write_plan
+from mineru_health.testing.sandbox import wait_until
+
+pytestmark = pytest.mark.integration
+
+DEATHS = {
+    "llama_engine_dead": "llama.cpp EngineError",
+    "cuda_illegal_address": "CUDA illegal memory access",
+    "engine_dead": "vLLM EngineDeadError",
+}
+GATED = ("/v1/tasks", "/v1/parse/jobs", "/v1/file_parse")
+
+
+def _classified_fatal(word: str) -> bool:
+    """Whether this package's rules call the planned error fatal (llama.cpp needs its rules)."""
+    make, module = faults.DEATHS[word]
+    try:
+        faults.raise_in(module, make())
+    except Exception as error:  # noqa: BLE001 - the planned error itself
+        return mineru_health.classify(error).fatal
+    return False
+
+
+def _assert_dead_body(body: dict[str, Any]) -> None:
+    assert body["status"] == "unhealthy"
+    assert body["engine_dead"] is True
+    assert body["version"] == "4.0.12"
+    assert body["rule"] and body["category"]
+    assert datetime.fromisoformat(body["since"]).tzinfo is not None
+
+
+@pytest.mark.parametrize("word", list(DEATHS), ids=list(DEATHS.values()))
+def test_engine_death_makes_the_worker_unhealthy(start_worker4: Any, word: str) -> None:
+    if not _classified_fatal(word):
+        pytest.skip(f"no built-in rule calls the planned {DEATHS[word]} fatal yet")
+    worker: Worker4 = start_worker4()
+    healthy = worker.get("/v1/health")
+    assert healthy.json()["native_health_port"] == int(worker.native_url.rsplit(":", 1)[1])
+    assert worker.native().status_code == 200
+
+    write_plan(worker.plan, word)
+    plan_consumed(worker)
+    submitted = worker.submit(text_pdf())
+    assert submitted.status_code == 202, submitted.text
+    job = worker.wait_terminal(submitted.json()["task_id"])
+    assert job["status"] == "failed"
+    assert job["files"][0]["error"]["code"] == "engine_dead"  # MinerU's own fail_engine path
+
+    native = worker.native()
+    assert native.status_code == 503, native.text
+    _assert_dead_body(native.json())
+    main = worker.get("/v1/health")
+    assert main.status_code == 503, main.text
+    _assert_dead_body(main.json())
+    assert main.json()["rule"] == native.json()["rule"]
+    for path in GATED:
+        refused = worker.submit(text_pdf(1), path=path)
+        assert refused.status_code == 503, (path, refused.text)
+        assert int(refused.headers["retry-after"]) > 0
+        assert "engine" in refused.json()["message"]
+
+
+def test_document_error_keeps_the_worker(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4()
+    write_plan(worker.plan, "task_local")
+    plan_consumed(worker)
+    failed = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+    assert failed["status"] == "failed"
+    assert failed["files"][0]["error"]["code"] == "parse_failed"
+
+    assert worker.native().status_code == 200
+    main = worker.get("/v1/health")
+    assert main.status_code == 200, main.text
+    assert worker.native().json()["task_local_failures"] >= 1
+    done = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+    assert done["status"] == "completed", done
+
+
+def test_remote_engine_never_condemns_the_worker(start_worker4: Any) -> None:
+    # A VLM server URL makes the engine remote (http-client): its errors are the server's.
+    worker: Worker4 = start_worker4(args=("--vlm-server-url", "http://127.0.0.1:9"))
+    write_plan(worker.plan, "remote_engine_dead")
+    plan_consumed(worker)
+    failed = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+    assert failed["status"] == "failed"
+    assert failed["files"][0]["error"]["code"] == "parse_failed"
+    assert worker.native().status_code == 200
+    assert worker.get("/v1/health").status_code == 200
+
+
+def test_device_errors_exhaust_the_error_budget(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4({"MINERU_HEALTH_ERROR_BUDGET": "2"})
+    for round_ in range(2):
+        write_plan(worker.plan, "device_oom")
+        plan_consumed(worker)
+        job = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
+        assert job["status"] == "failed"
+        expected = 200 if round_ == 0 else 503
+        assert worker.native().status_code == expected, worker.native().text
+    body = worker.get("/v1/health").json()
+    assert body["engine_dead"] is True and body["category"], body
+
+
+def test_engine_stall_fails_every_unfinished_job(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4({"MINERU_HEALTH_STALL_S": "3"})
+    write_plan(worker.plan, "engine_stall")
+    plan_consumed(worker)
+    first = worker.submit(text_pdf()).json()["task_id"]
+    queued = worker.submit(text_pdf(), name="second.pdf").json()["task_id"]  # concurrency 1
+    for task_id in (first, queued):
+        job = worker.wait_terminal(task_id, timeout_s=60.0)
+        assert job["status"] == "failed", job
+        assert job["files"][0]["error"]["code"] == "engine_dead", job
+    body = worker.native().json()
+    assert body["engine_dead"] is True and body["category"] == "engine_stalled", body
+    assert worker.get("/v1/health").status_code == 503
+
+
+def test_native_endpoint_answers_while_the_loop_hangs(start_worker4: Any) -> None:
+    worker: Worker4 = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "2"})
+    write_plan(worker.plan, "hang 8")
+    plan_consumed(worker)
+    hung = wait_until(lambda: worker.native().json().get("loop_hung"), 6.0, 0.2)
+    assert hung, worker.native().text
+    answer = worker.native()
+    assert answer.status_code == 503 and answer.elapsed.total_seconds() < 1.0
+    with pytest.raises(httpx.TimeoutException):
+        worker.get("/v1/health", timeout_s=1.0)
+    recovered = wait_until(lambda: worker.native().status_code == 200, 20.0, 0.2)
+    assert recovered, worker.native().text
+    assert worker.get("/v1/health").status_code == 200

@@ -1,0 +1,160 @@
+"""The MinerU 4.0 worker adapter against stand-in modules and a real FastAPI app (no MinerU)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import JSONResponse
+from mineru_health.integration.worker import context
+from mineru_health.mineru4.worker import verdicts, watch
+from mineru_health.testing.faults import make_engine_dead_error
+from mineru_health.worker import worker_health
+
+
+def _upstream(error: BaseException) -> bool:
+    return type(error).__name__ == "UpstreamOnly"
+
+
+class UpstreamOnly(Exception):
+    """An error only MinerU's own check calls fatal."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    worker_health().reset()
+    context.runtime.acted_on_fatal = False
+    yield
+    worker_health().reset()
+    context.runtime.apps.clear()
+    context.runtime.acted_on_fatal = False
+    context.runtime.advertised_port = None
+
+
+@pytest.fixture
+def modules() -> Iterator[list[types.ModuleType]]:
+    made = []
+    for name in verdicts.MODULES:
+        module = types.ModuleType(name)
+        module.is_fatal_engine_error = _upstream  # type: ignore[attr-defined]
+        made.append(module)
+    saved = {name: sys.modules.get(name) for name in verdicts.MODULES}
+    sys.modules.update({m.__name__: m for m in made})
+    yield made
+    for name, previous in saved.items():
+        if previous is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
+
+
+def test_rebind_reaches_every_namespace_and_records_natively(
+        modules: list[types.ModuleType]) -> None:
+    namespace: dict[str, Any] = {"is_fatal_engine_error": _upstream}
+    assert verdicts.rebind(namespace) == 4
+    checks = [m.is_fatal_engine_error for m in modules] + [namespace["is_fatal_engine_error"]]
+    assert all(check is checks[0] and check is not _upstream for check in checks)
+    assert verdicts.rebind(namespace) == 4  # again: replaced in place, upstream kept
+
+    assert checks[0](ValueError("corrupt page")) is False
+    assert worker_health().healthy
+    error = make_engine_dead_error()
+    assert checks[0](error) is True
+    assert checks[0](error) is True  # asked twice for one failure: recorded once
+    snapshot = worker_health().snapshot()
+    assert not snapshot.healthy and snapshot.fatal_count == 1
+    assert snapshot.first_fatal is not None and snapshot.first_fatal.rule == "vllm.engine_dead"
+
+
+def test_upstream_verdict_is_kept(modules: list[types.ModuleType]) -> None:
+    verdicts.rebind()
+    assert modules[0].is_fatal_engine_error(UpstreamOnly("dead")) is True
+    first = worker_health().snapshot().first_fatal
+    assert first is not None and first.rule == "mineru.is_fatal_engine_error"
+
+
+def test_a_remote_engine_never_condemns_the_worker(modules: list[types.ModuleType]) -> None:
+    app = FastAPI()
+    app.state.vlm_config = types.SimpleNamespace(server_url="http://vlm.example:8000")
+    app.state.job_store = types.SimpleNamespace(runtime_owner=object())
+    context.runtime.apps.append(app)
+    verdicts.rebind()
+    assert modules[0].is_fatal_engine_error(UpstreamOnly("remote says dead")) is False
+    assert worker_health().healthy
+
+
+class _JobStore:
+    def __init__(self) -> None:
+        self.failed_with: list[str] = []
+        self._jobs: dict[str, Any] = {}
+        self.runtime_owner = types.SimpleNamespace(engine_error=None)
+
+    def fail_engine(self, message: str) -> None:
+        self.failed_with.append(message)
+        self.runtime_owner.engine_error = message
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(GZipMiddleware, minimum_size=1000)
+
+    @app.middleware("http")
+    async def streaming(request: Any, call_next: Any) -> Any:  # 4.0's BaseHTTPMiddleware
+        return await call_next(request)
+
+    @app.get("/v1/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.post("/v1/tasks")
+    async def tasks() -> JSONResponse:
+        return JSONResponse({"accepted": True}, status_code=202)
+
+    app.add_middleware(watch.Gate)
+    app.state.job_store = _JobStore()
+    context.runtime.apps.append(app)
+    return app
+
+
+def _call(app: FastAPI, method: str, path: str) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            return await client.request(method, path)
+
+    return asyncio.run(go())
+
+
+def test_gate_advertises_then_refuses_once_dead() -> None:
+    app = _app()
+    context.runtime.advertised_port = 4321
+    healthy = _call(app, "GET", "/v1/health")
+    assert healthy.status_code == 200
+    assert healthy.json() == {"status": "ok", "native_health_port": 4321}
+    assert _call(app, "POST", "/v1/tasks").status_code == 202
+
+    worker_health().record(make_engine_dead_error())
+    dead = _call(app, "GET", "/v1/health")
+    assert dead.status_code == 503
+    assert dead.json()["engine_dead"] is True and dead.json()["rule"] == "vllm.engine_dead"
+    refused = _call(app, "POST", "/v1/tasks")
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+
+
+def test_act_on_fatal_fails_every_app_once() -> None:
+    stores = [_app().state.job_store, _app().state.job_store]
+    watch.act_on_fatal()
+    assert all(not s.failed_with for s in stores)
+    worker_health().record(make_engine_dead_error())
+    watch.act_on_fatal()
+    watch.act_on_fatal()
+    assert all(len(s.failed_with) == 1 and "vllm.engine_dead" in s.failed_with[0]
+               for s in stores)
+    watch.report_jobs()  # MinerU's own error is pushed with the figures
