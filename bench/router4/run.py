@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mineru_health.testing import mineru4
-from mineru_health.testing.mineru4 import Fleet, Job
+from mineru_health.testing import router4, sandbox
+from mineru_health.testing.router4 import Fleet, Job
 
 SCENARIOS: dict[str, Callable[[Fleet], None]] = {
     "kill9": lambda fleet: os.kill(fleet.worker_pids()[0], signal.SIGKILL),
-    "engine_dead": lambda fleet: mineru4.write_plan(fleet.plan, "engine_dead"),
-    "hang": lambda fleet: mineru4.write_plan(fleet.plan, "hang"),
+    "engine_dead": lambda fleet: router4.write_plan(fleet.plan, "engine_dead"),
+    "hang": lambda fleet: router4.write_plan(fleet.plan, "hang"),
 }
 
 
@@ -59,10 +59,17 @@ def downloadable(fleet: Fleet, jobs: list[Job]) -> int:
     return count
 
 
+def _reason(job: Job) -> str:
+    if job.error is not None:
+        return f"submission refused: {job.error}"[:160]
+    files = job.payload.get("files") or [{}]
+    return f"{job.status}: {files[0].get('error')}"[:160]
+
+
 def one(python: str, scenario: str, side: str) -> dict[str, Any]:
     with (tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch,
-          mineru4.start_fleet(Path(scratch), python, patched=side == "ours") as fleet):
-        run = mineru4.run_fault(fleet, lambda: SCENARIOS[scenario](fleet),
+          router4.start_fleet(Path(scratch), python, patched=side == "ours") as fleet):
+        run = router4.run_fault(fleet, lambda: SCENARIOS[scenario](fleet),
                                 recovery_timeout_s=90.0, job_timeout_s=120.0)
         kept = downloadable(fleet, run.before)
     return {
@@ -73,8 +80,7 @@ def one(python: str, scenario: str, side: str) -> dict[str, Any]:
         "out_after_s": None if run.out_at is None else round(run.out_at - run.fault_at, 2),
         "back_after_s": None if run.back_at is None else round(run.back_at - run.fault_at, 2),
         "earlier_results": f"{kept}/{len(run.before)}",
-        "lost_reasons": sorted({(j.error or str(j.payload.get("files", [{}])[0].get("error"))
-                                 )[:120] for j in run.lost}),
+        "lost_reasons": sorted({_reason(j) for j in run.lost}),
     }
 
 
@@ -84,9 +90,9 @@ def main() -> int:
     parser.add_argument("--sides", default="upstream,ours")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    python = mineru4.mineru4_python()
+    python = sandbox.mineru4_python()
     if python is None:
-        print(f"set {mineru4.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python", file=sys.stderr)
+        print(f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python", file=sys.stderr)
         return 2
     rows = []
     for scenario in args.scenarios.split(","):

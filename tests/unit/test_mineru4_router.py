@@ -194,3 +194,77 @@ def test_retired_outputs_delete_and_missing_blob(tmp_path: Path) -> None:
     assert deleted is not None and deleted[0] == 200
     assert retired.answer("GET", "/v1/files/file-0123abcd") is None
     assert retired.retire(None, []) == 0
+
+
+class _ProxyError(Exception):
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+
+
+class _Response:
+    def __init__(self, status_code: int, body: bytes = b"{}") -> None:
+        self.status_code = status_code
+        self.body = body
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.health_settings = HealthSettings.preset("fast").replace(interval_s=0.01,
+                                                                     probe_timeout_s=0.005,
+                                                                     connect_timeout_s=0.005)
+        self.workers = ["w0", "w1"]
+        self.checked: list[str] = []
+
+    def check_process(self, worker: str) -> None:
+        self.checked.append(worker)
+
+
+def _supervisor(pool: _Pool) -> Any:
+    from mineru_health.mineru4.router.jobs import JobSupervisor
+
+    return JobSupervisor(pool, None, None, {"RouterProxyError": _ProxyError})
+
+
+def test_a_submission_lost_on_its_worker_is_made_again() -> None:
+    pool = _Pool()
+    answers: list[Any] = [_ProxyError(502), _Response(503, b'{"error":{"code":"engine_dead"}}'),
+                          _Response(200)]
+
+    async def submit_job(body: Any, request: Any, uploads: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    response = asyncio.run(_supervisor(pool).submit_with_failover(submit_job, {}, None, None))
+    assert response.status_code == 200 and answers == []
+    assert pool.checked == ["w0", "w1", "w0", "w1"]  # every process checked before each try
+
+
+@pytest.mark.parametrize("answer", [_ProxyError(400), _Response(503, b'{"error":{"code":"x"}}')])
+def test_other_submission_answers_go_to_the_client(answer: Any) -> None:
+    async def submit_job(body: Any, request: Any, uploads: Any) -> Any:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    supervisor = _supervisor(_Pool())
+    if isinstance(answer, Exception):
+        with pytest.raises(_ProxyError):
+            asyncio.run(supervisor.submit_with_failover(submit_job, {}, None, None))
+    else:
+        assert asyncio.run(supervisor.submit_with_failover(submit_job, {}, None, None)) is answer
+
+
+def test_failover_gives_up_after_one_try_per_worker_and_one_more() -> None:
+    calls = 0
+
+    async def submit_job(body: Any, request: Any, uploads: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise _ProxyError(504)
+
+    with pytest.raises(_ProxyError):
+        asyncio.run(_supervisor(_Pool()).submit_with_failover(submit_job, {}, None, None))
+    assert calls == 3

@@ -375,12 +375,10 @@ def _apply_line_manifest(mineru_dir: Path) -> None:
             raise SandboxError(f"{target} patched differs from the manifest")
 
 
-def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
-    """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``."""
+def _patch_site4(site: Path) -> None:
     from mineru_health import patching
     from mineru_health.errors import MineruHealthError
 
-    site = copy_mineru(dest_dir, python)
     try:
         report = patching.apply(site / "mineru")
         targets = {f.target for f in report.files}
@@ -388,6 +386,17 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
             raise SandboxError(f"the patch set covers only {sorted(targets)}")
     except MineruHealthError:
         _apply_line_manifest(site / "mineru")  # this patching predates format 2
+
+
+def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
+                  patched: bool = True) -> Path:
+    """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``.
+
+    ``patched=False``: MinerU's own code (with the fault plugin), for baselines.
+    """
+    site = copy_mineru(dest_dir, python)
+    if patched:
+        _patch_site4(site)
     if faults:
         (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     return site

@@ -1,6 +1,6 @@
 """The patched MinerU 4.0 ``mineru-router`` with two real local ``mineru-api`` workers.
 
-Offline, flash tier, text PDFs (harness: ``testing/mineru4.py``). A steady
+Offline, flash tier, text PDFs (harness: ``testing/router4.py``). A steady
 stream of jobs goes through the router's ``/v1/tasks`` while one worker is
 killed with ``kill -9``, its engine dies (vLLM's ``EngineDeadError`` raised
 in 4.0's real parse call) or its event loop hangs. Every job submitted must
@@ -20,21 +20,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mineru_health.testing import mineru4
-from mineru_health.testing.mineru4 import FaultRun, Fleet, Job
+from mineru_health.testing import router4, sandbox
+from mineru_health.testing.router4 import FaultRun, Fleet, Job
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(mineru4.mineru4_python() is None,
-                       reason=f"set {mineru4.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
+    pytest.mark.skipif(sandbox.mineru4_python() is None,
+                       reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
 ]
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    python = mineru4.mineru4_python()
+    python = sandbox.mineru4_python()
     assert python is not None
-    with mineru4.start_fleet(tmp_path, python) as fleet:
+    with router4.start_fleet(tmp_path, python) as fleet:
         yield fleet
 
 
@@ -50,7 +50,7 @@ def _metrics_states(fleet: Fleet) -> dict[str, str]:
 
 
 def _check(fleet: Fleet, inject: Callable[[], None], cause: str) -> FaultRun:
-    run = mineru4.run_fault(fleet, inject)
+    run = router4.run_fault(fleet, inject)
     records = fleet.audit_records(since=run.fault_at)
     assert cause in {r["cause"] for r in records}, records
     assert any(r["action"] == "admitted" and r["from"] == "restarting" for r in records), records
@@ -78,8 +78,14 @@ def test_kill_9_of_a_worker_loses_no_job(fleet: Fleet) -> None:
 
 
 def test_engine_death_loses_no_job(fleet: Fleet) -> None:
-    _check(fleet, lambda: mineru4.write_plan(fleet.plan, "engine_dead"), "engine_dead")
+    _check(fleet, lambda: router4.write_plan(fleet.plan, "engine_dead"), "engine_dead")
 
 
-def test_hung_worker_loses_no_job(fleet: Fleet) -> None:
-    _check(fleet, lambda: mineru4.write_plan(fleet.plan, "hang"), "timeout")
+def test_hung_event_loop_loses_no_job(fleet: Fleet) -> None:
+    """The native endpoint says loop_hung (definitive) while the main port answers nothing."""
+    _check(fleet, lambda: router4.write_plan(fleet.plan, "hang"), "loop_hung")
+
+
+def test_stalled_engine_loses_no_job(fleet: Fleet) -> None:
+    """The engine call never returns; the worker's stall watchdog condemns it."""
+    _check(fleet, lambda: router4.write_plan(fleet.plan, "engine_stall"), "engine_dead")

@@ -202,21 +202,30 @@ class JobSupervisor:
 
     async def submit_with_failover(self, submit_job: Any, body: dict[str, Any], request: Any,
                                    uploads: Any) -> Any:
-        """4.0's ``submit_job``, made again on another worker when the chosen one failed."""
+        """4.0's ``submit_job``, made again on another worker when the chosen one failed.
+
+        Before each new try the launched workers' processes are checked (a
+        killed one leaves rotation at once) and one probe interval passes,
+        so that the policy has taken in what the failure showed.
+        """
         error = self._ns["RouterProxyError"]
-        tries = max(1, len(self._pool.workers))
+        tries = len(self._pool.workers) + 1
         for attempt in range(1, tries + 1):
-            last = attempt == tries or not self._pool.healthy_workers()
+            last = attempt == tries
             try:
                 response = await submit_job(body, request, uploads)
             except error as exc:
                 if last or exc.status_code not in (502, 504):
                     raise
-                _log.warning("a submission failed on its worker (%s); trying another", exc)
-                continue
-            if last or response.status_code != 503 or b'"engine_dead"' not in bytes(response.body):
-                return response
-            _log.warning("a submission was refused with 503 engine_dead; trying another worker")
+                _log.warning("a submission failed on its worker (%s); trying again", exc)
+            else:
+                if (last or response.status_code != 503
+                        or b'"engine_dead"' not in bytes(response.body)):
+                    return response
+                _log.warning("a submission was refused with 503 engine_dead; trying again")
+            for worker in self._pool.workers:
+                self._pool.check_process(worker)
+            await asyncio.sleep(self.retry_interval_s)
         raise AssertionError("unreachable")
 
     # -- answers 4.0 got from a worker ------------------------------------------------
