@@ -186,7 +186,7 @@ def start_fleet(scratch: Path, python: str, *, patched: bool = True,
     ``patched``: the copy carries our router patches (else MinerU's own
     router runs, faults included). The fast preset, with a 3 s main-port
     timeout (workers without a native endpoint show a hung loop that way),
-    and a 10 s stall watchdog in the workers.
+    and in the workers a 5 s loop-hang limit and a 10 s stall watchdog.
     """
     site = patched_site4(scratch / "mineru-site", python, patched=patched)
     audit, plan = scratch / "audit.jsonl", scratch / "plan"
@@ -194,7 +194,9 @@ def start_fleet(scratch: Path, python: str, *, patched: bool = True,
         "MINERU_ROUTER_HEALTH_PRESET": "fast",
         "MINERU_ROUTER_HEALTH_MAIN_PORT_TIMEOUT_S": "3",
         "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit),
-        # Workers: a stalled engine call is condemned after 10 s (a parse here takes ~2 s).
+        # Workers: a loop blocked 5 s is hung, a stalled engine call is condemned after
+        # 10 s (a parse here takes ~2 s and blocks the loop for milliseconds).
+        "MINERU_HEALTH_LOOP_HANG_S": "5",
         "MINERU_HEALTH_STALL_S": "10",
         FAULT_PLAN_ENV: str(plan),
         **(extra_env or {}),
