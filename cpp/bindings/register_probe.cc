@@ -56,7 +56,8 @@ void register_probe(py::module_& m) {
       .def_readwrite("protocol_version", &ProbeExpectations::protocol_version)
       .def_readwrite("max_body_bytes", &ProbeExpectations::max_body_bytes)
       .def_readwrite("require_load_fields",
-                     &ProbeExpectations::require_load_fields);
+                     &ProbeExpectations::require_load_fields)
+      .def_readwrite("main_port_status", &ProbeExpectations::main_port_status);
 
   py::class_<ProbeResult>(m, "ProbeResult", "The outcome of one probe.")
       .def(py::init<>())

@@ -169,7 +169,14 @@ ProbeResult finish_transfer(const Transfer& t, CURLcode result,
     total_us = 0;
   ProbeResult r;
   if (result == CURLE_OK || (result == CURLE_WRITE_ERROR && t.truncated)) {
-    r = classify_health_response(http_status, t.body, t.truncated, expect);
+    if (t.endpoint == ProbeEndpoint::kMain &&
+        !expect.main_port_status.empty()) {
+      ProbeExpectations main = expect;
+      main.expected_status = expect.main_port_status;
+      r = classify_health_response(http_status, t.body, t.truncated, main);
+    } else {
+      r = classify_health_response(http_status, t.body, t.truncated, expect);
+    }
   } else {
     r.status = status_for(result);
     r.http_status = http_status;

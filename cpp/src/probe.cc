@@ -68,6 +68,16 @@ bool flag_of(const json& doc, const char* name) {
   return it != doc.end() && it->is_boolean() && it->get<bool>();
 }
 
+// MinerU 4.0's own verdict on a dead engine: {"error": {"code":
+// "engine_dead", ...}} (its JobStore.require_ready).
+bool error_code_is(const json& doc, const char* code) {
+  auto it = doc.find("error");
+  if (it == doc.end() || !it->is_object()) return false;
+  auto c = it->find("code");
+  return c != it->end() && c->is_string() &&
+         c->get_ref<const std::string&>() == code;
+}
+
 std::optional<double> seconds_of(const json& doc, const char* name) {
   auto it = doc.find(name);
   if (it == doc.end() || !it->is_number()) return std::nullopt;
@@ -160,7 +170,7 @@ ProbeResult classify_impl(long http_status, std::string_view body,
     if (http_status == 503 && doc.is_object()) {
       // Engine death first: when both hold, the engine is what a restart
       // must fix.
-      if (flag_of(doc, "engine_dead")) {
+      if (flag_of(doc, "engine_dead") || error_code_is(doc, "engine_dead")) {
         std::string err = error_of(doc);
         return fail(std::move(r), ProbeStatus::kEngineDead,
                     err.empty()

@@ -63,6 +63,13 @@ std::vector<Case> cases() {
        R"("rule":"vllm-engine-dead","category":"engine_dead","engine_dead":true})",
        false, mineru_expectations(), ProbeStatus::kEngineDead,
        "EngineDeadError"},
+      {"503_mineru4_engine_dead", 503,
+       R"({"error":{"type":"engine_error","code":"engine_dead",)"
+       R"("message":"EngineDeadError: EngineCore died"}})",
+       false, ok_engine, ProbeStatus::kEngineDead, "EngineCore died"},
+      {"503_mineru4_other_code_is_not_definitive", 503,
+       R"({"error":{"code":"model_preload_failed","message":"x"}})", false,
+       ok_engine, ProbeStatus::kHttpStatus, "HTTP 503"},
       {"503_engine_dead_false", 503,
        R"({"status":"unhealthy","engine_dead":false})", false,
        mineru_expectations(), ProbeStatus::kHttpStatus, "HTTP 503"},

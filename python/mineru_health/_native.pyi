@@ -488,6 +488,7 @@ class ProbeExpectations(metaclass=_pybind11_type):
     protocol_version: int | None
     max_body_bytes: int
     require_load_fields: bool
+    main_port_status: str
     def __init__(self) -> None: ...
 
 class ProbeResult(metaclass=_pybind11_type):

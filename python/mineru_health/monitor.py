@@ -52,13 +52,19 @@ def expectations(
     *,
     protocol_version: int | None = None,
     require_load_fields: bool = True,
+    main_port_status: str = "",
 ) -> Any:
-    """The ``_native.ProbeExpectations`` matching ``settings``."""
+    """The ``_native.ProbeExpectations`` matching ``settings``.
+
+    ``main_port_status``: the healthy ``status`` word of a worker's main port
+    when it is not the native endpoint's (MinerU 4.0 says ``"ok"``).
+    """
     expect = _native.ProbeExpectations()
     expect.expected_status = settings.expected_status
     expect.max_body_bytes = settings.max_body_bytes
     expect.protocol_version = protocol_version
     expect.require_load_fields = require_load_fields
+    expect.main_port_status = main_port_status
     return expect
 
 
@@ -79,12 +85,14 @@ class HealthMonitor:
         *,
         protocol_version: int | None = None,
         require_load_fields: bool = True,
+        main_port_status: str = "",
         seed: int = 0,
         on_event: EventCallback | None = None,
     ) -> None:
         self.settings = settings
         self._expect = expectations(
-            settings, protocol_version=protocol_version, require_load_fields=require_load_fields
+            settings, protocol_version=protocol_version, require_load_fields=require_load_fields,
+            main_port_status=main_port_status,
         )
         self._poller = _native.Poller(settings.native, self._expect, seed)
         self._on_event = on_event

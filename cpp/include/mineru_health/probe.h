@@ -66,6 +66,10 @@ struct ProbeExpectations {
   // MinerU workers must report max_concurrent_requests > 0 (the router
   // divides by it); engines that answer {"status": "ok"} need not.
   bool require_load_fields = true;
+  // The healthy `status` of a main port's /health when it differs from
+  // expected_status ("" = the same): MinerU 4.0's /v1/health says "ok"
+  // while the native endpoint says "healthy".
+  std::string main_port_status;
 };
 
 struct ProbeResult {
@@ -103,10 +107,10 @@ struct ProbeResult {
 };
 
 // Classifies a complete HTTP answer. `truncated` means the body was cut at
-// max_body_bytes. A complete 503 object with `"engine_dead": true` is
-// kEngineDead, else with `"loop_hung": true` kLoopHung; any other non-2xx
-// (a native endpoint's 503 while the worker starts, too) is kHttpStatus.
-// Never throws.
+// max_body_bytes. A complete 503 object with `"engine_dead": true` (or, as
+// MinerU 4.0 words it, `"error": {"code": "engine_dead"}`) is kEngineDead, else
+// with `"loop_hung": true` kLoopHung; any other non-2xx (a native endpoint's
+// 503 while the worker starts, too) is kHttpStatus. Never throws.
 ProbeResult classify_health_response(long http_status, std::string_view body,
                                      bool truncated,
                                      const ProbeExpectations& expect);

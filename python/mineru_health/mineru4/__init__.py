@@ -1,1 +1,6 @@
-"""Adapters for MinerU 4.0.x (``mineru-api``: :mod:`.worker`)."""
+"""Adapters for MinerU 4.0.x: ``mineru-api`` (:mod:`.worker`) and ``mineru-router`` (:mod:`.router`).
+
+Only what touches 4.0's code lives here; the runtime (classifier, worker
+state, native endpoint, poller, restart policy, resubmission decisions,
+poison guard, metrics) is shared with the 3.x line.
+"""

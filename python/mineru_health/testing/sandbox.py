@@ -352,12 +352,10 @@ def health_link_dir(dest_dir: Path) -> Path:
     return dest_dir
 
 
-def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
-    """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``."""
+def _patch_site4(site: Path) -> None:
     from mineru_health import patching
     from mineru_health.errors import MineruHealthError
 
-    site = copy_mineru(dest_dir, python)
     try:
         report = patching.apply(site / "mineru")
     except MineruHealthError as exc:
@@ -365,6 +363,17 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True) -> Path:
     targets = {f.target for f in report.files}
     if report.line != "4.0" or WORKER4_TARGET not in targets:
         raise SandboxError(f"line {report.line} patched, covering only {sorted(targets)}")
+
+
+def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
+                  patched: bool = True) -> Path:
+    """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``.
+
+    ``patched=False``: MinerU's own code (with the fault plugin), for baselines.
+    """
+    site = copy_mineru(dest_dir, python)
+    if patched:
+        _patch_site4(site)
     if faults:
         add_fault_plugin(site)
     return site

@@ -58,7 +58,8 @@ __all__ = [
     "trigger_rule",
 ]
 
-_TERMINAL = frozenset({"completed", "failed"})
+# MinerU 3.x ends a task completed or failed; 4.0 a job also partial or canceled.
+_TERMINAL = frozenset({"completed", "partial", "failed", "canceled"})
 
 
 class AnswerKind(enum.Enum):
