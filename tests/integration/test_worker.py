@@ -474,7 +474,8 @@ def test_operator_rule_makes_a_failure_fatal(
 ) -> None:
     # Without a code change, an operator decides that this error kills the engine.
     rules = tmp_path / "rules.txt"
-    rules.write_text("site.corrupt_kills fatal engine_dead corrupt\n", encoding="utf-8")
+    # origin=any: the fault is a ValueError raised outside any engine module.
+    rules.write_text("site.corrupt_kills fatal engine_dead origin=any corrupt\n", encoding="utf-8")
     plan = tmp_path / "fault-plan"
     proc = mineru_api_factory(
         patched_mineru_site,
