@@ -357,3 +357,90 @@ def test_to_json_for_the_task_status() -> None:
     result = _verify(Handle("vllm", "h", fe.FakeAsyncLLM("dead")))
     body = result.to_json()
     assert body["outcome"] == "dead" and body["checks"][0]["state"] == "dead"
+
+
+# --- the 3.x worker hook (on_task_failed) ------------------------------------------------------------
+
+
+@pytest.fixture
+def worker_state() -> Iterator[WorkerHealth]:
+    from mineru_health.integration.worker import context
+    from mineru_health.worker import worker_health
+
+    worker_health().reset()
+    context.runtime.acted_on_fatal = False
+    saved_faults = context.runtime.faults
+    yield worker_health()
+    verification.set_default_verifier(None)
+    context.runtime.faults = saved_faults
+    context.runtime.acted_on_fatal = False
+    worker_health().reset()
+
+
+class _HookTask:
+    def __init__(self, backend: str) -> None:
+        self.task_id = "t1"
+        self.backend = backend
+        self.status = "processing"
+
+
+def _hook(task: _HookTask, exc: BaseException) -> Any:
+    import asyncio
+
+    from mineru_health.integration.worker import tasks
+
+    return asyncio.run(tasks.on_task_failed(None, task, exc))
+
+
+def _default(engine: Any) -> None:
+    verification.set_default_verifier(
+        Verifier(timeout_s=TIMEOUT_S, find=lambda: [Handle("vllm", "h", engine)]))
+
+
+def test_hook_unknown_error_with_a_dead_engine_turns_the_worker_fatal(
+        worker_state: WorkerHealth) -> None:
+    _default(fe.FakeAsyncLLM("dead"))
+    task = _HookTask("vlm-vllm-async-engine")
+    outcome = _hook(task, RuntimeError("xq7 nobody knows this"))
+    assert outcome.fatal and outcome.rule == "verify.vllm"
+    verdict = task._mineru_health_verdict  # type: ignore[attr-defined]
+    assert (verdict["rule"], verdict["category"], verdict["role"]) == (
+        "verify.vllm", "engine_check_failed", "trigger")
+    assert verdict["verification"]["outcome"] == "dead"
+    assert not worker_state.healthy
+
+
+def test_hook_unknown_error_with_a_live_engine_stays_task_local(
+        worker_state: WorkerHealth) -> None:
+    _default(fe.FakeAsyncLLM("alive"))
+    task = _HookTask("vlm-vllm-async-engine")
+    outcome = _hook(task, RuntimeError("xq7 nobody knows this"))
+    assert not outcome.fatal and worker_state.healthy
+    assert task._mineru_health_verdict["verification"]["outcome"] == "alive"  # type: ignore[attr-defined]
+
+
+def test_hook_never_verifies_a_remote_task(worker_state: WorkerHealth) -> None:
+    from mineru_health.integration.worker import context
+
+    context.runtime.faults = None
+    engine = fe.FakeAsyncLLM("dead")
+    _default(engine)
+    task = _HookTask("vlm-http-client")
+    outcome = _hook(task, RuntimeError("xq7 nobody knows this"))
+    assert not outcome.fatal and engine.health_calls == 0
+    assert "verification" not in task._mineru_health_verdict  # type: ignore[attr-defined]
+
+
+def test_fault_plan_unknown_error_stands_in_for_a_local_engine(
+        worker_state: WorkerHealth, tmp_path: Any) -> None:
+    from mineru_health.classifier import classify
+    from mineru_health.integration.worker import context
+    from mineru_health.testing.faults import FaultInjector, make_unknown_error
+
+    error = make_unknown_error()
+    assert not classify(error).matched  # no rule knows it
+    assert not classify(error, remote_engine=True).matched
+    context.runtime.faults = FaultInjector(tmp_path / "plan")
+    _default(fe.FakeAsyncLLM("dead"))
+    outcome = _hook(_HookTask("vlm-http-client"), error)
+    assert outcome.fatal and outcome.rule == "verify.vllm"
