@@ -70,7 +70,7 @@ def scenarios() -> list[tuple[str, Callable[[], list[Handle]]]]:
             Handle("vllm", "h", fe.FakeAsyncLLM("alive"))]),
         ("torch cuda:0 (query + 1-element op, fake torch)",
          lambda: [Handle("device_cuda", "cuda:0", (torch, "cuda", 0))]),
-        ("nothing local to check", lambda: []),
+        ("nothing local to check", list),
     ]
 
 
