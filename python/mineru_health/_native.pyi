@@ -381,6 +381,7 @@ class WorkerConfig(metaclass=_pybind11_type):
     bind: str
     loop_hang_s: float
     stall_s: float
+    verify_s: float
     exit_on_fatal: bool
     exit_grace_s: float
     retry_after_s: int

@@ -43,7 +43,8 @@ MinerU already imported them. Remote engines (``http-client`` backends, a
 never verified.
 
 Bounds: every check of one verification runs in one daemon thread, waited for
-at most ``timeout_s`` (default :data:`DEFAULT_TIMEOUT_S`). Never twice at
+at most ``timeout_s`` (``MINERU_HEALTH_VERIFY_S``, default
+:data:`DEFAULT_TIMEOUT_S`; 0 turns verification off). Never twice at
 once: a failure that arrives while a verification runs shares its answer,
 and a check still stuck past its bound is never started again until it
 returns. A check that raises where the engine's API says "unhealthy" is
@@ -503,7 +504,8 @@ class Verifier:
     """Runs every check of one verification in a thread of its own, bounded, one at a time.
 
     ``find`` lists the handles (default: MinerU's engines and the devices in
-    use); ``clock`` is injectable for tests.
+    use); ``clock`` is injectable for tests. ``timeout_s`` 0 turns
+    verification off (:func:`confirm` then never asks).
     """
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -630,10 +632,11 @@ def confirm(health: WorkerHealth, outcome: Recorded, failure: BaseException, *,
     ``verify.<verifier>``, category :data:`CATEGORY`, recorded in ``health``)
     when the check found a dead engine. Never raises.
     """
-    if not needs_verification(outcome, remote_engine=remote_engine):
+    chosen = verifier or default_verifier()
+    if chosen.timeout_s <= 0 or not needs_verification(outcome, remote_engine=remote_engine):
         return outcome
     try:
-        result = (verifier or default_verifier()).verify(busy=lambda: _busy(health))
+        result = chosen.verify(busy=lambda: _busy(health))
     except Exception as error:  # noqa: BLE001 - verification never breaks failure handling
         result = Verification("inconclusive", "", f"verification failed: {_error_text(error)}")
     if not result.dead:

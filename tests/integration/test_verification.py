@@ -5,8 +5,9 @@ plants an engine handle (lmdeploy's shape) in MinerU's real
 ``ModelSingleton._models``. Only checking that handle can tell the worker
 whether the engine survived: broken, the worker turns 503 with rule
 ``verify.lmdeploy`` (category ``engine_check_failed``); healthy, it stays 200
-and the failure stays the task's own. The liveness thread reads only vLLM's
-``errored``, so nothing but the verification can decide here.
+and the failure stays the task's own. The liveness thread reads only an
+``errored`` flag, which lmdeploy's engine has not, so nothing but the
+verification can decide here.
 """
 
 from __future__ import annotations

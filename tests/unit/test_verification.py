@@ -444,3 +444,19 @@ def test_fault_plan_unknown_error_stands_in_for_a_local_engine(
     _default(fe.FakeAsyncLLM("dead"))
     outcome = _hook(_HookTask("vlm-http-client"), error)
     assert outcome.fatal and outcome.rule == "verify.vllm"
+
+
+def test_zero_bound_turns_verification_off() -> None:
+    health = WorkerHealth()
+    verifier, calls = _counting("dead")
+    verifier.timeout_s = 0.0
+    error = _error("Unknown")
+    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier=verifier)
+    assert calls == [] and outcome.verification is None and health.healthy
+
+
+def test_worker_setting_bounds_the_default_verifier() -> None:
+    from mineru_health.settings import WorkerSettings
+
+    assert WorkerSettings.from_env({}).verify_s == verification.DEFAULT_TIMEOUT_S
+    assert WorkerSettings.from_env({"MINERU_HEALTH_VERIFY_S": "0"}).verify_s == 0
