@@ -107,3 +107,70 @@ def test_unknown_error_with_a_healthy_engine_stays_200(
     later = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
     assert later["status"] == "completed", proc.log_tail()
     assert _health(proc).status_code == 200
+
+
+MINERU4_PYTHON_ENV = "MINERU_HEALTH_MINERU4_PYTHON"
+_MINERU4_SCRIPT = r"""
+import json, sys, threading, types
+import mineru_llama_cpp
+from mineru.model.vlm import async_runtime, runtime
+from mineru_health import verification
+
+llama = mineru_llama_cpp.Engine.__new__(mineru_llama_cpp.Engine)  # no model: never loaded
+llama._closed, llama._close_lock = True, threading.Lock()
+
+def factory():
+    client = types.SimpleNamespace()
+    client._mineru_runtime_handles = {
+        "backend": "llama-cpp-engine", "model": None, "processor": None, "vllm_llm": None,
+        "vllm_async_llm": None, "lmdeploy_engine": None, "llama_cpp_engine": llama}
+    return client
+
+local = async_runtime.AsyncVlmPredictor(factory, lambda client: None,
+                                        backend="vllm-async-engine", max_concurrency=1)
+local.wait_ready()
+remote = async_runtime.AsyncVlmPredictor(factory, lambda client: None,
+                                         backend="http-client", max_concurrency=1)
+remote.wait_ready()
+runtime.ModelSingleton._models[("vllm-async-engine", "/m", None, "fp")] = local
+runtime.ModelSingleton._models[("http-client", None, "http://127.0.0.1:9", "fp")] = remote
+out = {"handles": [[h.verifier, h.where] for h in verification.engine_handles()]}
+out["running"] = verification.verify_mineru_runtime(local)
+out["llama"] = verification.verify_llama_cpp(llama)
+out["engine_error"] = (verification._llama_error_class(llama, "EngineError")
+                       is mineru_llama_cpp.exceptions.EngineError)
+out["params"] = mineru_llama_cpp.SamplingParams(n_predict=1).to_json_fields()
+local._loop.call_soon_threadsafe(local._loop.stop)  # the runtime thread ends, unasked
+local._thread.join(10)
+out["stopped"] = verification.verify_mineru_runtime(local)
+print(json.dumps(out))
+"""
+
+
+def test_mineru4_runtime_and_llama_cpp_shapes(tmp_path: Path) -> None:
+    """MinerU 4.0.12's real AsyncVlmPredictor and ModelSingleton, mineru_llama_cpp's real classes."""
+    import json
+    import os
+    import subprocess
+
+    from mineru_health.testing.sandbox import mineru_health_path
+
+    python = os.environ.get(MINERU4_PYTHON_ENV, "")
+    if not python:
+        pytest.skip(f"{MINERU4_PYTHON_ENV} not set (a MinerU 4.0 venv with mineru_llama_cpp)")
+    # Only our package on the path: the dev venv's site-packages also hold MinerU 3.x.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mineru_health").symlink_to(Path(mineru_health_path()) / "mineru_health")
+    done = subprocess.run(
+        [python, "-c", _MINERU4_SCRIPT], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(site), "HOME": str(tmp_path),
+             "MINERU_HOME": str(tmp_path)}, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    verifiers = [verifier for verifier, _ in out["handles"]]
+    assert verifiers == ["mineru_runtime", "llama_cpp"], out["handles"]  # the remote one skipped
+    assert out["running"] == ["alive", "runtime thread running"]
+    assert out["llama"] == ["dead", "engine closed"]
+    assert out["engine_error"] is True and out["params"] == {"n_predict": 1}
+    assert out["stopped"][0] == "dead", out["stopped"]
