@@ -91,7 +91,8 @@ void register_worker_state(py::module_& m) {
       .def_readwrite("stall", &WorkerStateOptions::stall)
       .def_readwrite("error_budget", &WorkerStateOptions::error_budget)
       .def_readwrite("error_budget_window",
-                     &WorkerStateOptions::error_budget_window);
+                     &WorkerStateOptions::error_budget_window)
+      .def_readwrite("task_hang", &WorkerStateOptions::task_hang);
 
   py::class_<WorkerSnapshot>(m, "WorkerSnapshot",
                              "Everything /health reports, at one instant.")
@@ -131,6 +132,10 @@ void register_worker_state(py::module_& m) {
       .def("set_tasks", &WorkerState::set_tasks, py::arg("tasks"),
            py::arg("manager_error"))
       .def("set_service", &WorkerState::set_service, py::arg("service"))
+      .def("task_started", &WorkerState::task_started, py::arg("task_id"))
+      .def("task_progress", &WorkerState::task_progress, py::arg("task_id"))
+      .def("task_finished", &WorkerState::task_finished, py::arg("task_id"))
+      .def("take_hung_tasks", &WorkerState::take_hung_tasks)
       .def("healthy", &WorkerState::healthy)
       .def("snapshot", &WorkerState::snapshot)
       .def("reset", &WorkerState::reset)

@@ -196,7 +196,9 @@ std::vector<Rule> builtin_rules() {
                 "torch_dipu)(?:\\.|$)"),
 
       // ==== lmdeploy ========================================================
-      // PyTorch engine run in a child process (ZMQ): dead backend.
+      // PyTorch engine run in a child process (ZMQ): dead backend. The child
+      // logs "RPC Server stopped with exception" when its server loop dies
+      // (mp_engine/zmq_engine.py), then closes the engine.
       type_rule("lmdeploy.rpc_server_dead", kFatal, "engine_dead",
                 "(?:^|[ .(])RPCServerDeadError\\b"),
       engine_message("lmdeploy.engine_loop_stopped", kFatal, "engine_dead",
@@ -204,19 +206,23 @@ std::vector<Rule> builtin_rules() {
                      "alive|task has stopped)|engine main loop failed|"
                      "engine loop failed with error|zmq "
                      "engine process is not alive|mpengine \\S+ (?:is "
-                     "dead|died)"),
+                     "dead|died)|rpc server stopped with exception"),
       engine_message("lmdeploy.engine_stop_error", kFatal, "engine_dead",
                      "enginestoperror"),
       // The engine's background tasks (lmdeploy/pytorch/engine: the main
       // loop and its helpers, the model agent loop) log "Task <name> failed"
       // when they die; the engine stops with them. A child process of the
-      // multiprocess executor or the ZMQ engine dying ends it too.
-      engine_message("lmdeploy.loop_task_failed", kFatal, "engine_dead",
-                     "task <(?:enginemainloop|mainloop\\w*|getoutputsloop|"
-                     "modelagent\\w*|rayexecutorprefetchoutput)> failed|engine "
-                     "loop wait tasks failed|received custom termination "
-                     "signal from sub processing|zmq engine process exited "
-                     "before publishing"),
+      // multiprocess executor or the ZMQ engine dying ends it too; 0.12's
+      // EngineLoop logs "EngineLoop wait_tasks failed." when one of its
+      // tasks (MainLoopMain, MainLoopWaitExecutor...) raised.
+      engine_message(
+          "lmdeploy.loop_task_failed", kFatal, "engine_dead",
+          "task <(?:enginemainloop|mainloop\\w*|getoutputsloop|"
+          "modelagent\\w*|rayexecutorprefetchoutput)> failed|engine "
+          "loop wait tasks failed|engineloopwaittasksfailed|received "
+          "custom termination "
+          "signal from sub processing|zmq engine process exited "
+          "before publishing"),
       // The PyTorch engine's executor sizes the KV cache from free memory at
       // start (pytorch/engine/executor/base.py).
       engine_message("lmdeploy.kv_cache_start", kFatal, "engine_start",
@@ -254,6 +260,71 @@ std::vector<Rule> builtin_rules() {
                      "received sigquit from a child process"),
       engine_message("sglang.scheduler_dead", kFatal, "engine_dead",
                      "rank \\d+ scheduler is dead"),
+
+      // ==== llama.cpp (mineru_llama_cpp, MinerU 4.0 on CPU and macOS) =======
+      // An in-process llama-server context. Its binding raises EngineError
+      // for every server-side error result, InvalidRequestError for bad
+      // requests, ContextExceededError for an oversized prompt; MinerU's
+      // client re-raises them as mineru_vl_utils' ServerError/RequestError
+      // while handling them, so these rules judge the original frame (a
+      // context link, which may make the chain fatal).
+      //
+      // The binding's reader returns no result only when the server's queue
+      // was stopped: the decode loop is gone for good.
+      engine_message("llama.engine_stopped", kFatal, "engine_dead",
+                     "no result \\(stopped\\)"),
+      // Engine construction (model load, backend selection) failed: MinerU
+      // builds the engine on the first task, so every later task fails too.
+      engine_message("llama.engine_start", kFatal, "engine_start",
+                     "^load_model failed|packaged cpu backend is unavailable|"
+                     "requested \\S+ backend is unavailable; check gpu "
+                     "drivers|mineru_llama_cpp_backend must be "),
+      // llama_decode() < -1 (graph compute or its buffer allocation failed)
+      // and a failed image-chunk encode. Out of memory on CPU; on Metal the
+      // backend refuses every later graph after one failed command buffer.
+      // The same text either way: counted, not fatal alone.
+      engine_message("llama.compute_error", kAmbiguous, "device",
+                     "^(?:\\w+\\(\\) failed: )?compute error\\.|^failed to "
+                     "process mtmd chunk"),
+      // Per-request failures: the server releases the slot and goes on.
+      type_rule("llama.context_exceeded", kTaskLocal, "request_too_long",
+                "^mineru_llama_cpp\\.[\\w.]*ContextExceededError\\b"),
+      engine_message("llama.context_exceeded_message", kTaskLocal,
+                     "request_too_long",
+                     "^(?:\\w+\\(\\) failed: )?(?:context size has been "
+                     "exceeded|context shift is disabled)"),
+      type_rule("llama.invalid_request", kTaskLocal, "request",
+                "^mineru_llama_cpp\\.[\\w.]*InvalidRequestError\\b"),
+      engine_message("llama.invalid_batch", kTaskLocal, "request",
+                     "^(?:\\w+\\(\\) failed: )?invalid input batch\\."),
+      // ggml's own checks abort the process (GGML_ASSERT, and the CUDA,
+      // ROCm, MUSA, CANN and SYCL backends' error report before their
+      // GGML_ABORT): seen only as log text, and the process is gone.
+      // ggml_abort (ggml.c) prints "<file>:<line>: <message>" and a
+      // backtrace (ggml_print_backtrace, also run by ggml's handler for
+      // uncaught C++ exceptions) before abort(); GGML_ABORT's callers live in
+      // ggml's own sources (ggml-metal-context.m:...: fatal error,
+      // ggml-cuda.cu:...: CUDA error).
+      engine_message("ggml.abort", kFatal, "worker_dead",
+                     "ggml_assert\\(.+\\) failed|\\bcurrent device: -?\\d+, "
+                     "in function \\S+ at \\S+:\\d+|(?:^|[/\\\\ ])ggml[\\w-]*"
+                     "\\.(?:c|cpp|cu|m):\\d+: \\S|\\bggml_print_backtrace\\b|"
+                     "using native backtrace\\. set ggml_backtrace_lldb"),
+      // ggml-metal-context.m: a failed command buffer aborts the process
+      // (older builds) or leaves the backend in its error state, and every
+      // later graph fails until the backend is recreated.
+      engine_message("ggml.metal_error_state", kFatal, "device",
+                     "backend is in error state from a previous command "
+                     "buffer failure|ggml_metal_\\w+: (?:error: )?command "
+                     "buffer \\d+ failed with status \\d+"),
+      // Vulkan (ggml-vulkan via vulkan.hpp: "vk::Queue::submit:
+      // ErrorDeviceLost", and its own "ggml_vulkan: device lost on
+      // <device>"): a lost device stays lost for the process.
+      engine_message("vulkan.device_lost", kFatal, "device",
+                     "errordevicelost|vk_error_device_lost|ggml_vulkan: device "
+                     "lost on "),
+      engine_message("vulkan.out_of_memory", kAmbiguous, "out_of_memory",
+                     "erroroutofdevicememory|vk_error_out_of_device_memory"),
 
       // ==== Distributed runtime (Ray, worker processes) =====================
       type_rule("ray.actor_died", kFatal, "worker_dead",
@@ -346,6 +417,10 @@ std::vector<Rule> builtin_rules() {
       // ROCm: the HSA runtime's faults, and the HIP runtime's report of a
       // hung or faulted queue ("HW Exception by GPU node-N ... reason :GPU
       // Hang"), after which the process aborts.
+      // ROCclr's HSA queue callback prints this and calls abort() on any
+      // device exception (rocdevice.cpp callbackQueue).
+      engine_message("rocm.queue_abort", kFatal, "worker_dead",
+                     "callback(?:queue|: queue \\S+) aborting with error"),
       engine_message("rocm.memory_fault", kFatal, "device",
                      "memory access fault by gpu|hsa_status_error_memory_"
                      "(?:aperture_violation|fault)|hsa_status_error_exception|"
@@ -399,13 +474,15 @@ std::vector<Rule> builtin_rules() {
       // stream and event synchronisation timeouts, device memory UCE and HBM
       // ECC errors, link and remote errors (507053-507057), driver and AI
       // CPU internal errors, a broken host-device link, a failed HCCL retry
-      // (507899-507904), the device setting up (507033), and tasks or
+      // (507899-507904), the device setting up (507033), a model execution
+      // failing on the device and its report timing out (507011, 507012,
+      // and 507010/507013 around them), and tasks or
       // streams aborted on the device (107022, 107023, 107035). torch_npu
       // prints them as "error code is N", CANN as "runtime result = N".
       engine_message(
           "npu.acl_runtime_error", kFatal, "device",
-          "(?:error ?code(?: is)?|ret(?:urn)? ?code|errno|runtime "
-          "result)[ =:]*(?:5070(?:01|1[0345678]|3[3456]|4[2-9]|5[0-7])"
+          "(?:error ?code(?: is)?|ret(?:urn)? ?code|errno|\\berr|runtime "
+          "result)[ =:]*(?:5070(?:01|1[0-8]|3[3456]|4[2-9]|5[0-7])"
           "|507899|5079(?:0[0-4])|1070(?:2[23]|35))\\b"),
       engine_message("npu.execution_abnormal", kFatal, "device",
                      "the (?:aicore|aicpu|vector core) execution (?:is "
@@ -439,6 +516,11 @@ std::vector<Rule> builtin_rules() {
                      "rtstreamsynchronize\\S* (?:execute )?failed|all tasks "
                      "in the specified stream are not completed|stream "
                      "synchroni[sz]e timeout"),
+      // torch_npu logs this when aclrtGetDeviceCount fails and then reports
+      // zero devices (c10_npu device_count); ACL_ERROR_RT_NO_DEVICE is 207004.
+      engine_message("npu.no_device", kHeuristic, "engine_start",
+                     "get device count of npu failed|acl_error_rt_no_device|"
+                     "(?:error ?code(?: is)?|runtime result)[ =:]*207004\\b"),
       engine_message("npu.out_of_memory", kAmbiguous, "out_of_memory",
                      "\\bel0004\\b|failed to allocate memory|the memory on "
                      "the device is exhausted|acl_error_rt_memory_allocation|"
@@ -459,10 +541,12 @@ std::vector<Rule> builtin_rules() {
                      "impactinginteractivity|innocentvictim)|victim of gpu "
                      "error"),
       // Metal Performance Shaders and Metal itself assert inside the
-      // framework ("<File>.mm:<line>: failed assertion `...'") and abort the
-      // process (PyTorch's MPS backend, MLX).
+      // framework ("<File>.mm:<line>: failed assertion `...'", or
+      // "-[<Class> <method>]:<line>: failed assertion `...'") and abort the
+      // process (PyTorch's MPS backend, MLX, ggml-metal).
       engine_message("metal.failed_assertion", kFatal, "worker_dead",
-                     "\\.mm:\\d+: failed assertion|mtlreportfailure"),
+                     "\\.mm:\\d+: failed assertion|\\]:\\d+: failed assertion|"
+                     "mtlreportfailure"),
       // MLX finds no Metal device or cannot create its queue or events, or
       // was built without a GPU backend: no evaluation can run
       // (mlx/backend/metal/device.cpp, event.cpp; mlx/backend/no_metal,
@@ -482,6 +566,13 @@ std::vector<Rule> builtin_rules() {
           "\\[metal::malloc\\] attempting to allocate|resource "
           "limit \\(\\d+\\) exceeded|\\[malloc\\] unable to "
           "allocate \\d+ bytes"),
+      // mlx.nn.Module.load_weights (strict, how mlx-lm and mlx-vlm load a
+      // model) refuses a checkpoint whose parameters do not match the model:
+      // raised while the engine is built, so it never serves.
+      engine_message("mlx.load_weights", kHeuristic, "engine_start",
+                     "received \\d+ parameters not in model|\\bmissing \\d+ "
+                     "parameters: |expected shape \\([\\d, ]*\\) but received "
+                     "shape \\([\\d, ]*\\) for parameter "),
       engine_message("metal.missing_kernels", kFatal, "engine_start",
                      "failed to load the (?:default )?metallib|can not load "
                      "metallib|unable to load (?:kernel|function)|unable to "

@@ -53,6 +53,7 @@ constexpr ModulePrefix kModulePrefixes[] = {
     {"accelerate", Origin::kRuntime},
     {"ray", Origin::kRuntime},
     {"zmq", Origin::kRuntime},
+    {"mineru_llama_cpp", Origin::kRuntime},
     // Device runtimes and kernels.
     {"torch", Origin::kRuntime},
     {"torch_npu", Origin::kRuntime},

@@ -185,6 +185,13 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        "engine request, completing before the worker reports its engine "
        "stalled (fatal); 0 disables the stall watchdog.",
        PathCheck::kNone, kW},
+      {"TASK_HANG_S", "task_hang_s", &C::task_hang_s, T::kSeconds,
+       {kMinSeconds, kDay, false, true},
+       "Seconds a task may make no progress of its own (no engine call or "
+       "request ending for it, in or out of engine calls) before it is failed "
+       "as hung, for the router to resubmit; when every task is hung the "
+       "worker is stalled (fatal); 0 disables.",
+       PathCheck::kNone, kW},
       {"VERIFY_S", "verify_s", &C::verify_s, T::kSeconds,
        {kMinSeconds, 60, false, true},
        "Seconds the worker may spend asking its engine (vLLM's health call, "

@@ -126,6 +126,9 @@ ParseRulesResult parse_rules_text(const std::string& text,
     }
     Rule rule;
     rule.from_operator = true;
+    // An operator's rule judges only what an engine or device runtime raised
+    // unless it says origin=any: document text must not decide by default.
+    rule.scope = RuleScope::kEngine;
     rule.id = next_token(line, &pos);
     const std::string kind = next_token(line, &pos);
     if (!is_token(rule.id) || rule.id.size() > kMaxTokenBytes) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "thread_annotations.h"
@@ -112,6 +113,7 @@ struct WorkerState::Impl {
     tasks = TaskCounts{};
     service.reset();
     manager_error.clear();
+    running.clear();
     last_tick_ns.store(kNoTick, std::memory_order_release);
   }
 
@@ -136,6 +138,11 @@ struct WorkerState::Impl {
   TaskCounts tasks GUARDED_BY(mu);
   std::optional<ServiceInfo> service GUARDED_BY(mu);
   std::string manager_error GUARDED_BY(mu);
+  struct TrackedTask {
+    SteadyTime last_progress;
+    bool hung = false;  // reported by take_hung_tasks()
+  };
+  std::map<std::string, TrackedTask> running GUARDED_BY(mu);
 };
 
 WorkerState::WorkerState(WorkerStateOptions options, WorkerClock clock)
@@ -223,6 +230,52 @@ void WorkerState::set_tasks(const TaskCounts& tasks,
 void WorkerState::set_service(const ServiceInfo& service) {
   MutexLock lock(impl_->mu);
   impl_->service = service;
+}
+
+void WorkerState::task_started(const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  impl_->running[task_id] = Impl::TrackedTask{impl_->clock.steady()};
+}
+
+void WorkerState::task_progress(const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found != impl_->running.end()) {
+    found->second.last_progress = impl_->clock.steady();
+  }
+}
+
+void WorkerState::task_finished(const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  impl_->running.erase(task_id);
+}
+
+std::vector<std::string> WorkerState::take_hung_tasks() {
+  Impl& s = *impl_;
+  std::vector<std::string> hung;
+  bool all_hung_now = false;
+  {
+    MutexLock lock(s.mu);
+    if (s.options.task_hang.count() <= 0 || s.running.empty()) return hung;
+    const SteadyTime now = s.clock.steady();
+    bool all_hung = true;
+    for (auto& [id, task] : s.running) {
+      if (!task.hung && now - task.last_progress > s.options.task_hang) {
+        task.hung = true;
+        hung.push_back(id);
+      }
+      all_hung = all_hung && task.hung;
+    }
+    if (all_hung && !hung.empty() && s.healthy) {
+      all_hung_now = s.record_fatal(FatalRecord{
+          fmt::format("all {} task(s) being processed made no progress for "
+                      "{:.0f} s",
+                      s.running.size(), seconds(s.options.task_hang)),
+          kTasksHungRule, kStallCategory, s.unix_now(), ""});
+    }
+  }
+  if (all_hung_now) s.became_unhealthy.notify_all();
+  return hung;
 }
 
 bool WorkerState::healthy() {

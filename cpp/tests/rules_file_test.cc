@@ -37,7 +37,7 @@ TEST(ParseRules, GoodFile) {
   ASSERT_EQ(result.rules.size(), 7u);
   for (const Rule& rule : result.rules) EXPECT_TRUE(rule.from_operator);
   EXPECT_EQ(result.rules[0].target, RuleTarget::kFrame);  // the defaults
-  EXPECT_EQ(result.rules[0].scope, RuleScope::kAny);
+  EXPECT_EQ(result.rules[0].scope, RuleScope::kEngine);   // document text: no
   EXPECT_EQ(result.rules[4].kind, RuleKind::kHeuristic);
   EXPECT_EQ(result.rules[4].target, RuleTarget::kType);
   EXPECT_EQ(result.rules[4].scope, RuleScope::kEngine);

@@ -393,5 +393,49 @@ TEST(HealthPhase, Names) {
   EXPECT_STREQ(to_string(HealthPhase::kFatal), "fatal");
 }
 
+TEST(WorkerState, TaskWatchdogFailsHungTasksOnceAndStallsWhenAllAreHung) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.task_hang = std::chrono::seconds(900);
+  WorkerState state(o, fake.clock());
+  state.task_started("a");
+  state.task_started("b");
+  fake.advance(std::chrono::seconds(600));
+  state.task_progress("b");        // b's own progress; a has none
+  state.task_progress("unknown");  // a task not tracked: ignored
+  EXPECT_TRUE(state.take_hung_tasks().empty());
+  fake.advance(std::chrono::seconds(301));
+  EXPECT_EQ(state.take_hung_tasks(), std::vector<std::string>{"a"});
+  EXPECT_TRUE(state.take_hung_tasks().empty());  // reported once
+  EXPECT_TRUE(state.healthy());                  // b still progresses
+  // b goes quiet too: every task is hung, the worker is stalled.
+  fake.advance(std::chrono::seconds(900));
+  EXPECT_EQ(state.take_hung_tasks(), std::vector<std::string>{"b"});
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  ASSERT_TRUE(snap.first_fatal.has_value());
+  EXPECT_EQ(snap.first_fatal->rule_id, kTasksHungRule);
+  EXPECT_EQ(snap.first_fatal->category, kStallCategory);
+}
+
+TEST(WorkerState, TaskWatchdogForgetsFinishedTasksAndCanBeOff) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.task_hang = std::chrono::seconds(10);
+  WorkerState state(o, fake.clock());
+  state.task_started("a");
+  state.task_finished("a");
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_TRUE(state.take_hung_tasks().empty());
+  EXPECT_TRUE(state.healthy());
+
+  o.task_hang = std::chrono::seconds(0);
+  WorkerState off(o, fake.clock());
+  off.task_started("a");
+  fake.advance(std::chrono::hours(24));
+  EXPECT_TRUE(off.take_hung_tasks().empty());
+  EXPECT_TRUE(off.healthy());
+}
+
 }  // namespace
 }  // namespace mineru_health

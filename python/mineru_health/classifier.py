@@ -182,6 +182,21 @@ class ParsedRules:
     rules: tuple[Rule, ...]
     disabled: tuple[str, ...]
 
+    def warnings(self) -> list[str]:
+        """Rules that text from a user's document could trigger (``origin=any`` on text).
+
+        A message or frame rule with ``origin=any`` also judges exceptions
+        raised by document libraries, whose messages quote the document: a
+        crafted file could make the worker fatal (or hide a real death).
+        """
+        return [
+            f"rule '{rule.id}': origin=any on {rule.target.name.lower()} text lets a user's "
+            "document trigger it; use origin=engine (the default) unless the text can only "
+            "come from an engine or device"
+            for rule in self.rules
+            if rule.scope is RuleScope.ANY and rule.target is not RuleTarget.TYPE
+        ]
+
 
 def parse_rules_file(path: str | os.PathLike[str]) -> ParsedRules:
     """Reads and parses an operator rules file.

@@ -145,14 +145,17 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     if args.check:
         parsed = parse_rules_file(args.check)
         merged = load_rules(args.check)  # also compiles the merged set
+        warnings = parsed.warnings()
         if args.json:
             _print_json({"file": args.check, "ok": True, "rules": len(parsed.rules),
-                         "disabled": list(parsed.disabled),
+                         "disabled": list(parsed.disabled), "warnings": warnings,
                          "total_after_merge": len(merged), "exit_code": EXIT_OK})
         else:
             off = f", {len(parsed.disabled)} built-in(s) off" if parsed.disabled else ""
             print(f"{args.check}: OK, {len(parsed.rules)} rule(s){off}; {len(merged)} after "
                   "merging with the built-in rules")
+            for warning in warnings:
+                print(f"{args.check}: warning: {warning}", file=sys.stderr)
         return EXIT_OK
 
     rules = load_rules(args.rules)

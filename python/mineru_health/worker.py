@@ -153,7 +153,8 @@ class WorkerHealth:
     ``loop_hang_s``: a loop blocked longer is hung (503); shorter blocks are
     busy. ``stall_s``: work in progress with no engine progress for longer is
     a stalled engine (fatal; 0 disables). ``error_budget`` ambiguous device
-    errors within ``error_budget_window_s`` are fatal (0 disables).
+    errors within ``error_budget_window_s`` are fatal (0 disables). A task
+    with no progress of its own for ``task_hang_s`` is hung (0 disables).
     """
 
     __slots__ = ("_state",)
@@ -165,12 +166,14 @@ class WorkerHealth:
         stall_s: float = 300.0,
         error_budget: int = 3,
         error_budget_window_s: float = 60.0,
+        task_hang_s: float = 900.0,
     ) -> None:
         options = _native.WorkerStateOptions()
         options.loop_hang = loop_hang_s
         options.stall = stall_s
         options.error_budget = error_budget
         options.error_budget_window = error_budget_window_s
+        options.task_hang = task_hang_s
         self._state = _native.WorkerState(options)
 
     @property
@@ -266,6 +269,20 @@ class WorkerHealth:
     def progress(self) -> None:
         """One engine request answered, or a task finished."""
         self._state.progress()
+
+    def task_started(self, task_id: str) -> None:
+        self._state.task_started(task_id)
+
+    def task_progress(self, task_id: str) -> None:
+        """Progress made for this task (an engine call or request of its own ended)."""
+        self._state.task_progress(task_id)
+
+    def task_finished(self, task_id: str) -> None:
+        self._state.task_finished(task_id)
+
+    def take_hung_tasks(self) -> list[str]:
+        """Tasks hung now, each once; all hung makes the worker fatal (tasks_hung)."""
+        return list(self._state.take_hung_tasks())
 
     def set_tasks(self, queued: int, processing: int, completed: int, failed: int,
                   manager_error: str = "") -> None:

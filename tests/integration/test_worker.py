@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, run_cli, wait_until
+from conftest import ManagedProcess, free_port, http_get, make_pdf, run_cli, wait_until
 from mineru_health.testing.faults import write_plan
 
 pytestmark = pytest.mark.integration
@@ -363,6 +363,74 @@ def test_a_remote_server_that_never_answers_never_stalls_the_worker(
         time.sleep(0.25)
     assert _status(proc.base_url, task_id)["status"] == "processing"
     assert _health(proc).status_code == 200
+
+
+def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    """Issue 17: a parse that hangs outside any engine call used to stay processing forever."""
+    plan = tmp_path / "fault-plan"
+    port = free_port()
+    hang_s = 8.0
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
+             "MINERU_HEALTH_TASK_HANG_S": str(hang_s)},
+    )
+    # A first parse warms MinerU's page-render pool: its cold start alone can
+    # take seconds on a loaded machine, with no progress to show meanwhile.
+    warm = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert _wait_terminal(proc, warm)["status"] == "completed"
+    write_plan(plan, "parse_hang")
+    assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
+    hung_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert wait_until(lambda: _status(proc.base_url, hung_id)["status"] == "processing",
+                      60.0, 0.1), proc.log_tail()
+    # Another task that keeps making progress past the hung one's bound: a page
+    # answered every 1.5 s, one at a time (8 pages render in well under 8 s).
+    pages = make_pdf(pages=8, seed=3)
+    busy_id = _submit(proc.base_url, pages, f"{fake_vlm_url}/serial/1500/").json()["task_id"]
+
+    hung = _wait_terminal(proc, hung_id)
+    assert hung["status"] == "failed" and "no progress" in hung["error"]
+    assert hung["engine_dead"] is False
+    assert hung["verdict"]["hung"] is True and hung["verdict"]["role"] == "trigger"
+    assert hung["verdict"]["category"] == "task_hung"
+    native = _native_health(port)
+    assert native is not None and native.status_code == 200, proc.log_tail()
+    assert _wait_terminal(proc, busy_id)["status"] == "completed"
+    assert _health(proc).status_code == 200
+
+
+def test_a_worker_whose_every_task_hangs_is_stalled(
+    patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    fake_vlm_url: str,
+    tiny_pdf: bytes,
+    tmp_path: Path,
+) -> None:
+    plan = tmp_path / "fault-plan"
+    port = free_port()
+    proc = mineru_api_factory(
+        patched_mineru_site,
+        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
+             "MINERU_HEALTH_TASK_HANG_S": "3"},
+    )
+    write_plan(plan, "parse_hang")
+    assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
+    task_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert _wait_terminal(proc, task_id)["verdict"]["hung"] is True
+    stalled = wait_until(lambda: (r := _native_health(port)) is not None
+                         and r.status_code == 503, 30.0, 0.1)
+    assert stalled, proc.log_tail()
+    body = _native_health(port)
+    assert body is not None
+    assert body.json()["rule"] == "watchdog.tasks_hung"
+    assert body.json()["category"] == "engine_stalled"
 
 
 def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:

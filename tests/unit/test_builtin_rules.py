@@ -14,6 +14,7 @@ from mineru_health.frames import Frame
 
 EXC = ("Exception", "BaseException")
 RT = ("RuntimeError", *EXC)
+LLAMA = ("MineruLlamaCppError", *EXC)
 
 # rule id -> (module, type, bases, message, raised_in)
 EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
@@ -89,6 +90,42 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "sglang.subprocess_exception": ("", "", (), "Scheduler hit an exception: Traceback", ""),
     "sglang.child_failed": ("", "", (), "Received sigquit from a child process.", ""),
     "sglang.scheduler_dead": ("", "", (), "Rank 0 scheduler is dead.", ""),
+    # llama.cpp (mineru_llama_cpp): the binding's classes, raised from engine.py
+    "llama.engine_stopped": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
+                             "no result (stopped)", "mineru_llama_cpp.engine"),
+    "llama.engine_start": ("builtins", "RuntimeError", EXC, "load_model failed",
+                           "mineru_llama_cpp.engine"),
+    "llama.compute_error": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA, "Compute error.",
+                            "mineru_llama_cpp.engine"),
+    "llama.context_exceeded": ("mineru_llama_cpp.exceptions", "ContextExceededError",
+                               ("InvalidRequestError", *LLAMA),
+                               "the request exceeds the available context size",
+                               "mineru_llama_cpp.engine"),
+    "llama.context_exceeded_message": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
+                                       "Context size has been exceeded.",
+                                       "mineru_llama_cpp.engine"),
+    "llama.invalid_request": ("mineru_llama_cpp.exceptions", "InvalidRequestError", LLAMA,
+                              "Failed to load image or audio file", "mineru_llama_cpp.engine"),
+    "llama.invalid_batch": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
+                            "Invalid input batch.", "mineru_llama_cpp.engine"),
+    "ggml.abort": ("", "", (), ("/src/ggml/src/ggml-cuda/ggml-cuda.cu:88: GGML_ASSERT(ids.ne[1] "
+                   "== 1) failed"), ""),
+    "ggml.metal_error_state": ("", "", (), ("ggml_metal_graph_compute: backend is in error state "
+                               "from a previous command buffer failure - recreate the backend "
+                               "to recover"), ""),
+    "vulkan.device_lost": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
+                           "decode() failed: vk::Queue::submit: ErrorDeviceLost",
+                           "mineru_llama_cpp.engine"),
+    "rocm.queue_abort": ("", "", (), (":0:rocdevice.cpp :3586: Callback: Queue 0x772c40900000 "
+                         "aborting with error : HSA_STATUS_ERROR_OUT_OF_RESOURCES: The runtime "
+                         "failed to allocate the necessary resources. code: 0x1008"), ""),
+    "npu.no_device": ("", "", (), ("[ERROR] APP(846,python) [log_inner.cpp:76] device_count:25: "
+                      "\"[PTA]:\"get device count of NPU failed\"\""), ""),
+    "mlx.load_weights": ("builtins", "ValueError", EXC, ("Missing 1 parameters: \n"
+                         "language_model.lm_head.weight."), "mlx.nn.layers.base"),
+    "vulkan.out_of_memory": ("mineru_llama_cpp.exceptions", "EngineError", LLAMA,
+                             ("decode() failed: vk::Device::allocateMemory: "
+                              "ErrorOutOfDeviceMemory"), "mineru_llama_cpp.engine"),
     # Ray and processes
     "ray.actor_died": ("ray.exceptions", "ActorDiedError", ("RayActorError", "RayError", *EXC),
                        "The actor died unexpectedly before finishing this task.",
@@ -282,3 +319,16 @@ def test_docs_list_every_builtin_rule() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "rules.md").read_text(encoding="utf-8")
     missing = [rule.id for rule in builtin_rules() if f"`{rule.id}`" not in docs]
     assert missing == [], "docs/rules.md does not list: " + ", ".join(missing)
+
+
+def test_docs_rule_table_is_generated() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "rules_table.py"
+    spec = importlib.util.spec_from_file_location("rules_table", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.DOCS.read_text(encoding="utf-8")
+    assert module.rewrite(text) == text, "docs/rules.md is stale: run scripts/rules_table.py"

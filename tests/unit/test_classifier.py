@@ -455,3 +455,80 @@ def test_adversarial_inputs_stay_bounded(tmp_path: Path) -> None:
     start = time.perf_counter()
     rules.classify(one_mb)
     assert time.perf_counter() - start < 2.0
+
+
+# MinerU 4.0's llama.cpp client (mineru_vl_utils' LlamaCppEngineVlmClient) catches the binding's
+# EngineError and raises its own ServerError while handling it: the engine's error is the
+# ServerError's __context__, raised in mineru_llama_cpp.engine.
+_LLAMA_ENGINE = '''
+class MineruLlamaCppError(Exception):
+    pass
+
+class EngineError(MineruLlamaCppError):
+    pass
+
+def generate(message):
+    raise EngineError(message)
+'''
+_LLAMA_CLIENT = '''
+class ServerError(RuntimeError):
+    pass
+
+def predict(generate, message):
+    try:
+        generate(message)
+    except Exception as e:
+        raise ServerError(str(e))
+'''
+
+
+def _module_namespace(name: str, source: str, class_module: str) -> dict[str, object]:
+    namespace: dict[str, object] = {"__name__": name}
+    exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102 - fixed test source
+    for value in namespace.values():
+        if isinstance(value, type):
+            value.__module__ = class_module
+    return namespace
+
+
+def _llama_client_failure(message: str) -> BaseException:
+    engine = _module_namespace("mineru_llama_cpp.engine", _LLAMA_ENGINE,
+                               "mineru_llama_cpp.exceptions")
+    client = _module_namespace("mineru_vl_utils.vlm_client.llama_cpp_engine_client",
+                               _LLAMA_CLIENT, "mineru_vl_utils.vlm_client.base_client")
+    try:
+        client["predict"](engine["generate"], message)  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - the exception under test
+        return exc
+    raise AssertionError("predict did not raise")
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "rule"),
+    [
+        ("no result (stopped)", "fatal", "llama.engine_stopped"),
+        ("decode() failed: vk::Queue::submit: ErrorDeviceLost", "fatal", "vulkan.device_lost"),
+        ("Compute error.", "ambiguous", "llama.compute_error"),
+        ("Context size has been exceeded.", "task_local", "llama.context_exceeded_message"),
+        ("Invalid input batch.", "task_local", "llama.invalid_batch"),
+    ],
+)
+def test_llama_cpp_error_behind_minerus_server_error(message: str, kind: str, rule: str) -> None:
+    exc = _llama_client_failure(message)
+    frames = frames_from_exception(exc)
+    assert [(f.type_name, f.raised_in, f.via) for f in frames] == [
+        ("ServerError", "mineru_vl_utils.vlm_client.llama_cpp_engine_client", Via.ROOT),
+        ("EngineError", "mineru_llama_cpp.engine", Via.CONTEXT),
+    ]
+    verdict = classify(exc)
+    assert (verdict.kind, verdict.rule, verdict.frame_index) == (kind, rule, 1), verdict
+    assert not verdict.remote_engine
+
+
+def test_llama_cpp_text_in_minerus_own_error_never_decides() -> None:
+    client = _module_namespace("mineru_vl_utils.vlm_client.llama_cpp_engine_client",
+                               _LLAMA_CLIENT, "mineru_vl_utils.vlm_client.base_client")
+    server_error = client["ServerError"]
+    assert isinstance(server_error, type)
+    verdict = classify(server_error("no result (stopped); Compute error."))
+    assert not verdict.fatal and not verdict.ambiguous and not verdict.matched

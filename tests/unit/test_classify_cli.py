@@ -89,6 +89,16 @@ def test_rules_listing_and_check(tmp_path: Path) -> None:
     checked = run_cli("rules", "--check", str(good), "--json", env=_env())
     assert checked.returncode == 0
     assert json.loads(checked.stdout)["rules"] == 1
+    assert json.loads(checked.stdout)["warnings"] == []  # origin=engine by default
+
+    reach = tmp_path / "reach.rules"
+    reach.write_text("mine.any fatal mine target=message origin=any hello\n"
+                     "mine.type fatal mine target=type origin=any ^acme\\.Gone\\b\n",
+                     encoding="utf-8")
+    warned = run_cli("rules", "--check", str(reach), env=_env())
+    assert warned.returncode == 0
+    assert "rule 'mine.any': origin=any on message text" in warned.stderr
+    assert "mine.type" not in warned.stderr  # a class name is not document text
 
     bad = tmp_path / "bad.rules"
     bad.write_text("only-two-fields fatal\n", encoding="utf-8")

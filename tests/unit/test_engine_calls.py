@@ -41,6 +41,7 @@ class _Health:
 
     def __init__(self) -> None:
         self.started = self.finished = self.progress_calls = 0
+        self.task_progress_for: list[str] = []
 
     def engine_call_started(self) -> None:
         self.started += 1
@@ -50,6 +51,9 @@ class _Health:
 
     def progress(self) -> None:
         self.progress_calls += 1
+
+    def task_progress(self, task_id: str) -> None:
+        self.task_progress_for.append(task_id)
 
 
 def test_engine_calls_are_counted_and_faults_consulted(tmp_path: Path) -> None:
@@ -132,3 +136,48 @@ def test_requests_are_progress_only() -> None:
     with pytest.raises(RuntimeError):
         client.predict(None)
     assert health.progress_calls == 2 and health.started == 0
+
+
+def test_progress_is_attributed_to_the_task_in_context() -> None:
+    """The task watchdog: each engine call or request's end is its own task's progress."""
+
+    class Client:
+        backend = "http-client"
+
+        async def aio_batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            return ["ok"]
+
+    module = type(sys)("fake_mineru_client_tasks")
+    module.MinerUClient = Client  # type: ignore[attr-defined]
+    health = _Health()
+    engine_calls._wrap_class(module, "MinerUClient", ("aio_batch_two_step_extract",),
+                             lambda fn: engine_calls._engine_call(fn, lambda: health,
+                                                                  lambda: None))
+
+    class Manager:
+        async def _run_task(self, task: Any) -> Any:
+            return await Client().aio_batch_two_step_extract([task.task_id])
+
+    class Task:
+        task_id = "t-1"
+        upload_names = ("a.pdf",)
+
+    class TaskHealth(_Health):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tracked: list[str] = []
+
+        def task_started(self, task_id: str) -> None:
+            self.tracked.append(f"+{task_id}")
+
+        def task_finished(self, task_id: str) -> None:
+            self.tracked.append(f"-{task_id}")
+
+    tracker = TaskHealth()
+    manager = Manager()
+    engine_calls.follow_tasks(manager, lambda: tracker)
+    assert asyncio.run(manager._run_task(Task())) == ["ok"]
+    assert tracker.tracked == ["+t-1", "-t-1"]
+    assert health.task_progress_for == ["t-1"]
+    assert asyncio.run(Client().aio_batch_two_step_extract([])) == ["ok"]
+    assert health.task_progress_for == ["t-1", ""]  # outside a task: nobody's

@@ -15,6 +15,7 @@ from mineru_health.integration.router.endpoints import retained_payload_class
 from mineru_health.integration.router.instance_dirs import InstanceDirs
 from mineru_health.testing import faults
 from mineru_health.testing.faults import FaultInjector, write_plan
+from mineru_health.worker import WorkerHealth
 
 # --- fault plan: poison <file name> -----------------------------------------------------------
 
@@ -54,9 +55,10 @@ def test_task_upload_names_are_in_context_for_engine_calls() -> None:
             return "done"
 
     manager = Manager()
-    engine_calls.follow_tasks(manager)
+    health = WorkerHealth()
+    engine_calls.follow_tasks(manager, lambda: health)
     wrapped = manager._run_task
-    engine_calls.follow_tasks(manager)  # idempotent
+    engine_calls.follow_tasks(manager, lambda: health)  # idempotent
     assert manager._run_task is wrapped
     task = type("Task", (), {"upload_names": ["a.pdf", "b.pdf"]})()
     assert asyncio.run(manager._run_task(task)) == "done"

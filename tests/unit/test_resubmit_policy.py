@@ -193,3 +193,19 @@ def test_content_digest_depends_on_bytes_and_order_not_names(tmp_path: Path) -> 
     assert content_digest([str(one)]) == content_digest([str(same)])
     assert content_digest([str(one)]) != content_digest([str(two)])
     assert content_digest([str(one), str(two)]) != content_digest([str(two), str(one)])
+
+
+HUNG = {"status": "failed", "error": "mineru-health: the parse made no progress", "engine_dead":
+        False, "verdict": {**verdict(None), "engine_dead": False, "role": "trigger",
+                           "rule": "watchdog.task_hung", "category": "task_hung", "hung": True}}
+
+
+def test_a_hung_task_is_resubmitted_and_counts_against_its_document() -> None:
+    """Issue 17: the worker's task watchdog failed it; the worker itself is not ejected."""
+    step = next_step(Answer(AnswerKind.STATUS, HUNG), IN_ROTATION)
+    assert (step.action, step.reason) == (Action.RESUBMIT, "hung")
+    assert not engine_dead_failure(HUNG)  # no passive ejection for one hung task
+    assert trigger_rule(HUNG) == "watchdog.task_hung"
+    guard = PoisonGuard()
+    assert guard.record_trigger("doc", "w1", "watchdog.task_hung") is None
+    assert guard.record_trigger("doc", "w2", "watchdog.task_hung") is not None  # a 2nd worker

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mineru_health {
 
@@ -82,6 +83,10 @@ struct WorkerStateOptions {
   // worker fatal (category "error_budget"); zero disables escalation.
   int error_budget = 3;
   std::chrono::nanoseconds error_budget_window = std::chrono::seconds(60);
+  // A task with no progress of its own for `task_hang` is hung (its parse
+  // waits on something that never ends, in or out of engine calls); zero
+  // disables the task watchdog.
+  std::chrono::nanoseconds task_hang = std::chrono::seconds(900);
 };
 
 // Categories and rule ids recorded by the state itself.
@@ -89,6 +94,8 @@ inline constexpr const char* kStallRule = "watchdog.engine_stalled";
 inline constexpr const char* kStallCategory = "engine_stalled";
 inline constexpr const char* kBudgetRule = "watchdog.error_budget";
 inline constexpr const char* kBudgetCategory = "error_budget";
+// Every task being processed is hung: the worker is as good as stalled.
+inline constexpr const char* kTasksHungRule = "watchdog.tasks_hung";
 
 // Everything /health reports, taken at one instant.
 struct WorkerSnapshot {
@@ -139,6 +146,16 @@ class WorkerState {
   // From the event loop: MinerU's figures and its own health verdict.
   void set_tasks(const TaskCounts& tasks, const std::string& manager_error);
   void set_service(const ServiceInfo& service);
+
+  // The task watchdog. A task is tracked from task_started() to
+  // task_finished(); its own progress (an engine call or request made for it,
+  // a page window) is task_progress(id). take_hung_tasks() returns the tasks
+  // with no progress for `task_hang`, each once; when every tracked task is
+  // hung it also records a fatal failure (kTasksHungRule, engine_stalled).
+  void task_started(const std::string& task_id);
+  void task_progress(const std::string& task_id);
+  void task_finished(const std::string& task_id);
+  std::vector<std::string> take_hung_tasks();
 
   // healthy(), snapshot() and wait_until_unhealthy() evaluate the stall
   // watchdog at this instant: a stall records a fatal failure whichever of

@@ -44,6 +44,7 @@ from ..worker import WorkerHealth
 __all__ = [
     "ENGINE_CALL_SITES",
     "REQUEST_SITES",
+    "current_task_id",
     "current_upload_names",
     "follow_tasks",
     "install",
@@ -82,31 +83,45 @@ REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
 
 _MARK = "__mineru_health_tracked__"
 
-#: Upload names of the MinerU task whose processing runs in this context.
-_upload_names: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "mineru_health_upload_names", default=()
+#: (task id, upload names) of the MinerU task whose processing runs in this context.
+_current_task: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars.ContextVar(
+    "mineru_health_current_task", default=("", ())
 )
 
 
 def current_upload_names() -> tuple[str, ...]:
     """The upload names of the task being processed in this context (empty outside one)."""
-    return _upload_names.get()
+    return _current_task.get()[1]
 
 
-def follow_tasks(manager: Any) -> None:
-    """Wraps ``manager._run_task`` so its task's upload names are in context (idempotent)."""
+def current_task_id() -> str:
+    """The id of the task being processed in this context ("" outside one)."""
+    return _current_task.get()[0]
+
+
+def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
+    """Wraps ``manager._run_task``: its task in context, tracked by the task watchdog.
+
+    Idempotent. The task's engine calls and requests run in that context
+    (directly or through ``asyncio.to_thread``, which copies it), so their
+    ends are its progress.
+    """
     run_task = getattr(manager, "_run_task", None)
     if run_task is None or getattr(run_task, _MARK, False):
         return
 
     @functools.wraps(run_task)
     async def run_task_in_context(task: Any, *args: Any, **kwargs: Any) -> Any:
+        task_id = str(getattr(task, "task_id", "") or "")
         names = getattr(task, "upload_names", None) or ()
-        token = _upload_names.set(tuple(str(name) for name in names))
+        token = _current_task.set((task_id, tuple(str(name) for name in names)))
+        state = health()
+        state.task_started(task_id)
         try:
             return await run_task(task, *args, **kwargs)
         finally:
-            _upload_names.reset(token)
+            state.task_finished(task_id)
+            _current_task.reset(token)
 
     setattr(run_task_in_context, _MARK, True)
     manager._run_task = run_task_in_context
@@ -196,13 +211,16 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
                     await injector.before_engine_call_async(current_upload_names())
                 finally:
                     state.engine_call_finished()
-            if _is_remote(args):
-                return await original(*args, **kwargs)
-            state.engine_call_started()
             try:
-                return await original(*args, **kwargs)
+                if _is_remote(args):
+                    return await original(*args, **kwargs)
+                state.engine_call_started()
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    state.engine_call_finished()
             finally:
-                state.engine_call_finished()
+                state.task_progress(current_task_id())
 
         return tracked_async
 
@@ -216,13 +234,16 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
                 injector.before_engine_call(current_upload_names())
             finally:
                 state.engine_call_finished()
-        if _is_remote(args):
-            return original(*args, **kwargs)
-        state.engine_call_started()
         try:
-            return original(*args, **kwargs)
+            if _is_remote(args):
+                return original(*args, **kwargs)
+            state.engine_call_started()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                state.engine_call_finished()
         finally:
-            state.engine_call_finished()
+            state.task_progress(current_task_id())
 
     return tracked
 
@@ -236,7 +257,9 @@ def _engine_request(original: Callable[..., Any],
             try:
                 return await original(*args, **kwargs)
             finally:
-                health().progress()
+                state = health()
+                state.progress()
+                state.task_progress(current_task_id())
 
         return request_async
 
@@ -245,7 +268,9 @@ def _engine_request(original: Callable[..., Any],
         try:
             return original(*args, **kwargs)
         finally:
-            health().progress()
+            state = health()
+            state.progress()
+            state.task_progress(current_task_id())
 
     return request
 

@@ -11,7 +11,9 @@ model.
 
 A slow engine is a ``server_url`` ending in ``/delay/<ms>/`` (the trailing
 slash makes MinerU's client keep the path): every completion under that prefix
-answers after ``<ms>`` milliseconds (at most 60 s).
+answers after ``<ms>`` milliseconds (at most 60 s). Under ``/serial/<ms>/``
+completions are answered one at a time, each after ``<ms>``: a steady trickle
+of progress, however many the client sends at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def create_app() -> FastAPI:
     app = FastAPI(title="mineru-health fake VLM server", docs_url=None, redoc_url=None)
     counter = itertools.count(1)
     app.state.completions = 0
+    one_at_a_time = asyncio.Lock()
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -40,11 +43,17 @@ def create_app() -> FastAPI:
 
     @app.get("/v1/models")
     @app.get("/delay/{delay_ms}/v1/models")
+    @app.get("/serial/{delay_ms}/v1/models")
     async def models(delay_ms: int = 0) -> dict[str, Any]:
         return {
             "object": "list",
             "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "mineru-health"}],
         }
+
+    @app.post("/serial/{delay_ms}/v1/chat/completions")
+    async def serial_completions(request: Request, delay_ms: int) -> dict[str, Any]:
+        async with one_at_a_time:
+            return await chat_completions(request, delay_ms)
 
     @app.post("/v1/chat/completions")
     @app.post("/delay/{delay_ms}/v1/chat/completions")

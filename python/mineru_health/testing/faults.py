@@ -18,6 +18,11 @@ the worker consumes (deletes) it and then behaves as follows:
     the event loop thread sleeps (``<seconds>``, else ``MINERU_HEALTH_FAULT_HANG_S``,
     default 3600 s): the main port answers nothing meanwhile, as when MinerU
     blocks its loop; the native health endpoint keeps answering.
+``parse_hang``
+    the next parse (MinerU's ``do_parse``/``aio_do_parse``) waits and never
+    returns (for ``MINERU_HEALTH_FAULT_HANG_S``), before any engine call: a
+    hung render pool or post-processing step, outside the stall watchdog's
+    reach; later parses run normally.
 ``engine_dead_idle``
     a fake engine handle whose ``errored`` is true is added to MinerU's
     ``ModelSingleton``, so the liveness check finds a dead engine without any
@@ -73,7 +78,8 @@ __all__ = [
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
-PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison")
+PLAN_WORDS = ("engine_dead", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison",
+              "parse_hang")
 #: Words that take a number of seconds after a space.
 _TIMED_WORDS = ("hang",)
 #: Words that take the rest of the line (a file name) as their argument.
@@ -206,6 +212,7 @@ class FaultInjector:
         self.engine_dead = False
         self.engine_stall = False
         self.task_local_pending = 0
+        self.parse_hang_pending = 0
         self.poison_names: frozenset[str] = frozenset()
         self.applied: list[str] = []
         self.unknown_pending = 0
@@ -253,6 +260,8 @@ class FaultInjector:
                 self.engine_stall = True
             elif word == "task_local":
                 self.task_local_pending += 1
+            elif word == "parse_hang":
+                self.parse_hang_pending += 1
             elif word == "engine_dead_idle":
                 self._add_dead_engine_handle()
             elif word in _UNKNOWN_WORDS:
@@ -298,6 +307,55 @@ class FaultInjector:
         """In an asynchronous engine call (of a task with ``upload_names``): raises or stalls."""
         if self._raise_planned(upload_names):
             await asyncio.sleep(self.hang_s)
+
+    def _take_parse_hang(self) -> bool:
+        self.poll()
+        with self._lock:
+            if self.parse_hang_pending <= 0:
+                return False
+            self.parse_hang_pending -= 1
+            return True
+
+    def install_parse_sites(self) -> None:
+        """Wraps MinerU's ``do_parse``/``aio_do_parse`` wherever they are bound (``parse_hang``).
+
+        The worker modules import them by name, so every module holding the
+        original function gets the wrapper.
+        """
+        common = sys.modules.get("mineru.cli.common")
+        if common is None:
+            return
+        for name in ("do_parse", "aio_do_parse"):
+            original = getattr(common, name, None)
+            if original is None or getattr(original, "__mineru_health_fault__", False):
+                continue
+            wrapped = self._parse_wrapper(original)
+            for module in list(sys.modules.values()):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapped)
+
+    def _parse_wrapper(self, original: Any) -> Any:
+        import functools
+        import inspect
+
+        if inspect.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def parse_async(*args: Any, **kwargs: Any) -> Any:
+                if self._take_parse_hang():
+                    await asyncio.sleep(self.hang_s)
+                return await original(*args, **kwargs)
+
+            parse_async.__mineru_health_fault__ = True  # type: ignore[attr-defined]
+            return parse_async
+
+        @functools.wraps(original)
+        def parse(*args: Any, **kwargs: Any) -> Any:
+            if self._take_parse_hang():
+                threading.Event().wait(self.hang_s)
+            return original(*args, **kwargs)
+
+        parse.__mineru_health_fault__ = True  # type: ignore[attr-defined]
+        return parse
 
     def _add_dead_engine_handle(self) -> None:
         module = sys.modules.get("mineru.backend.vlm.vlm_analyze")

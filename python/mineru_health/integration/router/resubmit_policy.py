@@ -12,6 +12,9 @@ health policy's view of that worker. The rules, in order:
 
 - a status ``failed`` with ``"engine_dead": true`` (the worker's own
   verdict, never text matching): resubmit;
+- a status ``failed`` whose verdict says ``"hung": true`` (the worker's
+  task watchdog: its parse made no progress): resubmit, and, like an engine
+  death it triggered, count it against the document (poison guard);
 - a task still pending or processing on an instance that a restart is
   stopping right now: resubmit (it will never finish there);
 - any other status: apply it (adopt it when a restarted instance answered:
@@ -49,6 +52,7 @@ __all__ = [
     "WorkerView",
     "engine_dead_failure",
     "failure_text",
+    "hung_failure",
     "next_step",
     "refuse_resubmission",
     "trigger_rule",
@@ -93,13 +97,24 @@ class Action(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Step:
     action: Action
-    reason: str = ""  # RESUBMIT: engine_dead | lost | worker_failed
+    reason: str = ""  # RESUBMIT: engine_dead | hung | lost | worker_failed
     detail: str = ""
 
 
 def engine_dead_failure(payload: Mapping[str, Any]) -> bool:
     """A status that says the task failed because its worker's engine died."""
     return payload.get("status") == "failed" and payload.get("engine_dead") is True
+
+
+def hung_failure(payload: Mapping[str, Any]) -> bool:
+    """A status that says the worker's task watchdog failed the task: its parse hung.
+
+    The worker itself may be fine (its other tasks progress): resubmit the
+    task, never eject the worker for it.
+    """
+    verdict = payload.get("verdict")
+    return (payload.get("status") == "failed" and isinstance(verdict, Mapping)
+            and verdict.get("hung") is True)
 
 
 def trigger_rule(payload: Mapping[str, Any]) -> str | None:
@@ -110,7 +125,8 @@ def trigger_rule(payload: Mapping[str, Any]) -> str | None:
     document.
     """
     verdict = payload.get("verdict")
-    if not engine_dead_failure(payload) or not isinstance(verdict, Mapping):
+    lost = engine_dead_failure(payload) or hung_failure(payload)
+    if not lost or not isinstance(verdict, Mapping):
         return None
     if verdict.get("role") != "trigger":
         return None
@@ -123,6 +139,8 @@ def next_step(answer: Answer, worker: WorkerView) -> Step:
         payload = answer.payload or {}
         if engine_dead_failure(payload):
             return Step(Action.RESUBMIT, "engine_dead", str(payload.get("error") or ""))
+        if hung_failure(payload):
+            return Step(Action.RESUBMIT, "hung", str(payload.get("error") or ""))
         if worker.replaced and worker.same_instance and not is_terminal(payload.get("status")):
             return Step(Action.RESUBMIT, "worker_failed", "its instance is being restarted")
         return Step(Action.APPLY if worker.same_instance else Action.ADOPT)

@@ -118,6 +118,7 @@ def install(app: Any) -> None:
         runtime.settings = settings
         health = configure_worker_health(WorkerHealth(
             loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
+            task_hang_s=settings.task_hang_s,
             error_budget=settings.error_budget,
             error_budget_window_s=settings.error_budget_window_s,
         ))
@@ -138,6 +139,7 @@ def install(app: Any) -> None:
     injector = FaultInjector.from_env()
     if injector is not None:
         runtime.faults = injector
+        injector.install_parse_sites()
         log("WARNING", f"fault injection enabled, plan file {injector.plan_path}")
     engine_calls.install(current_health, lambda: runtime.faults)
 

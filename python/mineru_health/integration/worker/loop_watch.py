@@ -23,7 +23,7 @@ from .context import (
     runtime,
     task_managers,
 )
-from .tasks import act_on_fatal, wrap_status_payload
+from .tasks import act_on_fatal, fail_hung_tasks, wrap_status_payload
 
 
 def _int_or(value: Any, default: int) -> int:
@@ -84,6 +84,7 @@ async def _watch_loop() -> None:
             if ticks % 5 == 0:
                 _report_tasks()
             if ticks % 10 == 0:
+                fail_hung_tasks()  # before act_on_fatal: hung tasks are not collateral
                 act_on_fatal()  # once per fatal record; cheap while healthy
         except Exception as error:  # noqa: BLE001 - the watcher must survive one bad step
             if ticks % 100 == 0:
@@ -100,7 +101,9 @@ def on_started() -> None:
         if isinstance(task_class, type):
             wrap_status_payload(task_class)
         task_store.attach(manager)  # task store: restore finished tasks, record new ones
-        engine_calls.follow_tasks(manager)  # upload names in context (fault plan `poison`)
+        # The task in context: its progress for the task watchdog, its upload
+        # names for the fault plan's `poison`.
+        engine_calls.follow_tasks(manager, current_health)
         _report_service(manager)
     if managers:
         _report_tasks()

@@ -28,10 +28,14 @@ from .context import (
     utc_now_iso,
 )
 
+#: The verdict of a task the task watchdog failed: its parse made no progress.
+HUNG_RULE = "watchdog.task_hung"
+HUNG_CATEGORY = "task_hung"
+
 
 def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None, rule: str,
                  category: str, ambiguous: bool = False, remote_engine: bool = False,
-                 verified: dict[str, Any] | None = None) -> None:
+                 hung: bool = False, verified: dict[str, Any] | None = None) -> None:
     verdict: dict[str, Any] = {
         "fatal": fatal,
         "engine_dead": engine_dead,
@@ -41,6 +45,8 @@ def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None,
         "ambiguous": ambiguous,
         "remote_engine": remote_engine,
     }
+    if hung:  # the router resubmits it, and counts it against its document
+        verdict["hung"] = True
     if verified is not None:
         verdict["verification"] = verified
     with contextlib.suppress(Exception):  # a task object that refuses attributes keeps working
@@ -131,6 +137,44 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
     wake = getattr(manager, "_wake_waiters", None)
     if callable(wake):
         wake()
+    return failed
+
+
+def fail_hung_tasks() -> int:
+    """Fails the tasks the native task watchdog found hung (loop thread); returns how many.
+
+    Each one's parse has made no progress for ``MINERU_HEALTH_TASK_HANG_S``
+    (in or out of engine calls): it is failed with a ``hung`` verdict, its
+    waiters are woken and its processor is cancelled, which frees its
+    concurrency slot (a thread stuck inside the parse cannot be stopped; when
+    every task is hung the worker is stalled, and its restart ends them).
+    """
+    health = current_health()
+    hung = set(health.take_hung_tasks())
+    if not hung:
+        return 0
+    failed = 0
+    for manager in task_managers():
+        module = sys.modules.get(type(manager).__module__)
+        processing = getattr(module, "TASK_PROCESSING", PROCESSING)
+        pending = getattr(module, "TASK_PENDING", PENDING)
+        for task_id in sorted(hung):
+            task = getattr(manager, "tasks", {}).get(task_id)
+            if task is None or getattr(task, "status", None) not in (pending, processing):
+                continue
+            task.status = getattr(module, "TASK_FAILED", FAILED)
+            task.error = ("mineru-health: the parse made no progress for "
+                          f"{runtime.settings.task_hang_s:g} s (hung); resubmit it")
+            task.completed_at = utc_now_iso()
+            _set_verdict(task, fatal=False, engine_dead=False, role="trigger",
+                         rule=HUNG_RULE, category=HUNG_CATEGORY, hung=True)
+            manager._signal_task_event(task_id)  # wakes waiters; the task store keeps it
+            for processor in list(getattr(manager, "active_tasks", ())):
+                if processor.get_name().endswith(f"-task-{task_id}") and not processor.done():
+                    processor.cancel()
+            failed += 1
+            log("ERROR", f"task {task_id} failed: no progress for "
+                         f"{runtime.settings.task_hang_s:g} s (hung parse)")
     return failed
 
 
