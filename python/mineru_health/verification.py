@@ -27,7 +27,8 @@ verifier           what is asked
                    multiprocess engine's process
 ``llama_cpp``      ``Engine._closed``; then one one-token generation, since
                    llama.cpp exposes no state: a stopped server loop answers
-                   ``EngineError`` at once
+                   ``EngineError`` at once (its timeout never condemns: how
+                   long a generation takes is no evidence)
 ``mineru_runtime`` 4.0's ``AsyncVlmPredictor``: its sticky fatal error, its
                    thread, its event loop
 ``device_<type>``  torch devices in use (``cuda``/``hip``, ``npu``, ``musa``,
@@ -111,6 +112,9 @@ _HANDLE_VERIFIERS = (
     ("lmdeploy_engine", "lmdeploy"),
     ("llama_cpp_engine", "llama_cpp"),
 )
+#: Verifiers whose check is model work (a test generation): its time depends on the
+#: machine and the model, so running past the bound is never evidence of death.
+_WORK_VERIFIERS = frozenset({"llama_cpp"})
 #: torch accelerator namespaces whose devices are checked when initialised.
 _TORCH_BACKENDS = ("cuda", "npu", "musa", "xpu", "mlu")
 _MAX_DEVICES = 16
@@ -489,7 +493,7 @@ def run_check(handle: Handle) -> Check:
 
 
 class _Run:
-    __slots__ = ("checks", "current", "deadline", "done", "result", "started")
+    __slots__ = ("checks", "current", "deadline", "done", "result", "started", "work")
 
     def __init__(self, started: float, deadline: float) -> None:
         self.started = started
@@ -497,6 +501,7 @@ class _Run:
         self.done = threading.Event()
         self.checks: list[Check] = []
         self.current = ""
+        self.work = False  # the check running now is model work (see _WORK_VERIFIERS)
         self.result: Verification | None = None
 
 
@@ -559,10 +564,12 @@ class Verifier:
             loaded = bool(busy()) if busy is not None else False
         except Exception:  # noqa: BLE001 - unknown load: no evidence
             loaded = True
-        if loaded:
+        if loaded or run.work:
+            why = ("a test generation's time is no evidence" if run.work
+                   else "engine calls are in flight: busy is not dead")
             return Verification("inconclusive", "",
-                                f"{what} did not answer within {self.timeout_s:g}s while engine "
-                                "calls are in flight: busy is not dead", checks, elapsed, shared)
+                                f"{what} did not answer within {self.timeout_s:g}s; {why}",
+                                checks, elapsed, shared)
         return Verification("dead", RULE_PREFIX + "timeout",
                             f"{what} did not answer within {self.timeout_s:g}s with no engine "
                             "call in flight", checks, elapsed, shared)
@@ -572,6 +579,7 @@ class Verifier:
             handles = self._find()
             for handle in handles:
                 run.current = f"{handle.verifier} check of {handle.where}"
+                run.work = handle.verifier in _WORK_VERIFIERS
                 check = run_check(handle)
                 run.checks.append(check)
                 if check.state == "dead":
