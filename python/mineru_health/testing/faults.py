@@ -382,7 +382,7 @@ class FaultInjector:
         return getattr(error, _LOCAL_ENGINE_ATTR, False) is True
 
 
-#: What ``unknown_error_*`` raise: no rule knows it (tests/unit/test_verification.py checks).
+#: What ``unknown_error_*`` raise: no rule knows it (tests/unit/test_verification.py checks it).
 UNKNOWN_ERROR_MESSAGE = "xq7: request 17 came back without its pages (mineru-health fault plan)"
 #: Key of the engine entry ``unknown_error_*`` add to MinerU's ModelSingleton.
 VERIFY_ENGINE_KEY = ("lmdeploy-engine", "mineru-health-fault-plan-verify", None)
