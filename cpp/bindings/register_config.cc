@@ -78,6 +78,7 @@ void register_config(py::module_& m) {
       .def_readwrite("loop_hang_s", &WorkerConfig::loop_hang_s)
       .def_readwrite("stall_s", &WorkerConfig::stall_s)
       .def_readwrite("task_hang_s", &WorkerConfig::task_hang_s)
+      .def_readwrite("verify_s", &WorkerConfig::verify_s)
       .def_readwrite("exit_on_fatal", &WorkerConfig::exit_on_fatal)
       .def_readwrite("exit_grace_s", &WorkerConfig::exit_grace_s)
       .def_readwrite("retry_after_s", &WorkerConfig::retry_after_s)

@@ -200,6 +200,13 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        "as hung, for the router to resubmit; when every task is hung the "
        "worker is stalled (fatal); 0 disables.",
        PathCheck::kNone, kW},
+      {"VERIFY_S", "verify_s", &C::verify_s, T::kSeconds,
+       {kMinSeconds, 60, false, true},
+       "Seconds the worker may spend asking its engine (vLLM's health call, "
+       "lmdeploy's loops, llama.cpp, a device sync) whether it still works "
+       "after a failure no rule decides; a dead engine makes it fatal "
+       "(engine_check_failed); 0 never asks.",
+       PathCheck::kNone, kW},
       {"EXIT_ON_FATAL", "exit_on_fatal", &C::exit_on_fatal, T::kFlag, {},
        "After an engine death, fail pending tasks, answer 503 for "
        "EXIT_GRACE_S, then exit with code 75 (for supervisors that only react "

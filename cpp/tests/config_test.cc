@@ -78,6 +78,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheHeader) {
   EXPECT_EQ(worker.bind, "127.0.0.1");
   EXPECT_EQ(worker.loop_hang_s, 60.0);
   EXPECT_EQ(worker.stall_s, 300.0);
+  EXPECT_EQ(worker.verify_s, 2.0);
   EXPECT_FALSE(worker.exit_on_fatal);
   EXPECT_EQ(worker.exit_grace_s, 5.0);
   EXPECT_EQ(worker.retry_after_s, 30);
@@ -256,6 +257,8 @@ INSTANTIATE_TEST_SUITE_P(
                     [](const WorkerConfig& c) { return c.loop_hang_s == 0.5; }},
         WorkerValue{"MINERU_HEALTH_STALL_S", "0",
                     [](const WorkerConfig& c) { return c.stall_s == 0; }},
+        WorkerValue{"MINERU_HEALTH_VERIFY_S", "0",
+                    [](const WorkerConfig& c) { return c.verify_s == 0; }},
         WorkerValue{"MINERU_HEALTH_EXIT_ON_FATAL", "1",
                     [](const WorkerConfig& c) { return c.exit_on_fatal; }},
         WorkerValue{"MINERU_HEALTH_EXIT_ON_FATAL", "Yes",

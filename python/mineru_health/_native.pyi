@@ -389,6 +389,7 @@ class WorkerConfig(metaclass=_pybind11_type):
     loop_hang_s: float
     stall_s: float
     task_hang_s: float
+    verify_s: float
     exit_on_fatal: bool
     exit_grace_s: float
     retry_after_s: int

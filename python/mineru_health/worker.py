@@ -22,11 +22,14 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from . import _native
 from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
+
+if TYPE_CHECKING:
+    from .verification import Verification
 
 __all__ = [
     "REFUSAL_ERROR_PREFIX",
@@ -132,6 +135,8 @@ class Recorded:
     ``fatal`` is true when the worker is now unusable because of this failure
     (a fatal verdict, or an ambiguous one that exhausted the error budget);
     ``first`` when this failure is the one that made it so.
+    ``verification``: what checking the engine found, when the verdict left
+    the failure undecided (:func:`mineru_health.verification.confirm`).
     """
 
     verdict: Verdict
@@ -139,6 +144,7 @@ class Recorded:
     first: bool
     rule: str
     category: str
+    verification: Verification | None = None
 
 
 class WorkerHealth:

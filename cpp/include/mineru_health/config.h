@@ -82,6 +82,7 @@ struct WorkerConfig {
   double loop_hang_s = 60.0;       // event loop silent this long = hung
   double stall_s = 300.0;          // no engine progress this long; 0 = off
   double task_hang_s = 900.0;      // a task with no progress this long; 0 = off
+  double verify_s = 2.0;           // asking the engine after a failure; 0 = off
   bool exit_on_fatal = false;      // exit 75 after an engine death
   double exit_grace_s = 5.0;       // 503s served before that exit
   int retry_after_s = 30;          // Retry-After on refused submissions

@@ -39,6 +39,15 @@ the worker consumes (deletes) it and then behaves as follows:
     a fake engine handle whose ``errored`` is true is added to MinerU's
     ``ModelSingleton``, so the liveness check finds a dead engine without any
     task running.
+``unknown_error_dead``
+    an engine handle shaped like lmdeploy's ``VLAsyncEngine`` whose main loop
+    has stopped is added to MinerU's ``ModelSingleton``, and the next engine
+    call raises one error no rule knows: only verifying the engine
+    (:mod:`mineru_health.verification`) can tell the worker it is dead.
+``unknown_error_alive``
+    as ``unknown_error_dead`` with an engine whose loops still run: the
+    failure stays task-local. The errors of both words stand in for a local
+    engine's, whatever transport the task uses (``stands_in_for_local_engine``).
 ``poison <file name>``
     a document that kills engines: the first engine call of a task that has
     an upload named ``<file name>`` raises ``EngineDeadError``, and from then
@@ -57,6 +66,7 @@ surfaces and in which a stalled engine never returns. Write plans with
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -89,6 +99,9 @@ PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "remot
 _TIMED_WORDS = ("hang",)
 #: Words that take the rest of the line (a file name) as their argument.
 _NAMED_WORDS = ("poison",)
+#: Words raising an error no rule knows, next to a planted engine handle to verify.
+_UNKNOWN_WORDS = ("unknown_error_dead", "unknown_error_alive")
+PLAN_WORDS = (*PLAN_WORDS, *_UNKNOWN_WORDS)  # type: ignore[assignment]  # appended apart
 
 #: vLLM's module, class name and fixed message for a dead EngineCore (vLLM v1).
 VLLM_EXCEPTIONS_MODULE = "vllm.v1.engine.exceptions"
@@ -296,6 +309,7 @@ class FaultInjector:
         self.parse_hang_pending = 0
         self.poison_names: frozenset[str] = frozenset()
         self.applied: list[str] = []
+        self.unknown_pending = 0
 
     @classmethod
     def from_env(cls) -> FaultInjector | None:
@@ -347,6 +361,9 @@ class FaultInjector:
                 self.parse_hang_pending += 1
             elif word == "engine_dead_idle":
                 self._add_dead_engine_handle()
+            elif word in _UNKNOWN_WORDS:
+                self._plant_engine(word == "unknown_error_alive")
+                self.unknown_pending += 1
         _log.warning("fault plan applied: %s", text)
         if word == "hang":
             # Called on the event loop thread: nothing else runs until this returns.
@@ -377,6 +394,9 @@ class FaultInjector:
             if self.task_local_pending:
                 self.task_local_pending -= 1
                 raise ValueError(TASK_LOCAL_MESSAGE)
+            if self.unknown_pending:
+                self.unknown_pending -= 1
+                raise make_unknown_error()
             return self.engine_stall
 
     def before_engine_call(self, upload_names: Sequence[str] = ()) -> None:
@@ -448,3 +468,30 @@ class FaultInjector:
         singleton = module.ModelSingleton
         with singleton._lock:
             singleton._models[FAKE_ENGINE_KEY] = _FakePredictor()
+
+    def _plant_engine(self, alive: bool) -> None:
+        from .fake_engines import FakeLmdeployEngine, predictor_with
+
+        module = importlib.import_module("mineru.backend.vlm.vlm_analyze")
+        engine = FakeLmdeployEngine("alive" if alive else "dead")
+        with module.ModelSingleton._lock:
+            module.ModelSingleton._models[VERIFY_ENGINE_KEY] = predictor_with(
+                "lmdeploy-engine", lmdeploy_engine=engine)
+
+    @staticmethod
+    def stands_in_for_local_engine(error: BaseException) -> bool:
+        """True for the errors of ``unknown_error_*``: a local engine's failure, for the worker."""
+        return getattr(error, _LOCAL_ENGINE_ATTR, False) is True
+
+
+#: What ``unknown_error_*`` raise: no rule knows it (tests/unit/test_verification.py checks it).
+UNKNOWN_ERROR_MESSAGE = "xq7: request 17 came back without its pages (mineru-health fault plan)"
+#: Key of the engine entry ``unknown_error_*`` add to MinerU's ModelSingleton.
+VERIFY_ENGINE_KEY = ("lmdeploy-engine", "mineru-health-fault-plan-verify", None)
+_LOCAL_ENGINE_ATTR = "_mineru_health_local_engine"
+
+
+def make_unknown_error() -> Exception:
+    error = RuntimeError(UNKNOWN_ERROR_MESSAGE)
+    setattr(error, _LOCAL_ENGINE_ATTR, True)
+    return error

@@ -46,7 +46,7 @@ import multiprocessing
 import sys
 from typing import Any
 
-from ... import metrics, patching
+from ... import metrics, patching, verification
 from ...classifier import default_rules
 from ...errors import ConfigError, HealthEndpointError
 from ...settings import WorkerSettings
@@ -124,6 +124,7 @@ def install(app: Any) -> None:
         ))
         _start_endpoint(health, settings)
         task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
+        verification.set_default_verifier(verification.Verifier(timeout_s=settings.verify_s))
     health = current_health()
     runtime.apps.append(app)
     app.add_middleware(HealthGate)

@@ -13,8 +13,8 @@ import functools
 import sys
 from typing import Any
 
-from ... import metrics
-from ...worker import FatalInfo, Recorded, describe_exception
+from ... import metrics, verification
+from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception
 from .. import task_store
 from ..task_store import VERDICT_ATTR
 from .context import (
@@ -35,8 +35,8 @@ HUNG_CATEGORY = "task_hung"
 
 def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None, rule: str,
                  category: str, ambiguous: bool = False, remote_engine: bool = False,
-                 hung: bool = False) -> None:
-    verdict = {
+                 hung: bool = False, verified: dict[str, Any] | None = None) -> None:
+    verdict: dict[str, Any] = {
         "fatal": fatal,
         "engine_dead": engine_dead,
         "role": role,
@@ -47,6 +47,8 @@ def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None,
     }
     if hung:  # the router resubmits it, and counts it against its document
         verdict["hung"] = True
+    if verified is not None:
+        verdict["verification"] = verified
     with contextlib.suppress(Exception):  # a task object that refuses attributes keeps working
         setattr(task, VERDICT_ATTR, verdict)
 
@@ -210,6 +212,14 @@ def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
     return runtime.classify_pool
 
 
+def _record(health: WorkerHealth, exc: BaseException, remote_engine: bool) -> Recorded:
+    """Classifies and records; an undecided local failure then asks the engine (issue 18)."""
+    outcome = health.record(exc, remote_engine=remote_engine)
+    stands_in = getattr(runtime.faults, "stands_in_for_local_engine", None)
+    local = not remote_engine or (callable(stands_in) and stands_in(exc))  # the fault plan's
+    return verification.confirm(health, outcome, exc, remote_engine=not local)
+
+
 async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     """Hook at the top of ``AsyncTaskManager._process_task``'s except block. Never raises.
 
@@ -220,7 +230,7 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
     health = current_health()
     try:
         remote_engine = str(getattr(task, "backend", "") or "").endswith("http-client")
-        record = functools.partial(health.record, exc, remote_engine=remote_engine)
+        record = functools.partial(_record, health, exc, remote_engine)
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
     except asyncio.CancelledError:
         raise
@@ -239,12 +249,18 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
             role=("trigger" if outcome.first else "collateral") if outcome.fatal else None,
             rule=outcome.rule, category=outcome.category, ambiguous=verdict.ambiguous,
             remote_engine=verdict.remote_engine,
+            verified=outcome.verification.to_json() if outcome.verification else None,
         )
         if not outcome.fatal:
+            checked = (f"; engine check {outcome.verification.outcome}: "
+                       f"{outcome.verification.detail}" if outcome.verification else "")
             log("INFO", f"task {task_id} failed task-locally "
-                         f"({verdict.rule or 'no rule matched'}, {verdict.category or '-'})")
+                         f"({verdict.rule or 'no rule matched'}, {verdict.category or '-'}{checked})")
             return outcome
-        if outcome.first:
+        if outcome.first and outcome.verification is not None:
+            log("ERROR", f"fatal failure in task {task_id}: no rule decided it and the engine "
+                          f"check failed: {outcome.verification.detail}")
+        elif outcome.first:
             log("ERROR", f"fatal failure in task {task_id}: rule {outcome.rule} "
                           f"({outcome.category}) matched {verdict.excerpt!r}")
         act_on_fatal(keep_manager=manager, keep=task)

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""What verifying the engine after an undecided failure costs, against a plain classification.
+
+Same process, same run: for one failure no rule knows,
+
+1. baseline: ``WorkerHealth.record(exc)`` (classify the chain natively, record
+   the task-local outcome), what every failure already costs;
+2. ``record`` then ``verification.confirm`` with one engine handle of each
+   verifier, alive (the common case: the check passes), using the fakes of
+   ``mineru_health.testing.fake_engines``, which have the real API shapes.
+
+The verifier's own cost is the thread it starts, the wait on it and the
+handle reads; the fakes answer at once, so what the real engines add on
+top is their health call (vLLM's ``check_health`` reads a flag; lmdeploy's
+loop tasks are read as attributes; 4.0's runtime its thread) or, for the two
+checks that do work on the device, that work: llama.cpp's one-token probe
+generation (its own prompt and one decode step) and torch's one-element op
+read back (behind whatever the stream already holds). Those two cannot be
+measured here (no model, no accelerator) and are not in these numbers.
+
+Ratios (verify / baseline) are what to compare across machines. Nothing here
+is a pass/fail test.
+
+    python bench/verification/run.py [--rounds 300] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mineru_health import verification
+from mineru_health.testing import fake_engines as fe
+from mineru_health.verification import Handle, Verifier
+from mineru_health.worker import WorkerHealth
+
+
+def unknown_error() -> Exception:
+    return RuntimeError("xq7: request 17 came back without its pages")
+
+
+def timed(fn: Callable[[], object], rounds: int) -> list[float]:
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def scenarios() -> list[tuple[str, Callable[[], list[Handle]]]]:
+    llama = fe.fake_llama_cpp("alive")
+    sys.modules.update(llama)
+    llama_engine = llama["mineru_llama_cpp"].Engine()
+    torch = fe.fake_torch("alive")
+    return [
+        ("vllm AsyncLLM (errored + check_health)",
+         lambda: [Handle("vllm", "h", fe.FakeAsyncLLM("alive"))]),
+        ("vllm LLM (core flag)", lambda: [Handle("vllm", "h", fe.FakeLLM("alive"))]),
+        ("lmdeploy (loop tasks)", lambda: [Handle("lmdeploy", "h", fe.FakeLmdeployEngine())]),
+        ("llama.cpp (flags + probe, fake engine)",
+         lambda: [Handle("llama_cpp", "h", llama_engine)]),
+        ("4.0 runtime + vllm", lambda: [
+            Handle("mineru_runtime", "h", fe.FakeAsyncVlmPredictor("alive")),
+            Handle("vllm", "h", fe.FakeAsyncLLM("alive"))]),
+        ("torch cuda:0 (query + 1-element op, fake torch)",
+         lambda: [Handle("device_cuda", "cuda:0", (torch, "cuda", 0))]),
+        ("nothing local to check", list),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+
+    health = WorkerHealth()
+    error = unknown_error()
+    for _ in range(20):  # warm the rule set and the native state
+        health.record(error)
+    baseline = timed(lambda: health.record(error), args.rounds)
+    base_median = statistics.median(baseline)
+
+    rows: list[dict[str, Any]] = [{"case": "classify + record (baseline)",
+                                   "median_us": base_median * 1e6, "p99_us": _p99(baseline) * 1e6,
+                                   "ratio": 1.0}]
+    for name, find in scenarios():
+        verifier = Verifier(find=find)
+
+        def verified(v: Verifier = verifier) -> None:
+            outcome = health.record(error)
+            checked = verification.confirm(health, outcome, error, verifier=v)
+            assert checked.verification is not None and not checked.fatal
+
+        for _ in range(5):
+            verified()
+        samples = timed(verified, args.rounds)
+        median = statistics.median(samples)
+        rows.append({"case": f"+ verify: {name}", "median_us": median * 1e6,
+                     "p99_us": _p99(samples) * 1e6, "ratio": median / base_median})
+
+    width = max(len(row["case"]) for row in rows)
+    print(f"{'case':<{width}}  {'median µs':>10}  {'p99 µs':>10}  {'× baseline':>10}")
+    for row in rows:
+        print(f"{row['case']:<{width}}  {row['median_us']:>10.1f}  {row['p99_us']:>10.1f}  "
+              f"{row['ratio']:>10.1f}")
+    print(f"\n{args.rounds} rounds each; one failure no rule knows; all engines alive")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(rows, out, indent=2)
+    return 0
+
+
+def _p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
