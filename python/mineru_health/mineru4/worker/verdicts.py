@@ -17,12 +17,14 @@ so (never narrower than upstream), except for a remote engine
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
+import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from ... import metrics
+from ... import metrics, verification
 from ...integration.worker.context import current_health, log, runtime
 from ...worker import describe_exception, exception_type_name
 
@@ -48,15 +50,37 @@ def _remote_engine() -> bool:
     return False
 
 
+def _verified(health: Any, outcome: Any, error: BaseException, remote: bool) -> Any:
+    """``verification.confirm`` off the event loop.
+
+    4.0 asks from its VLM runtime thread (wait for the answer there) or from
+    ``_run_job`` on the event loop, which must not wait: there the check runs
+    on a thread of its own, and a dead engine it finds is recorded natively,
+    for the watcher to fail the jobs (this failure stays the job's own).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return verification.confirm(health, outcome, error, remote_engine=remote)
+    threading.Thread(target=verification.confirm, args=(health, outcome, error),
+                     kwargs={"remote_engine": remote}, name="mineru-health-verify",
+                     daemon=True).start()
+    return outcome
+
+
 def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> bool:
     remote = _remote_engine()
     health = current_health()
     outcome = health.record(error, remote_engine=remote)
+    if verification.needs_verification(outcome, remote_engine=remote):
+        outcome = _verified(health, outcome, error, remote)
     if outcome.fatal:
         metrics.record_worker_fatal(outcome.rule, outcome.category)
         if outcome.first:
-            log("ERROR", f"fatal engine error: rule {outcome.rule} ({outcome.category}) "
-                         f"matched {outcome.verdict.excerpt!r}")
+            checked = getattr(outcome, "verification", None)
+            why = (checked.detail if checked is not None
+                   else f"matched {outcome.verdict.excerpt!r}")
+            log("ERROR", f"fatal engine error: rule {outcome.rule} ({outcome.category}) {why}")
         return True
     metrics.record_worker_task_local(remote_engine=remote)
     if remote or not upstream(error):
