@@ -268,3 +268,18 @@ def test_failover_gives_up_after_one_try_per_worker_and_one_more() -> None:
     with pytest.raises(_ProxyError):
         asyncio.run(_supervisor(_Pool()).submit_with_failover(submit_job, {}, None, None))
     assert calls == 3
+
+
+def test_policy_payload_resubmits_a_hung_job_without_ejecting() -> None:
+    from mineru_health.integration.router.resubmit_policy import (
+        engine_dead_failure,
+        hung_failure,
+        trigger_rule,
+    )
+    from mineru_health.mineru4 import TASK_HUNG_CODE
+    from mineru_health.mineru4.router.jobs import policy_payload
+
+    view = policy_payload({"status": "failed", "files": [
+        {"status": "failed", "error": {"code": TASK_HUNG_CODE, "message": "no progress"}}]})
+    assert hung_failure(view) and not engine_dead_failure(view)
+    assert trigger_rule(view) == "watchdog.task_hung"

@@ -62,6 +62,7 @@ from mineru_health.integration.router.resubmit_policy import (
     refuse_resubmission,
     trigger_rule,
 )
+from mineru_health.mineru4 import TASK_HUNG_CODE
 
 __all__ = ["JobSupervisor", "KeptJob", "policy_payload"]
 
@@ -106,6 +107,11 @@ def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
         view["error"] = str(errors[0].get("message") or errors[0].get("code") or "")
     if isinstance(payload.get("verdict"), dict):  # a patched worker's verdict
         view["verdict"] = payload["verdict"]
+    elif any(e.get("code") == TASK_HUNG_CODE for e in errors):
+        # The worker's task watchdog failed it: resubmit it, count it against
+        # the document (poison guard), never eject the worker for it.
+        view["verdict"] = {"hung": True, "role": "trigger", "rule": "watchdog.task_hung",
+                           "category": TASK_HUNG_CODE}
     return view
 
 
@@ -238,8 +244,9 @@ class JobSupervisor:
         view = policy_payload(rewritten)
         step = next_step(Answer(AnswerKind.STATUS, payload=view), self._view(kept))
         if step.action is Action.RESUBMIT:
-            # The worker's own verdict: out of rotation before the next probe.
-            self._pool.report_passive(worker, "a job failed with engine_dead")
+            if view["engine_dead"]:
+                # The worker's own verdict: out of rotation before the next probe.
+                self._pool.report_passive(worker, "a job failed with engine_dead")
             return self._resubmit(kept, step.reason, str(view.get("error") or ""),
                                   trigger_rule(view))
         self._forget(kept)

@@ -19,6 +19,7 @@ from ...integration import engine_calls
 from ...integration.worker.context import TICK_S, current_health, log, mineru_version, runtime
 from ...integration.worker.gate import HealthGate
 from ...worker import FatalInfo, describe_exception
+from .. import TASK_HUNG_CODE
 from . import job_store
 
 #: 4.0's routes: its health check, and the three ways to submit work.
@@ -83,8 +84,6 @@ def report_jobs() -> None:
     current_health().set_tasks(queued, running, completed, failed, "; ".join(errors))
 
 
-#: The error code of a file whose job the task watchdog failed (the router resubmits it).
-HUNG_CODE = "task_hung"
 
 
 def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
@@ -150,7 +149,7 @@ def fail_hung_jobs() -> int:
                 if getattr(file, "status", "") != "completed":
                     file.status = "failed"
                     if error_detail is not None:
-                        file.error = error_detail(type="engine_error", code=HUNG_CODE,
+                        file.error = error_detail(type="engine_error", code=TASK_HUNG_CODE,
                                                   message=message)
             # Out of MinerU's running set at once: an engine death recorded
             # next (every job hung) must not relabel it as that death's collateral.
