@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for mineru-health: system libraries,
-# a Python 3.11 venv in .venv with mineru==3.4.4 and this package (+ test and demo extras).
+# a Python 3.11 venv in .venv with mineru==3.4.5 (the newest 3.x) and this package (+ test and demo extras).
 # Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MINERU_VERSION="${MINERU_VERSION:-3.4.4}"
+MINERU_VERSION="${MINERU_VERSION:-3.4.5}"
 PYTHON="${PYTHON:-python3.11}"
 
 apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
@@ -45,4 +45,5 @@ echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0"
 .venv/bin/pip install -q --no-build-isolation ".[test,demo]"
+bash scripts/fetch_release_wheels.sh .cache/mineru-wheels
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
-# Python (unit, then integration against the real MinerU 3.4.4 processes).
+# Python (unit, then integration against the real MinerU 3.x processes (3.4.5 by default)).
 # C++ runs four times: plain, ASan+UBSan, TSan, and clang with -Wthread-safety
 # -Werror (the lock annotations proven at compile time); then libFuzzer
 # targets, time-bounded.
@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"
+# Every MinerU release the manifests name (fetched by setup.sh), for the release matrix test.
+export MINERU_HEALTH_RELEASE_WHEELS="$PWD/.cache/mineru-wheels"
 
 echo "== reinstalling mineru-health from this checkout"
 pip install -q --no-build-isolation --no-deps --force-reinstall .

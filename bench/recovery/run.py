@@ -431,7 +431,7 @@ def main() -> int:
             ours = Side("mineru-health", sites["mineru-health"], {**ours_env, **audit},
                         work / f"{scenario}-b", args)
             pairs.append((baseline.run(scenario, pdf), ours.run(scenario, pdf)))
-    label = "3.4.4" if args.baseline == "upstream" else "3.4.4 + PR#5188-like"
+    label = "upstream 3.4" if args.baseline == "upstream" else "upstream 3.4 + PR#5188-like"
     print(f"\n(a) = {label}, (b) = mineru-health ({args.preset}); logs under {work}")
     report(pairs, args.recovery_cap)
     if args.json:

@@ -42,7 +42,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
             raise PatchError("make-entry needs --mineru-path (a pristine tree)",
                              exit_code=EXIT_ERROR)
         try:
-            entry = patching.make_manifest_entry(args.mineru_path, args.target, args.patch_file)
+            entry = patching.make_variant(args.mineru_path, args.target, args.patch_file)
         except OSError as error:
             raise PatchError(str(error), exit_code=EXIT_ERROR) from error
         _print_json(entry)
@@ -58,7 +58,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_json())
     else:
-        print(f"MinerU {report.mineru_version} at {report.mineru_dir}")
+        print(f"MinerU {report.mineru_version} at {report.mineru_dir} (line {report.line})")
         for status in report.files:
             extra = f" ({status.action})" if status.action else ""
             print(f"  {status.target}: {status.state.value}{extra}")
@@ -237,7 +237,7 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mineru-health",
-        description="Self-healing health checks for MinerU 3.4 workers and router.",
+        description="Self-healing health checks for MinerU workers and router (3.3-3.4 and 4.0).",
         epilog="Exit codes: 0 ok, 1 fatal verdict / not patched, 2 error, "
         "3 unsupported MinerU, 4 file modified by someone else.",
     )
@@ -247,14 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
     patch = sub.add_parser(
         "patch",
         help="apply, check or revert the MinerU patches",
-        description="Apply, check or revert the mineru-health patches on a MinerU 3.4 install. "
+        description="Apply, check or revert the mineru-health patches on a MinerU install "
+        "(3.3.0-3.4.5, 4.0.x), recognised by its files' contents, not its version string. "
         "Idempotent and all or nothing (a failure restores every file, exit 2); keeps "
         "<file>.mineru-health.orig backups; never follows symbolic links (a linked target or "
         "backup is refused, exit 2); refuses files modified by someone else (exit 4) and "
-        "MinerU 4.x (exit 3).",
+        "releases whose files it does not know (exit 3).",
     )
     patch.add_argument("action", choices=("apply", "check", "revert", "make-entry"),
-                       help="what to do (make-entry: print a manifest entry, for maintainers)")
+                       help="what to do (make-entry: print a manifest variant, for maintainers)")
     patch.add_argument("--mineru-path", metavar="DIR",
                        help="the mineru package directory (default: the importable one)")
     patch.add_argument("--target", help="make-entry: file relative to the mineru package dir")

@@ -1,18 +1,29 @@
 """Apply, check and revert the mineru-health patches on an installed MinerU.
 
-The patches live in ``patches/mineru-<version>/`` (shipped in the wheel as
-``mineru_health/patches/``), next to a ``manifest.json``::
+The patches live in one directory per MinerU line, ``patches/<line>/``
+(shipped in the wheel as ``mineru_health/patches/``), next to a
+``manifest.json`` that names the target files by their contents, not by a
+version string::
 
     {
-      "format": 1,
-      "mineru_version": "3.4.4",
+      "format": 2,
+      "line": "3",                                  # patches/mineru-3/
+      "summary": "MinerU 3.3.0-3.4.5: ...",
       "files": [
-        {"target": "cli/fast_api.py",          # relative to the mineru package dir
-         "patch": "fast_api.patch",            # unified diff, paths a/<target> b/<target>
-         "original_sha256": "...",             # MinerU's pristine file
-         "patched_sha256": "..."}              # the file after the patch
+        {"target": "cli/fast_api.py",               # relative to the mineru package dir
+         "variants": [                              # one per distinct pristine file
+           {"releases": ["3.3.0", ..., "3.4.5"],    # where that file ships (informational)
+            "patch": "fast_api.patch",              # unified diff, paths a/<target> b/<target>
+            "original_sha256": "...",               # MinerU's pristine file
+            "patched_sha256": "..."}]}              # the file after the patch
       ]
     }
+
+The line of an installed MinerU is the one whose target files all hash to a
+known original or patched variant, so every release that ships the same
+files is accepted whatever its version says, and a file nobody knows is
+refused: as *modified* (exit code 4) when ``version.py`` names a release of
+that line, as *unsupported* (exit code 3) otherwise.
 
 Every target is in one of four states: ``original``, ``patched``,
 ``modified`` (neither hash: someone else changed it) or ``missing``. Apply and
@@ -49,6 +60,7 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -66,15 +78,19 @@ __all__ = [
     "Manifest",
     "ManifestEntry",
     "PatchReport",
+    "Variant",
     "apply",
     "check",
+    "detect",
     "find_mineru",
-    "load_manifest",
-    "make_manifest_entry",
+    "load_manifests",
+    "make_variant",
     "mineru_version",
     "patches_root",
     "revert",
-    "supported_versions",
+    "running_problem",
+    "startup_problem",
+    "supported_releases",
 ]
 
 BACKUP_SUFFIX = ".mineru-health.orig"
@@ -83,7 +99,6 @@ EXIT_MODIFIED = 4
 #: How long apply/revert wait for another run on the same MinerU directory.
 LOCK_TIMEOUT_S = 30.0
 MANIFEST_NAME = "manifest.json"
-NO_FAST_API = "MinerU 4.x removed mineru.cli.fast_api; mineru-health supports the 3.4 line"
 
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
 
@@ -96,18 +111,42 @@ class FileState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class ManifestEntry:
-    target: str
+class Variant:
+    """One pristine form of a target file and what the patch makes of it."""
+
+    releases: tuple[str, ...]
     patch: str
     original_sha256: str
     patched_sha256: str
 
 
 @dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    target: str
+    variants: tuple[Variant, ...]
+
+    def match(self, digest: str) -> tuple[FileState, Variant | None]:
+        """The state a file with this sha256 is in, and the variant it belongs to."""
+        for variant in self.variants:
+            if digest == variant.original_sha256:
+                return FileState.ORIGINAL, variant
+            if digest == variant.patched_sha256:
+                return FileState.PATCHED, variant
+        return FileState.MODIFIED, None
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
-    mineru_version: str
+    line: str
+    summary: str
     directory: Path
     files: tuple[ManifestEntry, ...]
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        """Every release any target's variants name, oldest first."""
+        found = {r for entry in self.files for v in entry.variants for r in v.releases}
+        return tuple(sorted(found, key=_release_key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +165,7 @@ class FileStatus:
 class PatchReport:
     mineru_dir: Path
     mineru_version: str
+    line: str
     files: tuple[FileStatus, ...]
     cleaned: tuple[Path, ...] = ()  # temporary files a killed run had left
 
@@ -137,6 +177,7 @@ class PatchReport:
         return {
             "mineru_dir": str(self.mineru_dir),
             "mineru_version": self.mineru_version,
+            "line": self.line,
             "all_patched": self.all_patched,
             "files": [f.to_json() for f in self.files],
             "cleaned": [str(p) for p in self.cleaned],
@@ -171,9 +212,50 @@ def patches_root() -> Path:
     )
 
 
-def supported_versions(root: Path | None = None) -> list[str]:
+def _release_key(release: str) -> tuple[int | str, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"[.+-]", release))
+
+
+def load_manifests(root: Path | None = None) -> tuple[Manifest, ...]:
+    """Every line's manifest under ``root`` (default: the shipped patches)."""
     base = root or patches_root()
-    return sorted(p.parent.name.removeprefix("mineru-") for p in base.glob(f"mineru-*/{MANIFEST_NAME}"))
+    return tuple(_load_manifest(path) for path in sorted(base.glob(f"mineru-*/{MANIFEST_NAME}")))
+
+
+def _load_manifest(manifest_path: Path) -> Manifest:
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if data.get("format") != 2:
+            raise ValueError(f"format {data.get('format')!r}, expected 2")
+        files = tuple(
+            ManifestEntry(
+                target=str(entry["target"]),
+                variants=tuple(
+                    Variant(
+                        releases=tuple(str(r) for r in variant["releases"]),
+                        patch=str(variant["patch"]),
+                        original_sha256=str(variant["original_sha256"]).lower(),
+                        patched_sha256=str(variant["patched_sha256"]).lower(),
+                    )
+                    for variant in entry["variants"]
+                ),
+            )
+            for entry in data["files"]
+        )
+        return Manifest(str(data["line"]), str(data.get("summary", "")), manifest_path.parent,
+                        files)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise PatchError(f"broken patch manifest {manifest_path}: {error}") from error
+
+
+def supported_releases(root: Path | None = None) -> str:
+    """The releases the shipped patches know, line by line, for messages."""
+    parts = []
+    for manifest in load_manifests(root):
+        releases = manifest.releases
+        span = releases[0] if len(releases) == 1 else f"{releases[0]}-{releases[-1]}"
+        parts.append(span if releases else f"line {manifest.line}")
+    return ", ".join(parts)
 
 
 def find_mineru(path: str | os.PathLike[str] | None = None) -> Path:
@@ -212,89 +294,116 @@ def mineru_version(mineru_dir: Path) -> str:
     return match.group(1)
 
 
-def load_manifest(version: str, root: Path | None = None) -> Manifest:
-    base = root or patches_root()
-    directory = base / f"mineru-{version}"
-    manifest_path = directory / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise UnsupportedMinerUError(
-            f"MinerU {version} is not supported; mineru-health has patches for "
-            + ", ".join(supported_versions(base))
-        )
-    try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = tuple(
-            ManifestEntry(
-                target=str(entry["target"]),
-                patch=str(entry["patch"]),
-                original_sha256=str(entry["original_sha256"]).lower(),
-                patched_sha256=str(entry["patched_sha256"]).lower(),
-            )
-            for entry in data["files"]
-        )
-    except (ValueError, KeyError, TypeError) as error:
-        raise PatchError(f"broken patch manifest {manifest_path}: {error}") from error
-    return Manifest(str(data.get("mineru_version", version)), directory, files)
+@dataclass(frozen=True, slots=True)
+class _Target:
+    entry: ManifestEntry
+    path: Path
+    state: FileState
+    variant: Variant | None
+
+
+def _state(path: Path, entry: ManifestEntry) -> tuple[FileState, Variant | None]:
+    if not path.is_file():
+        return FileState.MISSING, None
+    return entry.match(_sha256(path))
+
+
+def _states(mineru_dir: Path, manifest: Manifest) -> list[_Target]:
+    found = []
+    for entry in manifest.files:
+        path = mineru_dir / entry.target
+        found.append(_Target(entry, path, *_state(path, entry)))
+    return found
+
+
+def detect(mineru_dir: Path, root: Path | None = None) -> tuple[Manifest, list[_Target]]:
+    """The line whose target files ``mineru_dir`` holds, and each target's state.
+
+    A line all of whose targets are original or patched wins. Failing that,
+    the line whose releases include the one ``version.py`` names is returned
+    with its modified or missing files, for the caller to refuse (exit 4).
+    Anything else is not a MinerU these patches know (exit 3).
+    """
+    version = mineru_version(mineru_dir)
+    claimed: tuple[Manifest, list[_Target]] | None = None
+    for manifest in load_manifests(root):
+        targets = _states(mineru_dir, manifest)
+        if all(t.state in (FileState.ORIGINAL, FileState.PATCHED) for t in targets):
+            return manifest, targets
+        if version in manifest.releases:
+            claimed = (manifest, targets)
+    if claimed is not None:
+        return claimed
+    raise UnsupportedMinerUError(
+        f"MinerU {version} at {mineru_dir} is not supported: its files match no release "
+        f"mineru-health knows ({supported_releases(root)})"
+    )
 
 
 def _resolve(mineru_path: str | os.PathLike[str] | None) -> tuple[Path, str, Manifest]:
     mineru_dir = find_mineru(mineru_path)
-    version = mineru_version(mineru_dir)
-    if version.split(".", 1)[0].isdigit() and int(version.split(".", 1)[0]) >= 4:
-        raise UnsupportedMinerUError(f"MinerU {version} at {mineru_dir}: {NO_FAST_API}")
-    if not (mineru_dir / "cli" / "fast_api.py").is_file():
-        raise UnsupportedMinerUError(f"MinerU {version} at {mineru_dir}: {NO_FAST_API}")
-    return mineru_dir, version, load_manifest(version)
+    manifest, _targets = detect(mineru_dir)
+    return mineru_dir, mineru_version(mineru_dir), manifest
 
 
-def _state(path: Path, entry: ManifestEntry) -> FileState:
-    if not path.is_file():
-        return FileState.MISSING
-    digest = _sha256(path)
-    if digest == entry.original_sha256:
-        return FileState.ORIGINAL
-    if digest == entry.patched_sha256:
-        return FileState.PATCHED
-    return FileState.MODIFIED
+def startup_problem(mineru_dir: Path) -> str | None:
+    """Why the running MinerU's files are not ones mineru-health patched, or None.
+
+    Workers and routers call this once at start-up: a target that is still
+    original, modified or missing next to a patched one (a half-finished
+    apply, a local edit, an upgrade of one package without the other) is
+    said plainly instead of showing up later as odd behaviour.
+    """
+    try:
+        _manifest, targets = detect(mineru_dir)
+    except PatchError as error:
+        return str(error)
+    wrong = [t for t in targets if t.state is not FileState.PATCHED]
+    if not wrong:
+        return None
+    listed = ", ".join(f"{t.path} is {t.state.value}" for t in wrong)
+    return f"{listed}; run `mineru-health patch check --mineru-path {mineru_dir}`"
 
 
-def _states(mineru_dir: Path, manifest: Manifest) -> list[tuple[ManifestEntry, Path, FileState]]:
-    return [
-        (entry, mineru_dir / entry.target, _state(mineru_dir / entry.target, entry))
-        for entry in manifest.files
-    ]
+def running_problem() -> str | None:
+    """:func:`startup_problem` for the ``mineru`` package this process imported."""
+    module = sys.modules.get("mineru")
+    location = getattr(module, "__file__", None)
+    if not location:
+        return None
+    return startup_problem(Path(location).resolve().parent)
 
 
-def _refuse_unknown(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb: str) -> None:
-    for entry, path, state in states:
-        if state is FileState.MODIFIED:
+def _refuse_unknown(targets: Sequence[_Target], verb: str) -> None:
+    for target in targets:
+        if target.state is FileState.MODIFIED:
             raise PatchError(
-                f"refusing to {verb}: {path} was modified by someone else (its sha256 is "
+                f"refusing to {verb}: {target.path} was modified by someone else (its sha256 is "
                 "neither MinerU's original nor mineru-health's patched file); restore it "
                 "(e.g. reinstall MinerU) and try again",
                 exit_code=EXIT_MODIFIED,
             )
-        if state is FileState.MISSING:
-            raise PatchError(f"refusing to {verb}: {path} is missing", exit_code=EXIT_MODIFIED)
+        if target.state is FileState.MISSING:
+            raise PatchError(f"refusing to {verb}: {target.path} is missing",
+                             exit_code=EXIT_MODIFIED)
 
 
-def _run_patch(entry: ManifestEntry, manifest: Manifest, source: bytes, *, reverse: bool) -> bytes:
+def _run_patch(target: str, patch_file: Path, source: bytes, *, reverse: bool) -> bytes:
     """Applies one patch (or its reverse) to ``source`` in a scratch directory."""
     import patch_ng  # type: ignore[import-untyped]
 
-    patch_file = manifest.directory / entry.patch
     patch_set = patch_ng.fromfile(str(patch_file))
     if not patch_set:
         raise PatchError(f"cannot parse patch {patch_file}")
     with tempfile.TemporaryDirectory(prefix="mineru-health-patch-") as scratch:
-        work = Path(scratch) / entry.target
+        work = Path(scratch) / target
         work.parent.mkdir(parents=True, exist_ok=True)
         work.write_bytes(source)
         ok = patch_set.revert(strip=1, root=scratch) if reverse else patch_set.apply(
             strip=1, root=scratch
         )
         if not ok:
-            raise PatchError(f"{patch_file} does not apply to {entry.target}")
+            raise PatchError(f"{patch_file} does not apply to {target}")
         return work.read_bytes()
 
 
@@ -314,8 +423,8 @@ def _locked(directory: Path) -> Iterator[None]:
         yield
 
 
-def _refuse_links(states: Sequence[tuple[ManifestEntry, Path, FileState]], verb: str) -> None:
-    for _entry, path, _state in states:
+def _refuse_links(targets: Sequence[_Target], verb: str) -> None:
+    for path in (t.path for t in targets):
         if path.is_symlink():
             raise PatchError(
                 f"refusing to {verb}: {path} is a symbolic link (to {os.readlink(path)}); "
@@ -361,127 +470,125 @@ def _transaction(verb: str) -> Iterator[safe_files.Transaction]:
 
 def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Reports the state of every target file; changes nothing."""
-    mineru_dir, version, manifest = _resolve(mineru_path)
+    mineru_dir = find_mineru(mineru_path)
+    manifest, targets = detect(mineru_dir)
     return PatchReport(
-        mineru_dir, version,
-        tuple(FileStatus(e.target, p, s) for e, p, s in _states(mineru_dir, manifest)),
+        mineru_dir, mineru_version(mineru_dir), manifest.line,
+        tuple(FileStatus(t.entry.target, t.path, t.state) for t in targets),
     )
+
+
+def _prepare(mineru_path: str | os.PathLike[str] | None,
+             verb: str) -> tuple[Path, Manifest, list[_Target], tuple[Path, ...]]:
+    """Finds the line, removes a killed run's leftovers, refuses what must not be touched.
+
+    Runs under the directory lock held by the caller.
+    """
+    mineru_dir = find_mineru(mineru_path)
+    manifest, targets = detect(mineru_dir)
+    cleaned = safe_files.clean_temporaries([t.path for t in targets],
+                                           extra_suffixes=(BACKUP_SUFFIX,))
+    _refuse_unknown(targets, verb)
+    _refuse_links(targets, verb)
+    return mineru_dir, manifest, targets, tuple(cleaned)
 
 
 def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Patches every target that is still original; a no-op for patched ones."""
-    mineru_dir, version, manifest = _resolve(mineru_path)
-    with _locked(mineru_dir):
-        cleaned = safe_files.clean_temporaries(
-            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
-        )
-        states = _states(mineru_dir, manifest)
-        _refuse_unknown(states, "patch")
-        _refuse_links(states, "patch")
+    with _locked(find_mineru(mineru_path)):
+        mineru_dir, manifest, targets, cleaned = _prepare(mineru_path, "patch")
         # Compute every patched file first so that a broken patch changes nothing.
-        planned: list[tuple[ManifestEntry, Path, bytes, bytes | None]] = []
-        for entry, path, state in states:
-            if state is FileState.PATCHED:
-                planned.append((entry, path, b"", None))
+        planned: list[tuple[_Target, bytes, bytes | None]] = []
+        for target in targets:
+            assert target.variant is not None  # original or patched, by _refuse_unknown
+            if target.state is FileState.PATCHED:
+                planned.append((target, b"", None))
                 continue
-            original = safe_files.read_regular(path)
-            patched = _run_patch(entry, manifest, original, reverse=False)
-            if _sha256_bytes(patched) != entry.patched_sha256:
-                raise PatchError(f"patching {path} gave an unexpected result (sha256 mismatch)")
-            planned.append((entry, path, original, patched))
+            original = safe_files.read_regular(target.path)
+            patched = _run_patch(target.entry.target, manifest.directory / target.variant.patch,
+                                 original, reverse=False)
+            if _sha256_bytes(patched) != target.variant.patched_sha256:
+                raise PatchError(
+                    f"patching {target.path} gave an unexpected result (sha256 mismatch)")
+            planned.append((target, original, patched))
 
         results = []
         with _transaction("patching") as txn:
-            for entry, path, source, new_bytes in planned:
+            for target, source, new_bytes in planned:
+                name, path = target.entry.target, target.path
                 if new_bytes is None:
-                    results.append(FileStatus(entry.target, path, FileState.PATCHED, "unchanged"))
+                    results.append(FileStatus(name, path, FileState.PATCHED, "unchanged"))
                     continue
                 # The backup first: a patched file never exists without its backup.
                 txn.write(_backup_path(path), source)
                 txn.write(path, new_bytes)
-                if _state(path, entry) is not FileState.PATCHED:
+                if _state(path, target.entry)[0] is not FileState.PATCHED:
                     raise PatchError(f"{path} does not have the expected content after patching")
-                results.append(FileStatus(entry.target, path, FileState.PATCHED, "patched"))
+                results.append(FileStatus(name, path, FileState.PATCHED, "patched"))
             txn.commit()
-    return PatchReport(mineru_dir, version, tuple(results), cleaned)
+    return PatchReport(mineru_dir, mineru_version(mineru_dir), manifest.line, tuple(results),
+                       cleaned)
 
 
 def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     """Restores MinerU's original files byte for byte; a no-op for original ones."""
-    mineru_dir, version, manifest = _resolve(mineru_path)
-    with _locked(mineru_dir):
-        cleaned = safe_files.clean_temporaries(
-            [mineru_dir / e.target for e in manifest.files], extra_suffixes=(BACKUP_SUFFIX,)
-        )
-        states = _states(mineru_dir, manifest)
-        _refuse_unknown(states, "revert")
-        _refuse_links(states, "revert")
-        planned: list[tuple[ManifestEntry, Path, bytes | None, str, bool]] = []
-        for entry, path, state in states:
+    with _locked(find_mineru(mineru_path)):
+        mineru_dir, manifest, targets, cleaned = _prepare(mineru_path, "revert")
+        planned: list[tuple[_Target, bytes | None, str, bool]] = []
+        for target in targets:
+            variant, path = target.variant, target.path
+            assert variant is not None  # original or patched, by _refuse_unknown
             backup = _backup_path(path)
-            saved = safe_files.read_regular(backup) if safe_files.lstat_or_none(backup) is not None else None
-            backup_ok = saved is not None and _sha256_bytes(saved) == entry.original_sha256
-            if state is FileState.ORIGINAL:
-                planned.append((entry, path, None, "unchanged", backup_ok))
+            saved = (safe_files.read_regular(backup)
+                     if safe_files.lstat_or_none(backup) is not None else None)
+            backup_ok = saved is not None and _sha256_bytes(saved) == variant.original_sha256
+            if target.state is FileState.ORIGINAL:
+                planned.append((target, None, "unchanged", backup_ok))
                 continue
             if saved is not None and backup_ok:
                 original = saved
                 action = "restored from backup"
             else:
-                original = _run_patch(entry, manifest, safe_files.read_regular(path), reverse=True)
+                original = _run_patch(target.entry.target, manifest.directory / variant.patch,
+                                      safe_files.read_regular(path), reverse=True)
                 action = "reverse-applied"
-            if _sha256_bytes(original) != entry.original_sha256:
+            if _sha256_bytes(original) != variant.original_sha256:
                 raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
-            planned.append((entry, path, original, action, backup_ok))
+            planned.append((target, original, action, backup_ok))
 
-        results = []
         with _transaction("reverting") as txn:
-            for entry, path, restored, action, backup_ok in planned:
+            for target, restored, _action, backup_ok in planned:
                 if restored is not None:
-                    txn.write(path, restored)
+                    txn.write(target.path, restored)
                 if backup_ok:
-                    txn.remove_at_commit(_backup_path(path))
-                results.append((entry, path, action))
+                    txn.remove_at_commit(_backup_path(target.path))
             # The files are reverted; a backup that cannot be removed is
             # harmless (the next apply overwrites it) and is reported.
             stale = set(txn.commit())
     files = tuple(
         FileStatus(
-            entry.target, path, _state(path, entry),
-            action + (" (backup not removed)" if _backup_path(path) in stale else ""),
+            target.entry.target, target.path, _state(target.path, target.entry)[0],
+            action + (" (backup not removed)" if _backup_path(target.path) in stale else ""),
         )
-        for entry, path, action in results
+        for target, _restored, action, _backup_ok in planned
     )
-    return PatchReport(mineru_dir, version, files, cleaned)
+    return PatchReport(mineru_dir, mineru_version(mineru_dir), manifest.line, files, cleaned)
 
 
-def make_manifest_entry(
+def make_variant(
     mineru_path: str | os.PathLike[str], target: str, patch: str | os.PathLike[str]
-) -> dict[str, str]:
-    """A manifest entry for ``patch`` (a unified diff of ``target``) against a pristine tree.
+) -> dict[str, Any]:
+    """A manifest variant for ``patch`` (a unified diff of ``target``) against a pristine tree.
 
-    For maintainers adding a patch: the hashes come from the pristine file and
-    from the result of applying the patch to it.
+    For maintainers adding a release: the hashes come from the pristine file
+    and from the result of applying the patch to it.
     """
-    import patch_ng
-
     mineru_dir = find_mineru(mineru_path)
-    source_path = mineru_dir / target
-    patch_path = Path(patch)
-    source = source_path.read_bytes()
-    patch_set = patch_ng.fromfile(str(patch_path))
-    if not patch_set:
-        raise PatchError(f"cannot parse patch {patch_path}")
-    with tempfile.TemporaryDirectory(prefix="mineru-health-patch-") as scratch:
-        work = Path(scratch) / target
-        work.parent.mkdir(parents=True, exist_ok=True)
-        work.write_bytes(source)
-        if not patch_set.apply(strip=1, root=scratch):
-            raise PatchError(f"{patch_path} does not apply to {source_path}")
-        patched = work.read_bytes()
+    source = (mineru_dir / target).read_bytes()
+    patched = _run_patch(target, Path(patch), source, reverse=False)
     return {
-        "target": target,
-        "patch": patch_path.name,
+        "releases": [mineru_version(mineru_dir)],
+        "patch": Path(patch).name,
         "original_sha256": _sha256_bytes(source),
         "patched_sha256": _sha256_bytes(patched),
     }

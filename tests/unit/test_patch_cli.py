@@ -19,7 +19,7 @@ def _sha(path: Path) -> str:
 
 
 def _targets(mineru_dir: Path) -> list[Path]:
-    manifest = patching.load_manifest(patching.mineru_version(mineru_dir))
+    manifest, _states = patching.detect(mineru_dir)
     return [mineru_dir / entry.target for entry in manifest.files]
 
 
@@ -96,29 +96,41 @@ def _fake_tree(root: Path, version: str, *, fast_api: bool) -> Path:
     return mineru_dir
 
 
-def test_refuses_mineru_4(tmp_path: Path) -> None:
+def test_refuses_a_tree_with_no_known_file(tmp_path: Path) -> None:
     mineru_dir = _fake_tree(tmp_path, "4.0.1", fast_api=False)
     result = run_cli("patch", "apply", "--mineru-path", str(mineru_dir))
     assert result.returncode == 3
-    assert "MinerU 4.x removed mineru.cli.fast_api" in result.stderr
-    assert "3.4 line" in result.stderr
+    assert "4.0.1" in result.stderr and "match no release" in result.stderr
+    assert "3.3.0-3.4.5" in result.stderr
     with pytest.raises(UnsupportedMinerUError):
         patching.check(mineru_dir)
 
 
-def test_refuses_a_tree_without_fast_api(tmp_path: Path) -> None:
-    mineru_dir = _fake_tree(tmp_path, "3.4.4", fast_api=False)
-    result = run_cli("patch", "check", "--mineru-path", str(mineru_dir))
-    assert result.returncode == 3
-    assert "removed mineru.cli.fast_api" in result.stderr
+def test_a_known_release_with_a_target_missing_is_refused(small_tree: Path) -> None:
+    (small_tree / "cli" / "fast_api.py").unlink()
+    result = run_cli("patch", "check", "--mineru-path", str(small_tree), "--json")
+    assert result.returncode == 1
+    states = {f["target"]: f["state"] for f in json.loads(result.stdout)["files"]}
+    assert states["cli/fast_api.py"] == "missing"
+    applied = run_cli("patch", "apply", "--mineru-path", str(small_tree))
+    assert applied.returncode == 4 and "missing" in applied.stderr
 
 
-def test_refuses_an_unknown_version(tmp_path: Path) -> None:
+def test_refuses_an_unknown_release(tmp_path: Path) -> None:
     mineru_dir = _fake_tree(tmp_path, "3.1.0", fast_api=True)
     result = run_cli("patch", "apply", "--mineru-path", str(mineru_dir), "--json")
     assert result.returncode == 3
     body = json.loads(result.stdout)
-    assert "3.1.0 is not supported" in body["error"] and "3.4.4" in body["error"]
+    assert "3.1.0" in body["error"] and "not supported" in body["error"]
+    assert "3.3.0-3.4.5" in body["error"]
+
+
+def test_the_line_is_recognised_by_contents_not_version(small_tree: Path) -> None:
+    """A release string nobody listed is accepted when its files are known ones."""
+    (small_tree / "version.py").write_text('__version__ = "3.4.99"\n', encoding="utf-8")
+    report = patching.apply(small_tree)
+    assert report.all_patched and report.line == "3" and report.mineru_version == "3.4.99"
+    assert patching.revert(small_tree).files[0].state is patching.FileState.ORIGINAL
 
 
 def test_not_mineru_at_all(tmp_path: Path) -> None:
@@ -130,16 +142,36 @@ def test_not_mineru_at_all(tmp_path: Path) -> None:
         patching.check(tmp_path / "does-not-exist")
 
 
-def test_manifest_entries_match_their_patches(mineru_copy: Path) -> None:
+def test_manifest_variants_match_their_patches(mineru_copy: Path) -> None:
     mineru_dir = mineru_copy / "mineru"
-    manifest = patching.load_manifest(patching.mineru_version(mineru_dir))
+    manifest, _states = patching.detect(mineru_dir)
     assert manifest.files, "the manifest lists no file"
+    version = patching.mineru_version(mineru_dir)
     for entry in manifest.files:
-        made = patching.make_manifest_entry(mineru_dir, entry.target,
-                                            manifest.directory / entry.patch)
-        assert made == {"target": entry.target, "patch": entry.patch,
-                        "original_sha256": entry.original_sha256,
-                        "patched_sha256": entry.patched_sha256}
+        variant = next(v for v in entry.variants if version in v.releases)
+        made = patching.make_variant(mineru_dir, entry.target, manifest.directory / variant.patch)
+        assert made == {"releases": [version], "patch": variant.patch,
+                        "original_sha256": variant.original_sha256,
+                        "patched_sha256": variant.patched_sha256}
+
+
+def test_every_shipped_manifest_loads() -> None:
+    manifests = patching.load_manifests()
+    assert {m.line for m in manifests} >= {"3"}
+    for manifest in manifests:
+        for entry in manifest.files:
+            for variant in entry.variants:
+                assert (manifest.directory / variant.patch).is_file(), variant
+
+
+def test_startup_problem_names_an_unpatched_file(small_tree: Path) -> None:
+    assert patching.startup_problem(small_tree) is not None  # nothing patched yet
+    patching.apply(small_tree)
+    assert patching.startup_problem(small_tree) is None
+    router = small_tree / "cli" / "router.py"
+    router.write_bytes(router.read_bytes() + b"# edited\n")
+    problem = patching.startup_problem(small_tree)
+    assert problem is not None and str(router) in problem and "modified" in problem
 
 
 def test_help_everywhere() -> None:
@@ -351,7 +383,7 @@ def test_exit_codes_in_json(tmp_path: Path, small_tree: Path) -> None:
     fast_api.write_bytes(fast_api.read_bytes() + b"# local\n")
     modified = run_cli("patch", "apply", "--mineru-path", str(small_tree), "--json")
     assert modified.returncode == 4 and json.loads(modified.stdout)["exit_code"] == 4
-    mineru4 = _fake_tree(tmp_path / "four", "4.0.0", fast_api=False)
+    mineru4 = _fake_tree(tmp_path / "four", "2.0.0", fast_api=False)
     unsupported = run_cli("patch", "apply", "--mineru-path", str(mineru4), "--json")
     assert unsupported.returncode == 3 and json.loads(unsupported.stdout)["exit_code"] == 3
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from mineru_health import _native, metrics
+from mineru_health import _native, metrics, patching
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.monitor import HealthMonitor
@@ -154,6 +154,9 @@ class PoolLifecycleMixin:
         except ConfigError as exc:
             _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
             raise
+        problem = patching.running_problem()
+        if problem:
+            _log.warning("this MinerU is not one mineru-health patched as a whole: %s", problem)
         super().__init__(*args, **kwargs)
         # Workers launched from here die with this process, however it dies
         # (they inherit the environment; see parent_watch.h).

@@ -46,7 +46,7 @@ import multiprocessing
 import sys
 from typing import Any
 
-from ... import metrics
+from ... import metrics, patching
 from ...classifier import default_rules
 from ...errors import ConfigError, HealthEndpointError
 from ...settings import WorkerSettings
@@ -147,4 +147,7 @@ def install(app: Any) -> None:
         start_thread(exit_after_fatal, health, settings.exit_grace_s,
                      name="mineru-health-exit-on-fatal")
     runtime.installed = True
+    problem = patching.running_problem()
+    if problem:
+        log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
     log("INFO", f"worker health hooks installed ({rules!r}; {settings!r})")
