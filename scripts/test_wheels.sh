@@ -16,7 +16,8 @@
 #
 #   sudo scripts/test_wheels.sh                      # both roots
 #   MINERU_HEALTH_TEST_ROOTS=trixie scripts/test_wheels.sh
-#   MINERU_HEALTH_TEST_E2E=0 ...                     # unit tests only
+#   MINERU_HEALTH_TEST_E2E=0 ...                     # no worker end to end
+#   MINERU_HEALTH_TEST_DOCKER=0 ...                  # no Dockerfile steps (the build one: ~5 min)
 #
 # Only loopback is used by the tests; roots and the built CPython are cached
 # (scripts/roots.sh). Prints the seconds each stage took.
@@ -30,6 +31,7 @@ dist=${MINERU_HEALTH_DIST:-$repo/dist}
 mineru=${MINERU_HEALTH_TEST_MINERU:-3.4.5}
 test_roots=${MINERU_HEALTH_TEST_ROOTS:-trixie bullseye}
 e2e=${MINERU_HEALTH_TEST_E2E:-1}
+docker_steps=${MINERU_HEALTH_TEST_DOCKER:-1}
 jobs=${MINERU_HEALTH_JOBS:-2}
 cpython=3.11
 # MinerU's opencv-python needs libGL and GLib at import time: MinerU's runtime
@@ -189,7 +191,8 @@ test_trixie() {
   timed "trixie: venv, $(basename "$wheel") and mineru==$mineru" make_venv "$root" python3 "$wheel"
   timed "trixie: unit tests" unit_tests "$root"
   [[ $e2e == 1 ]] && timed "trixie: worker end to end" worker_test "$root"
-  timed "trixie: Dockerfile install steps" docker_install_steps "$root" "$wheel"
+  [[ $docker_steps == 1 ]] &&
+    timed "trixie: Dockerfile install steps" docker_install_steps "$root" "$wheel"
   return 0
 }
 
@@ -208,7 +211,8 @@ test_bullseye() {
     make_venv "$root" "/opt/python$cpython/bin/python$cpython" "$wheel"
   timed "bullseye: unit tests" unit_tests "$root"
   [[ $e2e == 1 ]] && timed "bullseye: worker end to end" worker_test "$root"
-  timed "bullseye: Dockerfile build step from source" docker_build_step
+  [[ $docker_steps == 1 ]] &&
+    timed "bullseye: Dockerfile build step from source" docker_build_step
   return 0
 }
 
