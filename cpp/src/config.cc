@@ -14,6 +14,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <locale>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <type_traits>
@@ -286,6 +288,56 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
 // "1.5".
 std::string number_text(double value) { return fmt::format("{}", value); }
 
+// The value as fmt 9's "{:?}" writes a string: in double quotes, with quotes,
+// backslashes and control characters escaped. Spelled out because fmt 7 and 8
+// (Debian 11, Ubuntu 22.04) have no "?" specifier.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if ((c >= 0 && c < 0x20) || c == 0x7f) {
+          out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Locale-independent and whole-string, with no leading blanks or '+'.
+// libstdc++ has floating-point from_chars only from GCC 11; before that (Debian
+// 11's GCC 10) a classic-locale stream reads the same decimal forms.
+bool parse_double(const std::string& text, double& value) {
+  if (text.empty() || text.front() == '+') return false;
+#if defined(__cpp_lib_to_chars)
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  return ec == std::errc() && ptr == end;
+#else
+  std::istringstream in(text);
+  in.imbue(std::locale::classic());
+  in >> std::noskipws >> value;
+  return !in.fail() && in.peek() == std::istringstream::traits_type::eof();
+#endif
+}
+
 std::string range_text(const ConfigVariable& v) {
   return fmt::format("[{}, {}{}", number_text(*v.min_value),
                      number_text(*v.max_value), v.max_exclusive ? ")" : "]");
@@ -411,13 +463,9 @@ void check_range(const ConfigVariable& v, double value) {
 
 double parse_number(const ConfigVariable& v, const std::string& text) {
   double value = 0;
-  const char* end = text.data() + text.size();
-  // from_chars: locale-independent, no leading blanks or '+', and it must
-  // consume the whole string.
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end ||
-      !std::isfinite(value)) {
-    refuse(v.name, fmt::format("{}={:?} is not a finite number", v.name, text));
+  if (!parse_double(text, value) || !std::isfinite(value)) {
+    refuse(v.name,
+           fmt::format("{}={} is not a finite number", v.name, quoted(text)));
   }
   check_range(v, value);
   return value;
@@ -429,7 +477,7 @@ long long parse_integer(const ConfigVariable& v, const std::string& text) {
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end) {
     refuse(v.name,
-           fmt::format("{}={:?} is not {}", v.name, text, range_rule(v)));
+           fmt::format("{}={} is not {}", v.name, quoted(text), range_rule(v)));
   }
   check_range(v, static_cast<double>(value));
   return value;
@@ -444,8 +492,8 @@ bool parse_flag(const ConfigVariable& v, const std::string& text) {
   if (word == "1" || word == "true" || word == "yes" || word == "on") {
     return true;
   }
-  refuse(v.name,
-         fmt::format("{}={:?} is not a flag: use {}", v.name, text, v.allowed));
+  refuse(v.name, fmt::format("{}={} is not a flag: use {}", v.name,
+                             quoted(text), v.allowed));
 }
 
 bool is_ip_literal(const std::string& text) {
@@ -460,16 +508,16 @@ void check_text(const ConfigVariable& v, const std::string& text) {
   }
   if (v.type == ConfigType::kAddress && !is_ip_literal(text)) {
     refuse(v.name,
-           fmt::format("{}={:?} is not an IP address (e.g. 127.0.0.1 or ::1; "
+           fmt::format("{}={} is not an IP address (e.g. 127.0.0.1 or ::1; "
                        "host names are not resolved)",
-                       v.name, text));
+                       v.name, quoted(text)));
   }
   if (v.type == ConfigType::kChoice) {
     for (const std::string& choice : v.choices) {
       if (text == choice) return;
     }
-    refuse(v.name,
-           fmt::format("{}={:?} is not one of {}", v.name, text, v.allowed));
+    refuse(v.name, fmt::format("{}={} is not one of {}", v.name, quoted(text),
+                               v.allowed));
   }
 }
 
@@ -701,8 +749,8 @@ const ConfigVariable& config_variable_for(ConfigComponent component,
       return v;
     }
   }
-  throw std::out_of_range(fmt::format("no {} configuration field {:?}",
-                                      to_string(component), field));
+  throw std::out_of_range(fmt::format("no {} configuration field {}",
+                                      to_string(component), quoted(field)));
 }
 
 std::vector<std::string> preset_names() {
@@ -738,8 +786,9 @@ HealthConfig preset(const std::string& name) {
     c.stable_window_s = 1200;
     return c;
   }
-  refuse(kPresetName, fmt::format("{}={:?} is not a preset ({})", kPresetName,
-                                  name, fmt::join(preset_names(), ", ")));
+  refuse(kPresetName,
+         fmt::format("{}={} is not a preset ({})", kPresetName, quoted(name),
+                     fmt::join(preset_names(), ", ")));
 }
 
 HealthConfig health_config_from_env(

