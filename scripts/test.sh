@@ -4,7 +4,8 @@
 # C++ runs four times: plain, ASan+UBSan, TSan, and clang with -Wthread-safety
 # -Werror (the lock annotations proven at compile time); then libFuzzer
 # targets, time-bounded.
-# Expects scripts/setup.sh to have run.
+# Expects scripts/setup.sh to have run. Every stage is bounded in time (CI has 2 cores and
+# 90 minutes; the whole run takes about 40).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"
@@ -20,12 +21,12 @@ bash scripts/lint.sh
 for preset in default asan tsan thread-safety; do
   echo "== C++ tests ($preset)"
   cmake --preset "$preset" >/dev/null
-  cmake --build --preset "$preset" -j2
-  ctest --preset "$preset" -j2
+  timeout 1200 cmake --build --preset "$preset" -j2
+  timeout 600 ctest --preset "$preset" -j2
 done
 
 echo "== fuzzing (${FUZZ_SECONDS:-30}s per target)"
-bash scripts/fuzz.sh
+timeout 900 bash scripts/fuzz.sh
 
 echo "== Python tests"
 # The MinerU 4.0 tests (tests/integration/mineru4) skip without it.
@@ -34,4 +35,4 @@ if [ -x .venv-mineru4/bin/python ]; then
 fi
 # Run from tests/ so the installed package, not python/, is imported.
 cd tests
-python -m pytest -q -p no:cacheprovider "$@" .
+timeout 3000 python -m pytest -q -p no:cacheprovider "$@" .
