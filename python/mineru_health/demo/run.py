@@ -331,6 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _mineru_line() -> str:
+    """The MinerU line the demo's Python runs ("3" or "4.0"), told by its files; "3" if unknown."""
+    from .. import patching
+    from ..errors import MineruHealthError
+    try:
+        manifest, _targets = patching.detect(sandbox.mineru_package_dir(sandbox.mineru_python()))
+    except (MineruHealthError, sandbox.SandboxError):
+        return "3"
+    return manifest.line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the demo; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -350,6 +361,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_SETUP_FAILED
+    line = _mineru_line()
+    if line == "4.0":
+        from .line4 import SCENARIOS4, run_demo4
+
+        if args.scenario not in SCENARIOS4:
+            print(f"mineru-health demo: on MinerU 4.0 the scenarios are "
+                  f"{', '.join(sorted(SCENARIOS4))}", file=sys.stderr)
+            return EXIT_SETUP_FAILED
+        return run_demo4(sandbox.mineru_python(), args.scenario, json_mode=args.json,
+                         keep_temp=args.keep_temp)
     demo = Demo(
         SCENARIOS[args.scenario],
         json_mode=args.json,
