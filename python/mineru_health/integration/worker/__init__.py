@@ -60,7 +60,9 @@ from .threads import exit_after_fatal, exit_with_parent, liveness_loop, start_th
 __all__ = [
     "EXIT_CODE",
     "HealthGate",
+    "begin_install",
     "fail_outstanding_tasks",
+    "finish_install",
     "install",
     "on_engine_dead",
     "on_task_failed",
@@ -99,18 +101,21 @@ def _start_endpoint(health: WorkerHealth, settings: WorkerSettings) -> None:
     log("INFO", f"native health endpoint on {endpoint.url} (/health, /livez, /readyz)")
 
 
-def install(app: Any) -> None:
-    """Installs the health hooks on MinerU's FastAPI ``app``. Called once, at import.
+def begin_install(app: Any, gate: type) -> tuple[WorkerSettings, Any, bool] | None:
+    """The first half of installing the hooks on a worker's ``app``, for either MinerU line.
 
-    Raises :class:`~mineru_health.errors.ConfigError` (so the worker refuses to
-    start) on a bad rules file, a bad ``MINERU_HEALTH_*`` value or a native
-    health port that cannot be served.
+    Returns ``(settings, rules, first_install)``, or None when there is
+    nothing to do (a spawned helper process, an app seen before). Reads and
+    checks the configuration, builds the native state and its endpoint once
+    per process, and puts ``gate`` and ``/metrics`` on ``app``. Raises
+    :class:`~mineru_health.errors.ConfigError` on a bad rules file, a bad
+    ``MINERU_HEALTH_*`` value or a native health port that cannot be served.
     """
     if multiprocessing.current_process().name != "MainProcess":
-        # A spawned helper process re-imports fast_api.py; it serves no requests.
-        return
+        # A spawned helper process re-imports the server module; it serves no requests.
+        return None
     if any(known is app for known in runtime.apps):
-        return
+        return None
     rules = default_rules()  # a bad MINERU_HEALTH_RULES file stops the start-up here
     settings = WorkerSettings.from_env()
     first_install = not runtime.installed
@@ -123,26 +128,19 @@ def install(app: Any) -> None:
             error_budget_window_s=settings.error_budget_window_s,
         ))
         _start_endpoint(health, settings)
-        task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
         verification.set_default_verifier(verification.Verifier(timeout_s=settings.verify_s))
-    health = current_health()
     runtime.apps.append(app)
-    app.add_middleware(HealthGate)
+    app.add_middleware(gate)
     metrics.mount_metrics(app, role="worker")
     metrics.bind_worker_healthy(lambda: current_health().healthy)
     metrics.bind_worker_snapshot(lambda: current_health().snapshot())
-    if not first_install:
-        return
+    return settings, rules, first_install
 
-    from ...testing.faults import FaultInjector
 
-    injector = FaultInjector.from_env()
-    if injector is not None:
-        runtime.faults = injector
-        injector.install_parse_sites()
-        log("WARNING", f"fault injection enabled, plan file {injector.plan_path}")
+def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
+    """The second half, once per process: engine calls, threads, the start-up checks."""
+    health = current_health()
     engine_calls.install(current_health, lambda: runtime.faults)
-
     if settings.parent_pid:
         exit_with_parent(int(settings.parent_pid))
     start_thread(liveness_loop, health, name="mineru-health-liveness")
@@ -153,4 +151,28 @@ def install(app: Any) -> None:
     problem = patching.running_problem()
     if problem:
         log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
-    log("INFO", f"worker health hooks installed ({rules!r}; {settings!r})")
+    log("INFO", f"worker health hooks installed on MinerU {line} ({rules!r}; {settings!r})")
+
+
+def install(app: Any) -> None:
+    """Installs the health hooks on MinerU 3.x's FastAPI ``app``. Called once, at import.
+
+    Raises :class:`~mineru_health.errors.ConfigError` (see :func:`begin_install`);
+    a bad ``MINERU_HEALTH_STATE_DIR`` too.
+    """
+    started = begin_install(app, HealthGate)
+    if started is None:
+        return
+    settings, rules, first_install = started
+    if not first_install:
+        return
+    task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
+
+    from ...testing.faults import FaultInjector
+
+    injector = FaultInjector.from_env()
+    if injector is not None:
+        runtime.faults = injector
+        injector.install_parse_sites()
+        log("WARNING", f"fault injection enabled, plan file {injector.plan_path}")
+    finish_install(settings, rules, "3.x")

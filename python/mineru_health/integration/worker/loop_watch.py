@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ...worker import describe_exception
@@ -72,8 +73,13 @@ def _report_tasks() -> None:
     current_health().set_tasks(queued, processing, completed, failed, "; ".join(errors))
 
 
-async def _watch_loop() -> None:
-    """Ticks the loop natively every 100 ms; pushes figures; acts on a new fatal record."""
+async def watch_loop(report: Callable[[], None], act: Callable[[], None]) -> None:
+    """The watcher of either MinerU line, on the event loop until cancelled.
+
+    Ticks the loop natively every 100 ms (loop lag), polls the fault plan,
+    ``report``s MinerU's figures every 0.5 s and, every second, fails hung
+    tasks and ``act``s on a new fatal record: the line's own two steps.
+    """
     health = current_health()
     ticks = 0
     while True:
@@ -82,15 +88,19 @@ async def _watch_loop() -> None:
             if runtime.faults is not None:
                 runtime.faults.poll()
             if ticks % 5 == 0:
-                _report_tasks()
+                report()
             if ticks % 10 == 0:
-                fail_hung_tasks()  # before act_on_fatal: hung tasks are not collateral
-                act_on_fatal()  # once per fatal record; cheap while healthy
+                act()  # hung tasks first, then a fatal record (hung tasks are not collateral)
         except Exception as error:  # noqa: BLE001 - the watcher must survive one bad step
             if ticks % 100 == 0:
                 log("WARNING", f"watcher step failed: {describe_exception(error)}")
         ticks += 1
         await asyncio.sleep(TICK_S)
+
+
+def _act() -> None:
+    fail_hung_tasks()
+    act_on_fatal()  # once per fatal record; cheap while healthy
 
 
 def on_started() -> None:
@@ -109,7 +119,7 @@ def on_started() -> None:
         _report_tasks()
     if runtime.watcher is None or runtime.watcher.done():
         runtime.watcher = asyncio.get_running_loop().create_task(
-            _watch_loop(), name="mineru-health-loop-watcher"
+            watch_loop(_report_tasks, _act), name="mineru-health-loop-watcher"
         )
 
 

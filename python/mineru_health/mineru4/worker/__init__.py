@@ -29,23 +29,11 @@ sets ``runtime.faults``.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import MutableMapping
 from typing import Any
 
-from ... import metrics, patching
-from ...classifier import default_rules
-from ...integration import engine_calls
-from ...integration.worker import _start_endpoint
-from ...integration.worker.context import EXIT_CODE, current_health, log, runtime
-from ...integration.worker.threads import (
-    exit_after_fatal,
-    exit_with_parent,
-    liveness_loop,
-    start_thread,
-)
-from ...settings import WorkerSettings
-from ...worker import WorkerHealth, configure_worker_health
+from ...integration.worker import begin_install, finish_install
+from ...integration.worker.context import EXIT_CODE
 from .verdicts import rebind
 from .watch import Gate, follow_jobs
 
@@ -59,43 +47,12 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
     start) on a bad rules file, a bad ``MINERU_HEALTH_*`` value or a native
     health port that cannot be served.
     """
-    if multiprocessing.current_process().name != "MainProcess":
-        return  # a spawned helper process serves no requests
-    if any(known is app for known in runtime.apps):
+    started = begin_install(app, Gate)
+    if started is None:
         return
-    rules = default_rules()  # a bad MINERU_HEALTH_RULES file stops the start-up here
-    settings = WorkerSettings.from_env()
-    first_install = not runtime.installed
-    if first_install:
-        runtime.settings = settings
-        health = configure_worker_health(WorkerHealth(
-            loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
-            task_hang_s=settings.task_hang_s,
-            error_budget=settings.error_budget,
-            error_budget_window_s=settings.error_budget_window_s,
-        ))
-        _start_endpoint(health, settings)
-    health = current_health()
-    runtime.apps.append(app)
-    app.add_middleware(Gate)
-    metrics.mount_metrics(app, role="worker")
-    metrics.bind_worker_healthy(lambda: current_health().healthy)
-    metrics.bind_worker_snapshot(lambda: current_health().snapshot())
-    rebound = rebind(namespace)
+    settings, rules, first_install = started
+    rebind(namespace)
     if namespace is not None:
         follow_jobs(namespace)  # the task watchdog, and the job in context
-    if not first_install:
-        return
-    engine_calls.install(current_health, lambda: runtime.faults)
-    if settings.parent_pid:
-        exit_with_parent(int(settings.parent_pid))
-    start_thread(liveness_loop, health, name="mineru-health-liveness")
-    if settings.exit_on_fatal:
-        start_thread(exit_after_fatal, health, settings.exit_grace_s,
-                     name="mineru-health-exit-on-fatal")
-    runtime.installed = True
-    problem = patching.running_problem()
-    if problem:
-        log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
-    log("INFO", f"worker health hooks installed on MinerU 4.0 ({rebound} engine checks "
-                f"rebound; {rules!r}; {settings!r})")
+    if first_install:
+        finish_install(settings, rules, "4.0")

@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ...integration import engine_calls
-from ...integration.worker.context import TICK_S, current_health, log, mineru_version, runtime
+from ...integration.worker.context import current_health, log, mineru_version, runtime
 from ...integration.worker.gate import HealthGate
-from ...worker import FatalInfo, describe_exception
+from ...integration.worker.loop_watch import watch_loop
+from ...worker import FatalInfo
 from .. import TASK_HUNG_CODE
 from . import job_store
 
@@ -174,24 +175,9 @@ def act_on_fatal() -> None:
     log("ERROR", f"inference engine unusable ({what}); unfinished jobs failed")
 
 
-async def _watch_loop() -> None:
-    health = current_health()
-    ticks = 0
-    while True:
-        try:
-            health.loop_tick()
-            if runtime.faults is not None:
-                runtime.faults.poll()
-            if ticks % 5 == 0:
-                report_jobs()
-            if ticks % 10 == 0:
-                fail_hung_jobs()  # before act_on_fatal: hung jobs are not collateral
-                act_on_fatal()
-        except Exception as error:  # noqa: BLE001 - the watcher must survive one bad step
-            if ticks % 100 == 0:
-                log("WARNING", f"watcher step failed: {describe_exception(error)}")
-        ticks += 1
-        await asyncio.sleep(TICK_S)
+def _act() -> None:
+    fail_hung_jobs()
+    act_on_fatal()
 
 
 def on_started() -> None:
@@ -201,7 +187,7 @@ def on_started() -> None:
     report_jobs()
     if runtime.watcher is None or runtime.watcher.done():
         runtime.watcher = asyncio.get_running_loop().create_task(
-            _watch_loop(), name="mineru-health-loop-watcher")
+            watch_loop(report_jobs, _act), name="mineru-health-loop-watcher")
 
 
 def stop_watcher() -> None:
