@@ -39,14 +39,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import logging
 import time
 from collections.abc import Callable, MutableMapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from mineru_health import _native, metrics
+from mineru_health import _native, metrics, safe_text
 from mineru_health.integration.router.poison import PoisonGuard
 from mineru_health.integration.router.projection import DECLARED_FAILED
 from mineru_health.integration.router.resubmit_policy import (
@@ -66,7 +65,7 @@ from mineru_health.mineru4 import TASK_HUNG_CODE
 
 __all__ = ["JobSupervisor", "KeptJob", "policy_payload"]
 
-_log = logging.getLogger("mineru_health.router.jobs")
+_log = safe_text.logger("mineru_health.router.jobs")
 
 _AUDIT = _native.PollerEventKind.AUDIT
 _RESTART = _native.PollerEventKind.RESTART_REQUESTED

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import logging
 import os
 import shutil
 import socket
@@ -40,11 +39,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from mineru_health import _native, metrics
+from mineru_health import _native, metrics, safe_text
 from mineru_health._names import enum_name
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
-from mineru_health.integration.router.pool import HEALTH_BIND_ENV, HEALTH_PORT_ENV, log_audit
+from mineru_health.integration.router.instance_dirs import STATE_DIR_ENV
+from mineru_health.integration.router.pool import (
+    HEALTH_BIND_ENV,
+    HEALTH_PORT_ENV,
+    PARENT_PID_ENV,
+    log_audit,
+)
 from mineru_health.integration.router.projection import (
     DECLARED_FAILED,
     process_exit_reason,
@@ -59,10 +64,7 @@ from .retired import RetiredOutputs
 
 __all__ = ["HealingPoolMixin", "healing_pool_class", "launching_worker_class"]
 
-_log = logging.getLogger("mineru_health.router")
-
-PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
-STATE_DIR_ENV = "MINERU_HEALTH_STATE_DIR"
+_log = safe_text.logger("mineru_health.router")
 #: MinerU 4.0's main port says this when healthy (the native endpoint: "healthy").
 MAIN_PORT_STATUS = "ok"
 _PROBE = _native.PollerEventKind.PROBE
