@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from . import _native
 from ._names import enum_name
 from .errors import ConfigError
-from .monitor import _base_url, expectations
+from .runtime.router.fleet import base_url_of, expectations
 from .safe_text import printable
 from .settings import HealthSettings
 
@@ -55,7 +55,7 @@ def probe_urls(
     current = base.replace(**changes) if changes else base
     url_list = list(urls)
     # Ids are positions, so a URL given twice is probed twice and reported in order.
-    targets = [_native.Target(str(i), _base_url(url), False) for i, url in enumerate(url_list)]
+    targets = [_native.Target(str(i), base_url_of(url), False) for i, url in enumerate(url_list)]
     expect = expectations(current, require_load_fields=current.expected_status == "healthy")
     results, _stats = _native.Poller.sweep(targets, current.native, expect)
     by_id = {result.worker_id: result for result in results}

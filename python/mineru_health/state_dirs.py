@@ -1,5 +1,7 @@
 """Ownership of state directories, and stores that a damaged file never stops.
 
+    dirs = StateDirs()                  # a router's local workers' state directories
+    dirs.state_dir("local-gpu-0")       # MINERU_HEALTH_STATE_DIR of every launch of that worker
     lock = claim(directory)             # ConfigError if another live process owns it
     sweep_abandoned(tmp, "mineru-health-state-")   # what a SIGKILLed router left behind
     path = set_aside(db_path, error)    # a damaged store moved aside, kept for the operator
@@ -18,15 +20,19 @@ import contextlib
 import fcntl
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 from . import safe_text
 from .errors import ConfigError
 
-__all__ = ["LOCK_NAME", "StateLock", "claim", "set_aside", "sweep_abandoned"]
+__all__ = ["LOCK_NAME", "STATE_DIR_ENV", "StateDirs", "StateLock", "claim", "set_aside",
+           "sweep_abandoned"]
 
 LOCK_NAME = ".mineru-health.lock"
+STATE_DIR_ENV = "MINERU_HEALTH_STATE_DIR"
+_TEMP_PREFIX = "mineru-health-state-"
 
 _log = safe_text.logger("mineru_health.state")
 
@@ -140,3 +146,52 @@ def set_aside(path: str | os.PathLike[str], reason: object) -> Path:
     _log.warning("%s could not be used (%s); moved aside to %s and started afresh",
                  original, reason, target)
     return target
+
+
+class StateDirs:
+    """The state directories of a router's local workers, one per worker for its whole life.
+
+    Each holds the worker's task store (finished results survive its
+    restarts) and is passed in its per-launch variables. Under an operator's
+    ``MINERU_HEALTH_STATE_DIR`` in the router's environment: one
+    subdirectory per worker, kept across router restarts, the directory
+    claimed for this router alone (``ConfigError`` if another live router
+    holds it: its workers would serve each other's tasks). Otherwise
+    temporary directories, claimed too, so that the next router sweeps those
+    a killed one left behind; ``close`` removes them. Not thread-safe: the
+    router's loop owns it.
+    """
+
+    def __init__(self, *, base: str | None = None) -> None:
+        self._base = base if base is not None else os.environ.get(STATE_DIR_ENV, "")
+        self._dirs: dict[str, tuple[Path, bool]] = {}  # worker id -> (dir, ours to remove)
+        self._locks: list[StateLock] = []
+        if self._base:
+            self._locks.append(claim(Path(self._base).expanduser(), variable=STATE_DIR_ENV))
+        else:
+            sweep_abandoned(tempfile.gettempdir(), _TEMP_PREFIX)
+
+    def state_dir(self, worker_id: str) -> Path:
+        """The worker's state directory (created on first use)."""
+        known = self._dirs.get(worker_id)
+        if known is not None:
+            return known[0]
+        if self._base:
+            path = Path(self._base).expanduser() / worker_id
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirs[worker_id] = (path, False)
+        else:
+            path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{worker_id}-"))
+            self._locks.append(claim(path))
+            self._dirs[worker_id] = (path, True)
+        return path
+
+    def close(self) -> None:
+        """Removes the temporary state directories and lets go of every claim."""
+        for path, ours in self._dirs.values():
+            if ours:
+                shutil.rmtree(path, ignore_errors=True)
+        self._dirs.clear()
+        for lock in self._locks:
+            lock.release()
+        self._locks.clear()

@@ -19,7 +19,9 @@ from typing import Any, Self
 
 import pytest
 from mineru_health import _native
-from mineru_health.monitor import AuditAction, HealthMonitor, PollerEventKind, WorkerPhase
+from mineru_health._native import AuditAction, PollerEventKind, WorkerPhase
+from mineru_health.runtime.router.fleet import Fleet as HealthFleet
+from mineru_health.runtime.router.fleet import expectations
 from mineru_health.settings import HealthSettings
 
 HEALTHY_BODY = {
@@ -260,28 +262,88 @@ class Recorder:
         return out
 
 
-def phase(monitor: HealthMonitor, worker: str) -> Any:
-    status = monitor.status(worker)
+class FakeMember:
+    """A worker as the runtime's fleet sees it, served by a path of the fake server.
+
+    A local one takes the next of ``urls`` at each launch (the first at the
+    fleet's start); ``failing_launches`` launches after the first raise, as a
+    spawn that fails would.
+    """
+
+    def __init__(self, worker_id: str, *urls: str, local: bool = False,
+                 failing_launches: int = 0) -> None:
+        self.id = worker_id
+        self.local = local
+        self.url = urls[0] if urls and not local else ""
+        self._urls = list(urls)
+        self._failing = failing_launches
+        self.launches = 0
+        self.in_rotation = False
+
+    def base_url(self) -> str:
+        return self.url
+
+    def probe_base(self) -> str:
+        return self.url
+
+    def connect_host(self) -> str:
+        return "127.0.0.1"
+
+    def process(self) -> Any:
+        return None
+
+    def show(self, event: Any) -> None:
+        self.in_rotation = bool(event.in_rotation)
+
+    def show_rotation(self, in_rotation: bool, reason: str | None = None) -> None:
+        self.in_rotation = in_rotation
+
+    async def launch(self, env: Any) -> None:
+        self.launches += 1
+        if self.launches > 1 and self._failing > 0:
+            self._failing -= 1
+            raise RuntimeError("spawn failed")
+        self.url = self._urls[min(self.launches, len(self._urls)) - 1]
+
+    async def stop(self) -> None:
+        self.url = ""
+
+
+async def start_fleet(settings: HealthSettings, rec: Any, *members: FakeMember) -> HealthFleet:
+    """The runtime's fleet over ``members``, probing their main ports, events to ``rec``."""
+    fleet = HealthFleet(settings, expectations(settings, protocol_version=2), client=None,
+                        native_probes=False)
+    for member in members:
+        fleet.add(member)
+    fleet.listen(rec)
+    await fleet.start(wait_s=0.0)
+    return fleet
+
+
+async def stop_fleet(fleet: HealthFleet) -> None:
+    await fleet.close()
+    fleet.close_files()
+
+
+def phase(fleet: HealthFleet, worker: str) -> Any:
+    status = fleet.status(worker)
     assert status is not None
     return status.phase
 
 
-
-
-async def one_audit_event(fleet: Fleet) -> Any:
+async def one_audit_event(fake: Fleet) -> Any:
     """Audit events of one worker ejected by a passive failure."""
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
-    monitor.add_worker("w", fleet.url("w"), restartable=True)
-    monitor.add_worker("spare", fleet.url("spare"))  # so the guard lets w go
-    monitor.attach()
+    fleet = await start_fleet(fast_settings(), rec, FakeMember("w", fake.url("w"), local=True),
+                              # so the guard lets w go
+                              FakeMember("spare", fake.url("spare")))
     try:
         await rec.wait_for(
-            lambda: all(phase(monitor, n) == WorkerPhase.HEALTHY for n in ("w", "spare")),
+            lambda: all(phase(fleet, n) == WorkerPhase.HEALTHY for n in ("w", "spare")),
             "healthy",
         )
-        monitor.report_passive_failure("w", "fatal task error")
+        fleet.report_passive("w", "fatal task error")
         await rec.wait_for(lambda: bool(rec.audits("w")), "an audit event")
         return rec.audits("w")
     finally:
-        await monitor.aclose()
+        await stop_fleet(fleet)

@@ -12,9 +12,9 @@ import pytest
 from fake_fleet import Fleet, one_audit_event, run_async
 from mineru_health import _native, audit
 from mineru_health._names import enum_names
+from mineru_health._native import AuditAction
 from mineru_health.audit import AuditLog, audit_record
 from mineru_health.errors import ConfigError
-from mineru_health.monitor import AuditAction
 
 AUDIT_PATH = "MINERU_ROUTER_HEALTH_AUDIT_PATH"
 

@@ -40,9 +40,10 @@ print(json.dumps(sorted(set(sys.modules) - before)))
     "module",
     [
         "mineru_health.integration.worker",
-        "mineru_health.integration.router",
+        "mineru_health.mineru3.router",
+        "mineru_health.mineru4.router",
         "mineru_health.metrics",
-        "mineru_health.monitor",
+        "mineru_health.runtime.router.fleet",
     ],
 )
 def test_integration_imports_no_demo_dependency(module: str, tmp_path: Path) -> None:

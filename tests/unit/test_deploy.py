@@ -182,7 +182,7 @@ def test_config_map_names_only_known_router_variables() -> None:
 
 def test_config_map_is_accepted_by_the_native_config() -> None:
     monitor = pytest.importorskip(
-        "mineru_health.monitor", reason="native extension not built", exc_type=ImportError
+        "mineru_health.settings", reason="native extension not built", exc_type=ImportError
     )
     data = {k: v for k, v in env_config().items() if k.startswith("MINERU_ROUTER_HEALTH_")}
     settings = monitor.HealthSettings.from_env(data)

@@ -8,9 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_fleet import FakeMember
 from mineru_health import _native, metrics
 from mineru_health.metrics import router, worker
-from mineru_health.monitor import HealthMonitor, HealthSettings
+from mineru_health.runtime.router.fleet import Fleet, expectations
+from mineru_health.settings import HealthSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,11 +231,11 @@ def test_a_broken_source_never_breaks_the_scrape(caplog: pytest.LogCaptureFixtur
 
 def test_state_follows_a_real_poller_without_any_push() -> None:
     settings = HealthSettings.preset("fast")
-    monitor = HealthMonitor(settings)
-    monitor.add_worker("local-gpu-0", "", restartable=True)  # no URL: never probed
-    router.bind_worker_statuses(monitor.statuses)
+    # The fleet binds the state gauges to its poller itself.
+    monitor = Fleet(settings, expectations(settings), client=None, native_probes=False)
+    monitor.add(FakeMember("local-gpu-0", local=True))  # never launched: no URL, never probed
     assert states_of("local-gpu-0")["starting"] == 1
-    monitor.report_process_exit("local-gpu-0", "worker process 1 exited with code 1")
+    monitor.report_exit("local-gpu-0", "worker process 1 exited with code 1")
     native = monitor.status("local-gpu-0")
     assert native is not None
     assert states_of("local-gpu-0")[_native.to_string(native.phase)] == 1
@@ -241,6 +243,7 @@ def test_state_follows_a_real_poller_without_any_push() -> None:
     assert value("mineru_router_worker_consecutive_failures", worker="local-gpu-0") == float(
         native.consecutive_failures
     )
+    monitor.close_files()
 
 
 # --- router side: events ------------------------------------------------------

@@ -8,21 +8,24 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 from mineru_health import _native
-from mineru_health.integration.router.resubmit_policy import (
+from mineru_health._native import ProbeStatus
+from mineru_health.mineru4.router.jobs import JobLine, policy_payload
+from mineru_health.mineru4.router.pool import MAIN_PORT_STATUS
+from mineru_health.mineru4.router.retired import RetiredOutputs
+from mineru_health.runtime.router.fleet import expectations
+from mineru_health.runtime.router.policy import (
     Action,
     Answer,
     AnswerKind,
     WorkerView,
     next_step,
 )
-from mineru_health.mineru4.router.jobs import policy_payload
-from mineru_health.mineru4.router.retired import RetiredOutputs
-from mineru_health.monitor import HealthMonitor, ProbeStatus
 from mineru_health.settings import HealthSettings
 
 ENGINE_DEAD_503 = {"error": {"type": "engine_error", "code": "engine_dead",
@@ -88,13 +91,14 @@ def mineru4_main_port() -> Iterator[str]:
 def test_poller_judges_a_mineru4_main_port_by_its_own_word(mineru4_main_port: str) -> None:
     """The main port says "ok" (main_port_status); the worker is probed at <base>/v1/health."""
     settings = HealthSettings.preset("fast").replace(interval_s=0.2, probe_timeout_s=0.1, connect_timeout_s=0.1)
-    monitor = HealthMonitor(settings, require_load_fields=False, main_port_status="ok")
-    monitor.add_worker("w", f"{mineru4_main_port}/v1", restartable=False)
-    monitor.start()
+    poller = _native.Poller(settings.native, expectations(
+        settings, require_load_fields=False, main_port_status=MAIN_PORT_STATUS), 0)
+    poller.add_worker(_native.Target("w", f"{mineru4_main_port}/v1", False, ""))
+    poller.start()
     try:
         events: list[Any] = []
         for _ in range(200):
-            events += monitor.drain()
+            events += poller.drain_events()
             if any(e.probe is not None and e.probe.healthy for e in events):
                 break
             threading.Event().wait(0.02)
@@ -102,7 +106,7 @@ def test_poller_judges_a_mineru4_main_port_by_its_own_word(mineru4_main_port: st
         assert probes and probes[-1].healthy, [p.detail for p in probes]
         assert probes[-1].url == f"{mineru4_main_port}/v1/health"
     finally:
-        monitor.stop()
+        poller.stop()
 
 
 def _job(status: str, code: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -210,20 +214,18 @@ class _Response:
 
 class _Pool:
     def __init__(self) -> None:
-        self.health_settings = HealthSettings.preset("fast").replace(interval_s=0.01,
-                                                                     probe_timeout_s=0.005,
-                                                                     connect_timeout_s=0.005)
-        self.workers = ["w0", "w1"]
+        settings = HealthSettings.preset("fast").replace(interval_s=0.01, probe_timeout_s=0.005,
+                                                         connect_timeout_s=0.005)
+        self.workers = [SimpleNamespace(worker_id="w0"), SimpleNamespace(worker_id="w1")]
         self.checked: list[str] = []
-
-    def check_process(self, worker: str) -> None:
-        self.checked.append(worker)
+        self.fleet = SimpleNamespace(settings=settings, check_process=self.checked.append)
 
 
 def _supervisor(pool: _Pool) -> Any:
-    from mineru_health.mineru4.router.jobs import JobSupervisor
-
-    return JobSupervisor(pool, None, None, {"RouterProxyError": _ProxyError})
+    """4.0's job line (whose failover this is), as ``install_app`` builds it."""
+    return JobLine(pool, None, None, {"RouterProxyError": _ProxyError,
+                                      "rewrite_job_payload": lambda payload, *rest: payload,
+                                      "_mark_missing_job": lambda route, pool: {}})
 
 
 def test_a_submission_lost_on_its_worker_is_made_again() -> None:
@@ -271,13 +273,13 @@ def test_failover_gives_up_after_one_try_per_worker_and_one_more() -> None:
 
 
 def test_policy_payload_resubmits_a_hung_job_without_ejecting() -> None:
-    from mineru_health.integration.router.resubmit_policy import (
+    from mineru_health.mineru4 import TASK_HUNG_CODE
+    from mineru_health.mineru4.router.jobs import policy_payload
+    from mineru_health.runtime.router.policy import (
         engine_dead_failure,
         hung_failure,
         trigger_rule,
     )
-    from mineru_health.mineru4 import TASK_HUNG_CODE
-    from mineru_health.mineru4.router.jobs import policy_payload
 
     view = policy_payload({"status": "failed", "files": [
         {"status": "failed", "error": {"code": TASK_HUNG_CODE, "message": "no progress"}}]})

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from mineru_health import _native
-from mineru_health.monitor import ProbeStatus
+from mineru_health._native import ProbeStatus
 
 S = ProbeStatus
 

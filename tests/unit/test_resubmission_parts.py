@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from mineru_health.audit import AuditLog
 from mineru_health.integration import engine_calls
-from mineru_health.integration.router.endpoints import retained_payload_class
-from mineru_health.integration.router.instance_dirs import InstanceDirs
+from mineru_health.mineru3.router.endpoints import retained_payload_class
+from mineru_health.mineru3.router.pool import RetiredOutputs
+from mineru_health.state_dirs import StateDirs
 from mineru_health.testing import faults
 from mineru_health.testing.faults import FaultInjector, write_plan
 from mineru_health.worker import WorkerHealth
@@ -78,22 +79,24 @@ class _TempDir:
         Path(self.name).rmdir()
 
 
-def test_instance_dirs_keep_outputs_until_close(tmp_path: Path) -> None:
-    dirs = InstanceDirs(retention_s=3600, base="")
+def test_state_dirs_and_retired_outputs_are_kept_until_close(tmp_path: Path) -> None:
+    dirs = StateDirs(base="")
     state = dirs.state_dir("local-gpu-0")
     assert state.is_dir() and dirs.state_dir("local-gpu-0") == state
+    retired = RetiredOutputs(retention_s=3600)
     local = type("Local", (), {})()
     local.temp_dir = _TempDir(tmp_path / "instance-1")
-    dirs.retire(local)
+    retired.retire(local)
     assert local.temp_dir is None and (tmp_path / "instance-1").is_dir()
-    dirs.retire(local)  # nothing left to retire
-    assert dirs.retired == 1
+    retired.retire(local)  # nothing left to retire
+    assert len(retired) == 1
+    retired.close()
     dirs.close()
     assert not (tmp_path / "instance-1").exists() and not state.exists()
 
 
 def test_operator_state_dir_is_kept(tmp_path: Path) -> None:
-    dirs = InstanceDirs(retention_s=0, base=str(tmp_path))
+    dirs = StateDirs(base=str(tmp_path))
     assert dirs.state_dir("remote-1") == tmp_path / "remote-1"
     dirs.close()
     assert (tmp_path / "remote-1").is_dir()

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.integration.router.poison import PoisonGuard, content_digest
-from mineru_health.integration.router.resubmit_policy import (
+from mineru_health.runtime.router.poison import PoisonGuard, content_digest
+from mineru_health.runtime.router.policy import (
     Action,
     Answer,
     AnswerKind,

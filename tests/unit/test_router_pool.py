@@ -1,4 +1,4 @@
-"""The self-healing WorkerPool (mineru_health.integration.router) with fake workers.
+"""The self-healing WorkerPool of MinerU 3.x (mineru_health.mineru3.router) with fake workers.
 
 MinerU's real, unpatched ``mineru.cli.router`` supplies the base classes; only
 ``ManagedLocalServer.start`` is replaced, so that a "local worker" is a tiny
@@ -33,7 +33,7 @@ router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.4.4 is no
 import httpx
 from mineru_health import _native, metrics
 from mineru_health.errors import ConfigError
-from mineru_health.integration import router as healing
+from mineru_health.mineru3 import router as healing
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -163,14 +163,11 @@ class Recorder:
         self.changed = asyncio.Event()
 
     def attach(self, pool: Any) -> None:
-        original = pool._monitor._on_event
-
-        def record(event: Any) -> None:
-            original(event)
+        def record(event: Any) -> None:  # after the fleet handled it
             self.events.append(event)
             self.changed.set()
 
-        pool._monitor._on_event = record
+        pool.fleet.listen(record)
 
     def actions(self, worker: str) -> list[str]:
         """Audit actions of `worker`, without its start-up admission."""
@@ -383,13 +380,13 @@ async def test_slow_stop_blocks_neither_probing_nor_routing(env: SimpleNamespace
         FakeLocalServer.stop_gate = gate  # MinerU's stop can take ~10 s; here: until released
         try:
             (env.control / _port(dead.base_url)).write_text("engine_dead")
-            await rec.wait_for(lambda: pool._restarting(dead.server_id), "the restart to begin")
+            await rec.wait_for(lambda: pool.fleet.restarting(dead.server_id), "the restart to begin")
             probes_before = rec.probes(other.server_id)
             await rec.wait_for(
                 lambda: rec.probes(other.server_id) >= probes_before + 2,
                 "the other worker to be probed while the stop hangs",
             )
-            assert pool._restarting(dead.server_id)
+            assert pool.fleet.restarting(dead.server_id)
             entry = _entry(pool, dead.server_id)
             assert entry["restarting"] and entry["state"] == "restarting"
             assert not entry["in_rotation"]

@@ -1,4 +1,5 @@
-"""integration/router/projection.py: poller events and statuses onto MinerU's WorkerState, no processes.
+"""Poller events and statuses onto MinerU 3.x's WorkerState (``mineru3.router.pool.Server``),
+the policy's fields in ``/health`` and the fleet's reasons and log lines; no processes.
 
 Probe results are real (``classify_health_response``); events and statuses
 are plain objects with the native fields, since the poller alone makes real
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 from mineru_health import _native
-from mineru_health.integration.router import projection
+from mineru_health.mineru3.router.pool import Server
+from mineru_health.runtime.router import fleet, policy
 
 router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.4.4 is not importable")
 
@@ -67,9 +69,13 @@ def worker_state(**fields: Any) -> Any:
     )
 
 
+def show(server: Any, event: Any) -> None:
+    Server(server, pool=None).show(event)  # type: ignore[arg-type]
+
+
 def test_healthy_probe_brings_rotation_load_and_time() -> None:
     server = worker_state(last_error="old")
-    projection.project_event(server, probe_event("w", probe_result(200, HEALTHY_BODY),
+    show(server, probe_event("w", probe_result(200, HEALTHY_BODY),
                                                  in_rotation=True))
     assert server.healthy
     assert (server.queued_tasks, server.processing_tasks) == (1, 2)
@@ -84,14 +90,14 @@ def test_rotation_is_the_policy_s_not_the_probe_s() -> None:
     # A booting worker answers healthy before the healthy threshold is met:
     # the policy keeps it out, and so does the projection.
     server = worker_state(healthy=True)
-    projection.project_event(server, probe_event("w", probe_result(200, HEALTHY_BODY),
+    show(server, probe_event("w", probe_result(200, HEALTHY_BODY),
                                                  in_rotation=False))
     assert not server.healthy
 
 
 def test_failed_probe_brings_its_classification_as_last_error() -> None:
     server = worker_state(healthy=True, queued_tasks=7)
-    projection.project_event(server, probe_event("w", probe_result(503, DEAD_BODY),
+    show(server, probe_event("w", probe_result(503, DEAD_BODY),
                                                  in_rotation=False))
     assert not server.healthy
     assert server.last_error.startswith("engine_dead: HTTP 503")
@@ -101,25 +107,25 @@ def test_failed_probe_brings_its_classification_as_last_error() -> None:
 def test_audit_out_of_rotation_brings_its_reason() -> None:
     server = worker_state(healthy=True)
     reason = "worker process 12 exited with code -9\n  (second line)"
-    projection.project_event(server, audit_event("w", A.EJECTED, reason, in_rotation=False))
+    show(server, audit_event("w", A.EJECTED, reason, in_rotation=False))
     assert not server.healthy
     assert server.last_error == "worker process 12 exited with code -9 (second line)"
-    projection.project_event(server, audit_event("w", A.RESTART_SUCCEEDED, "", in_rotation=True))
+    show(server, audit_event("w", A.RESTART_SUCCEEDED, "", in_rotation=True))
     assert server.healthy
 
 
 def test_restart_request_only_takes_it_out() -> None:
     server = worker_state(healthy=True, last_error="kept")
-    projection.project_event(server, restart_event("w"))
+    show(server, restart_event("w"))
     assert not server.healthy and server.last_error == "kept"
 
 
-def test_project_status_reads_rotation_and_ignores_unknown() -> None:
+def test_a_report_writes_rotation_and_its_reason() -> None:
     server = worker_state(healthy=True)
-    projection.project_status(server, None)
-    assert server.healthy
-    projection.project_status(server, SimpleNamespace(in_rotation=False))
-    assert not server.healthy
+    Server(server, pool=None).show_rotation(True)  # type: ignore[arg-type]
+    assert server.healthy and server.last_error is None
+    Server(server, pool=None).show_rotation(False, "exited")  # type: ignore[arg-type]
+    assert not server.healthy and server.last_error == "exited"
 
 
 def status(**fields: Any) -> SimpleNamespace:
@@ -145,7 +151,7 @@ def status(**fields: Any) -> SimpleNamespace:
 
 def test_health_entry_gets_the_policy_fields() -> None:
     entry: dict[str, Any] = {"server_id": "w", "last_error": None}
-    projection.add_policy_fields(entry, status(), restarting=False, now=1_700_000_000.0)
+    fleet.add_policy_fields(entry, status(), restarting=False, now=1_700_000_000.0)
     assert entry["state"] == "restart_scheduled" and not entry["in_rotation"]
     assert entry["restartable"] and not entry["restarting"]
     assert (entry["consecutive_failures"], entry["restart_attempt"]) == (2, 1)
@@ -158,7 +164,7 @@ def test_health_entry_gets_the_policy_fields() -> None:
 
 def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
     entry: dict[str, Any] = {"server_id": "w", "last_error": None}
-    projection.add_policy_fields(
+    fleet.add_policy_fields(
         entry,
         status(phase=P.HEALTHY, in_rotation=True, next_restart_in_s=None, last_error="stale"),
         restarting=False,
@@ -169,25 +175,25 @@ def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
 
 
 def test_reasons_are_one_line_and_bounded() -> None:
-    long = projection.short_reason("x\n" * 400)
-    assert "\n" not in long and len(long) == projection.REASON_CHARS and long.endswith("...")
+    long = fleet.short_reason("x\n" * 400)
+    assert "\n" not in long and len(long) == fleet.REASON_CHARS and long.endswith("...")
 
 
 def test_passive_reasons_never_carry_task_text() -> None:
     # Issue 10 item 8: the audit log and /health name the rule, not the document.
-    assert projection.passive_task_reason("vllm.engine_dead") == (
+    dead = {"status": "failed", "engine_dead": True, "error": "quotes the document",
+            "verdict": {"rule": "vllm.engine_dead"}}
+    assert policy.passive_reason(dead) == (
         "a task failed with a fatal error (rule vllm.engine_dead)")
-    assert "503" in projection.passive_submission_reason("r")
+    assert policy.passive_reason({**dead, "engine_dead": False}) is None
 
 
 def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -> None:
     # A worker's /health text with a newline and an ANSI escape must not forge
     # a log line or repaint a terminal (issue 10 item 7); JSON records keep it.
-    from mineru_health.integration.router.pool import log_audit
-
     hostile = "timeout\n2026-01-01 INFO forged line \x1b[32mgreen"
     with caplog.at_level("INFO", logger="mineru_health.router"):
-        log_audit({"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False)
+        fleet.log_audit({"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False)
     (record,) = caplog.records
     message = record.getMessage()
     assert "\n" not in message and "\x1b" not in message

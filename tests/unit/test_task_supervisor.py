@@ -1,9 +1,10 @@
-"""The router's task supervisor against a fake pool, registry and workers (no processes).
+"""The supervisor with MinerU 3.x's task line against a fake pool, registry and workers.
 
 Each fake worker answers ``GET /tasks/{id}`` from a table the test fills;
 submissions go through a fake ``submit_payload_to_upstream``. The tests drive
-the supervisor the way the router does (a client's status refresh, a poller
-event) and check what MinerU's task record ends up as.
+the line the way the router's endpoints do (a client's status refresh) and
+the supervisor the way the fleet does (a poller event), and check what
+MinerU's task record ends up as. No processes.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 import httpx
 from mineru_health import _native
 from mineru_health.integration import task_store
-from mineru_health.integration.router.poison import content_digest
-from mineru_health.integration.router.tasks import TaskSupervisor, workers_tried
+from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
+from mineru_health.runtime.router.poison import content_digest
+from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.settings import HealthSettings
 
 P = _native.WorkerPhase
@@ -41,7 +43,11 @@ class Rejected(Exception):
 
 
 class Fleet:
-    """Workers w0 and w1: their health, their answers, the submissions they receive."""
+    """Workers w0 and w1: their health, their answers, the submissions they receive.
+
+    Both MinerU's pool (what the task line calls) and the runtime's fleet (what
+    the supervisor calls), reduced to what they use.
+    """
 
     def __init__(self) -> None:
         self.servers = {sid: SimpleNamespace(server_id=sid, base_url=f"http://{sid}:1",
@@ -50,17 +56,33 @@ class Fleet:
         self.phase = {"w0": P.HEALTHY, "w1": P.HEALTHY}
         self.answers: dict[str, Any] = {}  # url -> payload dict, 404, or an exception
         self.submitted: list[tuple[str, str]] = []  # (server, upstream task id)
-        self.observed: list[dict[str, Any]] = []
+        self.passive: list[tuple[str, str]] = []  # (worker, reason) reported to the policy
         self.dead_processes: set[str] = set()
         self.client = SimpleNamespace(get=self._get)
-        self._monitor = SimpleNamespace(status=self._status, statuses=self._statuses)
+        self.fleet = self
+        self.audit = Audit()
+        self.state_dirs = SimpleNamespace(state_dir=lambda sid: Path("/nonexistent"))
 
-    def _status(self, sid: str) -> Any:
+    # The runtime's Fleet surface
+    def status(self, sid: str) -> Any:
         return SimpleNamespace(id=sid, phase=self.phase[sid], in_rotation=self.phase[sid] == P.HEALTHY,
                                restartable=True)
 
-    def _statuses(self) -> list[Any]:
-        return [self._status(sid) for sid in self.servers]
+    def statuses(self) -> list[Any]:
+        return [self.status(sid) for sid in self.servers]
+
+    def base_url(self, sid: str) -> str:
+        return str(self.servers[sid].base_url)
+
+    def member(self, sid: str) -> Any:
+        return SimpleNamespace(id=sid, local=True)
+
+    def check_process(self, sid: str) -> None:
+        if sid in self.dead_processes:
+            self.phase[sid] = P.FAILED  # as the fleet reports an exit
+
+    def report_passive(self, sid: str, reason: str) -> None:
+        self.passive.append((sid, reason))
 
     async def _get(self, url: str, timeout: float) -> Any:
         answer = self.answers.get(url, httpx.ConnectError("refused"))
@@ -85,13 +107,6 @@ class Fleet:
 
     async def mark_submission_failure(self, sid: str, error: str) -> None:
         self.phase[sid] = P.UNHEALTHY
-
-    def observe_task_status(self, task: Any, payload: dict[str, Any]) -> None:
-        self.observed.append(payload)
-
-    def _check_process(self, server: Any) -> None:
-        if server.server_id in self.dead_processes:
-            self.phase[server.server_id] = P.FAILED  # as the pool reports an exit
 
     async def submit(self, base_url: str, payload: Any) -> dict[str, Any]:
         sid = base_url.split("//")[1].split(":")[0]
@@ -172,8 +187,9 @@ class SteppingClock:
         return self.now
 
 
-def supervisor_for(fleet: Fleet, audit: Audit, clock: Callable[[], float] | None = None,
-                   **settings: Any) -> TaskSupervisor:
+def line_for(fleet: Fleet, clock: Callable[[], float] | None = None,
+             **settings: Any) -> TaskLine:
+    """MinerU 3.x's task line with its supervisor, as the healing pool builds them."""
     base = HealthSettings.preset("fast").replace(interval_s=0.05, probe_timeout_s=0.02,
                                                  connect_timeout_s=0.01, boot_timeout_s=1.0)
     namespace = {"submit_payload_to_upstream": fleet.submit,
@@ -181,17 +197,20 @@ def supervisor_for(fleet: Fleet, audit: Audit, clock: Callable[[], float] | None
                  "UpstreamSubmissionRejected": Rejected,
                  "normalize_upload_filename": lambda name: name,
                  "utc_now_iso": lambda: "2026-01-01T00:00:00+00:00"}
-    return TaskSupervisor(fleet, settings=base.replace(**settings) if settings else base,
-                          namespace=namespace, audit=audit,
-                          **({"clock": clock} if clock is not None else {}))
+    pool = SimpleNamespace(**{name: getattr(fleet, name) for name in (
+        "fleet", "client", "get_server", "acquire_submission_server",
+        "release_submission_server", "mark_submission_failure")})
+    line = TaskLine(pool, namespace)
+    pool.supervisor = Supervisor(fleet, line, base.replace(**settings) if settings else base,  # type: ignore[arg-type]
+                                 **({"clock": clock} if clock is not None else {}))
+    return line
 
 
-def run(test: Callable[[Fleet, Audit], Awaitable[None]]) -> None:
+def run(test: Callable[[Fleet], Awaitable[None]]) -> None:
     RECORDS.clear()
 
     async def main() -> None:
-        fleet, audit = Fleet(), Audit()
-        await test(fleet, audit)
+        await test(Fleet())
 
     asyncio.run(main())
 
@@ -204,79 +223,80 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition never held")
 
 
-async def settle(supervisor: TaskSupervisor) -> None:
+async def settle(line: TaskLine) -> None:
     for _ in range(200):
-        pending = [t for t in supervisor._background if not t.done()]
+        pending = [t for t in line.supervisor._background if not t.done()]
         if not pending:
             return
         await asyncio.wait(pending, timeout=0.5)
     raise AssertionError("background work never settled")
 
 
-def track(supervisor: TaskSupervisor, task_id: str, server: str = "w0",
+def track(line: TaskLine, task_id: str, server: str = "w0",
           digest: str | None = "digest") -> tuple[Any, Payload]:
     record, payload = new_record(task_id, server), Payload()
-    supervisor.track(record, payload, digest, Registry())
+    line.track(record, payload, digest, Registry())
     return record, payload
 
 
 def test_engine_death_is_resubmitted_under_the_same_task_id() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, payload = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, payload = track(line, "t1")
         assert payload.retained and workers_tried(record) == ["w0"]
         fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
-        await supervisor.refresh(record)
+        await line.refresh(record)
         assert record.status == "pending"  # never shown failed
-        await settle(supervisor)
+        await settle(line)
         assert fleet.submitted == [("w1", "up-1")]
         assert (record.upstream_server_id, record.upstream_task_id) == ("w1", "up-1")
         assert record.upstream_base_url == "http://w1:1" and record.status == "pending"
         assert workers_tried(record) == ["w0", "w1"]
-        assert fleet.observed == [DEAD]  # passive ejection saw the verdict
+        # Passive ejection saw the worker's verdict (its rule, never the task's text).
+        assert fleet.passive == [("w0", "a task failed with a fatal error (rule vllm.engine_dead)")]
         assert payload.released == 0
 
         fleet.answers["http://w1:1/tasks/up-1"] = {"status": "completed", "error": None}
-        await supervisor.refresh(record)
+        await line.refresh(record)
         assert record.status == "completed" and payload.released == 1
-        assert not supervisor.tracks(record)
+        assert not line.tracks(record)
 
     run(scenario)
 
 
 def test_retries_then_a_clear_failure() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit, task_retries=1)
-        record, payload = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet, task_retries=1)
+        record, payload = track(line, "t1")
         fleet.answers["http://w0:1/tasks/first-t1"] = COLLATERAL
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         fleet.answers["http://w1:1/tasks/up-1"] = COLLATERAL
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         assert record.status == "failed" and payload.released == 1
         assert record.error.startswith("engine unusable [mineru-health: not resubmitted")
         assert "MINERU_ROUTER_HEALTH_TASK_RETRIES" in record.error and "w0, w1" in record.error
-        assert audit.records == []  # collateral deaths never quarantine
+        assert fleet.audit.records == []  # collateral deaths never quarantine
 
     run(scenario)
 
 
 def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit, retry_budget_percent=0.0, retry_budget_min=1)
-        first, _ = track(supervisor, "t1")
-        second, _ = track(supervisor, "t2")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet, retry_budget_percent=0.0, retry_budget_min=1)
+        first, _ = track(line, "t1")
+        second, _ = track(line, "t2")
         for record in (first, second):
             fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
-            await supervisor.refresh(record)
+            await line.refresh(record)
         await until(lambda: bool(fleet.submitted))  # the second waits meanwhile, pending
         assert workers_tried(first) == ["w0", "w1"] and fleet.submitted == [("w1", "up-1")]
         assert second.status == "pending" and workers_tried(second) == ["w0"]
 
         fleet.answers["http://w1:1/tasks/up-1"] = {"status": "completed", "error": None}
-        await supervisor.refresh(first)  # the first resubmission ends: room for the second
-        await settle(supervisor)
+        await line.refresh(first)  # the first resubmission ends: room for the second
+        await settle(line)
         assert first.status == "completed"
         assert second.status == "pending" and workers_tried(second) == ["w0", "w1"]
         assert fleet.submitted == [("w1", "up-1"), ("w1", "up-2")]
@@ -285,16 +305,16 @@ def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
 
 
 def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
+    async def scenario(fleet: Fleet) -> None:
         # BOOT_TIMEOUT_S (1 s, its floor) passes on the clock, not in real time.
-        supervisor = supervisor_for(fleet, audit, SteppingClock(0.5), retry_budget_percent=0.0,
+        line = line_for(fleet, SteppingClock(0.5), retry_budget_percent=0.0,
                                     retry_budget_min=1)
-        first, _ = track(supervisor, "t1")
-        second, _ = track(supervisor, "t2")
+        first, _ = track(line, "t1")
+        second, _ = track(line, "t2")
         for record in (first, second):
             fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
-            await supervisor.refresh(record)
-            await settle(supervisor)
+            await line.refresh(record)
+            await settle(line)
         assert first.status == "pending" and workers_tried(first) == ["w0", "w1"]
         assert second.status == "failed" and "retry budget stayed spent for 1 s" in second.error
         assert "RETRY_BUDGET_MIN=1" in second.error
@@ -303,21 +323,21 @@ def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
 
 
 def test_poison_document_quarantined_after_two_workers() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, payload = track(supervisor, "t1", digest="poison")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, payload = track(line, "t1", digest="poison")
         fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         fleet.answers["http://w1:1/tasks/up-1"] = DEAD
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         assert record.status == "failed" and "Not sent again: doc.pdf" in record.error
         assert "w0 (vllm.engine_dead)" in record.error and "w1 (vllm.engine_dead)" in record.error
-        (entry,) = audit.records
+        (entry,) = fleet.audit.records
         assert entry["action"] == "poison_document_quarantined"
         assert entry["workers"] == ["w0", "w1"] and entry["file_names"] == ["doc.pdf"]
-        assert supervisor.quarantined("poison") is not None
+        assert line.supervisor.poison.quarantined("poison") is not None
         assert payload.released == 1
 
     run(scenario)
@@ -327,77 +347,78 @@ def test_a_document_is_hashed_only_when_a_trigger_death_needs_it(tmp_path: Path)
     document = tmp_path / "doc.pdf"
     document.write_bytes(b"%PDF-1.7 poison")
 
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, payload = track(supervisor, "t1", digest=None)
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, payload = track(line, "t1", digest=None)
         payload.uploads[0].path = str(document)
-        (tracked,) = supervisor._tasks.values()
+        tracked = line.supervisor.find("t1")
+        assert tracked is not None
         assert tracked.digest is None  # submission: a healthy fleet hashes nothing
         fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         assert tracked.digest == content_digest([str(document)])
-        assert supervisor.poison.suspects() == 1 and workers_tried(record) == ["w0", "w1"]
+        assert line.supervisor.poison.suspects() == 1 and workers_tried(record) == ["w0", "w1"]
 
     run(scenario)
 
 
 def test_worker_declared_failed_resubmits_without_any_client() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, _ = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
         record.status = "processing"
         fleet.phase["w0"] = P.FAILED  # process exited: nothing answers on its URL
-        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
                                             audit=SimpleNamespace(to_phase=P.FAILED)))
-        await settle(supervisor)
+        await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
 
     run(scenario)
 
 
 def test_a_killed_worker_is_seen_by_the_first_status_request() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, _ = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
         fleet.dead_processes.add("w0")  # kill -9: the policy has not seen it yet
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and record.upstream_error_count == 0
 
     run(scenario)
 
 
 def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, _ = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
         fleet.answers["http://w0:1/tasks/first-t1"] = {"status": "processing"}
         fleet.phase["w0"] = P.RESTARTING  # the pool is stopping this instance
-        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED,
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED,
                                             worker_id="w0"))
-        await settle(supervisor)
+        await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(record) == ["w0", "w1"]
 
     run(scenario)
 
 
 def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        done, _ = track(supervisor, "t1")
-        lost, _ = track(supervisor, "t2")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        done, _ = track(line, "t1")
+        lost, _ = track(line, "t2")
         # The worker finished t1 (in its store) and died before the router saw it.
         store = task_store.TaskStore(tmp_path / task_store.DB_NAME)
         store.save(SimpleNamespace(task_id="first-t1", status="completed", output_dir="/o",
                                    backend="vlm-http-client", file_names=["doc"], error=None,
                                    started_at="s", completed_at="c"))
         store.close()
-        fleet._instance_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
+        fleet.state_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
         fleet.phase["w0"] = P.FAILED
         for record in (done, lost):
-            await supervisor.refresh(record)
-        await settle(supervisor)
+            await line.refresh(record)
+        await settle(line)
         assert done.status == "completed" and workers_tried(done) == ["w0"]
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(lost) == ["w0", "w1"]
 
@@ -405,13 +426,13 @@ def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -
 
 
 def test_slow_worker_is_left_alone() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, _ = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
         fleet.phase["w0"] = P.UNHEALTHY  # ejected on timeouts, below the failure threshold
         for _ in range(5):
-            await supervisor.refresh(record)
-        await settle(supervisor)
+            await line.refresh(record)
+        await settle(line)
         assert fleet.submitted == [] and record.status == "pending"
         assert record.upstream_error_count == 0  # MinerU would fail it after 3
 
@@ -419,73 +440,73 @@ def test_slow_worker_is_left_alone() -> None:
 
 
 def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, payload = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, payload = track(line, "t1")
         fleet.servers["w0"].base_url = "http://w0:2"  # a new instance after a restart
         fleet.answers["http://w0:2/tasks/first-t1"] = {"status": "completed", "error": None}
-        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
                                             audit=SimpleNamespace(to_phase=P.HEALTHY)))
-        await settle(supervisor)
+        await settle(line)
         assert fleet.submitted == []  # adopted, not duplicated
         assert record.status == "completed" and record.upstream_base_url == "http://w0:2"
         assert payload.released == 1
 
         # A finished task's result request follows a later restart too.
         fleet.servers["w0"].base_url = "http://w0:3"
-        assert supervisor.follow_restart(record)
+        assert line.follow_restart(record)
         assert record.upstream_base_url == "http://w0:3"
         fleet.phase["w0"] = P.RESTARTING  # booting: 503 + Retry-After, no upstream error counted
-        assert not supervisor.follow_restart(record)
+        assert not line.follow_restart(record)
 
     run(scenario)
 
 
 def test_restarted_worker_that_does_not_know_the_task_gets_it_again() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        record, _ = track(supervisor, "t1")
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
         fleet.servers["w0"].base_url = "http://w0:2"
         fleet.answers["http://w0:2/tasks/first-t1"] = 404
         fleet.phase["w1"] = P.FAILED  # only the restarted worker is healthy
-        await supervisor.refresh(record)
-        await settle(supervisor)
+        await line.refresh(record)
+        await settle(line)
         assert fleet.submitted == [("w0", "up-1")] and workers_tried(record) == ["w0", "w0"]
 
     run(scenario)
 
 
 def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
         fleet.phase = {"w0": P.RESTARTING, "w1": P.FAILED}
-        assert supervisor.healing()
-        held = await supervisor.hold(Payload(), "d", Registry())
+        assert line.supervisor.healing()
+        held = await line.hold(Payload(), "d", Registry())
         assert held.status == "pending" and workers_tried(held) == []
         await asyncio.sleep(0.1)
         fleet.phase["w1"] = P.HEALTHY  # back: the held task goes out
-        supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w1",
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w1",
                                             audit=SimpleNamespace(to_phase=P.HEALTHY)))
-        await settle(supervisor)
+        await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(held) == ["w1"]
 
         fleet.phase = {"w0": P.GAVE_UP, "w1": P.GAVE_UP}
-        assert not supervisor.healing()  # nothing is coming back: MinerU's 503 stands
-        record, _ = track(supervisor, "t2", server="w1")
+        assert not line.supervisor.healing()  # nothing is coming back: MinerU's 503 stands
+        record, _ = track(line, "t2", server="w1")
         fleet.answers["http://w1:1/tasks/first-t2"] = DEAD
-        await supervisor.refresh(record)
-        await settle(supervisor)  # waits BOOT_TIMEOUT_S (1 s here), then gives up
+        await line.refresh(record)
+        await settle(line)  # waits BOOT_TIMEOUT_S (1 s here), then gives up
         assert record.status == "failed" and "no healthy worker" in record.error
 
     run(scenario)
 
 
 def test_close_releases_every_upload() -> None:
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit)
-        payloads = [track(supervisor, f"t{i}")[1] for i in range(3)]
-        await supervisor.close()
-        assert [p.released for p in payloads] == [1, 1, 1] and supervisor.in_flight == 0
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        payloads = [track(line, f"t{i}")[1] for i in range(3)]
+        await line.supervisor.close()
+        assert [p.released for p in payloads] == [1, 1, 1] and line.supervisor.in_flight == 0
 
     run(scenario)
 
@@ -493,24 +514,24 @@ def test_close_releases_every_upload() -> None:
 def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
     """Issue 17: 2,000 tasks at once held 1,961 uploads on disk and doubled the router's RSS."""
 
-    async def scenario(fleet: Fleet, audit: Audit) -> None:
-        supervisor = supervisor_for(fleet, audit, max_kept_tasks=2)
-        assert supervisor.full() is None
-        track(supervisor, "t0")
-        track(supervisor, "t1")
-        why = supervisor.full()
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet, max_kept_tasks=2)
+        assert line.supervisor.full() is None
+        track(line, "t0")
+        track(line, "t1")
+        why = line.supervisor.full()
         assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS=2" in why
-        await supervisor.close()
-        assert supervisor.full() is None  # released uploads free their place
+        await line.supervisor.close()
+        assert line.supervisor.full() is None  # released uploads free their place
 
-        by_size = supervisor_for(fleet, audit, max_kept_mb=1)
+        by_size = line_for(fleet, max_kept_mb=1)
         big = tmp_path / "big.pdf"
         big.write_bytes(b"\0" * (1024 * 1024))
         record, payload = new_record("t2", "w0"), Payload()
         payload.uploads = [SimpleNamespace(upload_name="big.pdf", path=str(big))]
         by_size.track(record, payload, "digest", Registry())
-        why = by_size.full()
+        why = by_size.supervisor.full()
         assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_MB=1" in why
-        await by_size.close()
+        await by_size.supervisor.close()
 
     run(scenario)

@@ -1,4 +1,4 @@
-"""Router-side metrics (``mineru-router``), fed by ``mineru_health.integration.router``.
+"""Router-side metrics (``mineru-router``), fed by ``mineru_health.runtime.router``.
 
 Two kinds, by where the truth lives:
 

@@ -3,27 +3,19 @@
 The patch (``patches/mineru-4.0/``) adds a few lines:
 
 - ``workers.py``, after ``class WorkerPool``: ``WorkerPool =
-  install(globals())``, a subclass whose supervision is the native poller
-  and restart policy (``pool.py``), and whose local workers start with
-  their own native health port (``ManagedLocalWorker`` is rebound too);
+  install(globals())``, a subclass whose supervision is the runtime's fleet
+  (``pool.py``), and whose local workers start with their own variables
+  (``ManagedLocalWorker`` is rebound too);
 - ``app.py``, in ``create_app``: ``install_app(application, globals())``
   (``/metrics``, the job supervisor, the job helpers it wraps) and, in
   ``submit_job``, ``job_submitted(application, job_route, body)``: the job
   is kept until it ends (``jobs.py``); ``submit_job = failover(application,
   submit_job)``: a submission its worker lost on the way is sent to another.
 
-What changes against 4.0.12's own loop (``_monitor_loop`` every 2 s,
-``refresh_all`` gathering every worker, restarts awaited inside it):
-
-- each worker is probed on its own jittered schedule by one native thread
-  (native endpoint first, else ``/v1/health`` with the generous main-port
-  timeout); a slow or restarting worker never delays another;
-- a 503 ``engine_dead`` ejects at once; other failures after the failure
-  threshold, and a worker that stops answering is restarted too; backoff
-  with cap and give-up; the mass-ejection guard; audit events; ``/metrics``;
-- jobs a dead, stalled, killed or restarted worker lost are sent again
-  under the same job id; a replaced worker's finished results stay
-  downloadable (``retired.py``).
+What is MinerU 4.0's own lives here: its worker objects and capabilities
+(``pool.py``), its jobs and routes (``jobs.py``), the outputs of replaced
+instances (``retired.py``). The rest is the line-agnostic runtime
+(:mod:`mineru_health.runtime.router`).
 
 Remote upstream workers (``--upstream-url``) are never restarted.
 """
@@ -34,9 +26,10 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from mineru_health import metrics
+from mineru_health.runtime.router.fleet import launching_class
 
-from .jobs import JobSupervisor
-from .pool import healing_pool_class, launching_worker_class
+from .jobs import JobLine
+from .pool import healing_pool_class
 
 __all__ = ["failover", "install", "install_app", "job_submitted"]
 
@@ -50,7 +43,7 @@ def install(namespace: MutableMapping[str, Any]) -> type:
     base = namespace["WorkerPool"]
     if getattr(base, "_mineru_health", False):
         return base  # type: ignore[no-any-return]
-    namespace["ManagedLocalWorker"] = launching_worker_class(namespace["ManagedLocalWorker"])
+    namespace["ManagedLocalWorker"] = launching_class(namespace["ManagedLocalWorker"])
     return healing_pool_class(base, namespace)
 
 
@@ -62,17 +55,22 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     """
     metrics.mount_metrics(app, role="router")
     state = app.state
-    supervisor = JobSupervisor(state.worker_pool, state.registry, state.source_store, namespace)
-    state.worker_pool.job_supervisor = supervisor
-    state.mineru_health_jobs = supervisor
-    supervisor.install(namespace)
+    pool = state.worker_pool
+    line = JobLine(pool, state.registry, state.source_store, namespace)
+    line.install()
+    pool.job_line = line
+    pool.fleet.listen(line.supervisor.on_event)
+
+
+def _line(app: Any) -> JobLine | None:
+    return getattr(app.state.worker_pool, "job_line", None)
 
 
 def job_submitted(app: Any, route: Any, body: dict[str, Any]) -> None:
     """``submit_job`` handed ``body`` on as the job of ``route``: keep it until it ends."""
-    supervisor = getattr(app.state, "mineru_health_jobs", None)
-    if supervisor is not None:
-        supervisor.track(route, body)
+    line = _line(app)
+    if line is not None:
+        line.track(route, body)
 
 
 def failover(app: Any, submit_job: Any) -> Any:
@@ -85,9 +83,9 @@ def failover(app: Any, submit_job: Any) -> Any:
 
     async def submit_with_failover(body: dict[str, Any], request: Any,
                                    uploads: Any = None) -> Any:
-        supervisor = getattr(app.state, "mineru_health_jobs", None)
-        if supervisor is None:
+        line = _line(app)
+        if line is None:
             return await submit_job(body, request, uploads)
-        return await supervisor.submit_with_failover(submit_job, body, request, uploads)
+        return await line.submit_with_failover(submit_job, body, request, uploads)
 
     return submit_with_failover

@@ -54,6 +54,7 @@ __all__ = [
     "failure_text",
     "hung_failure",
     "next_step",
+    "passive_reason",
     "refuse_resubmission",
     "trigger_rule",
 ]
@@ -116,6 +117,20 @@ def hung_failure(payload: Mapping[str, Any]) -> bool:
     verdict = payload.get("verdict")
     return (payload.get("status") == "failed" and isinstance(verdict, Mapping)
             and verdict.get("hung") is True)
+
+
+def passive_reason(payload: Mapping[str, Any]) -> str | None:
+    """Why the worker of this failed status leaves rotation at once, or None.
+
+    Only the worker's own verdict counts (``"engine_dead": true``); the
+    reason names its rule, never the task's error text, which may quote a
+    user's document and reaches the audit log and ``/health``.
+    """
+    if not engine_dead_failure(payload):
+        return None
+    verdict = payload.get("verdict")
+    rule = verdict.get("rule") if isinstance(verdict, Mapping) else None
+    return f"a task failed with a fatal error (rule {rule or 'engine_dead'})"
 
 
 def trigger_rule(payload: Mapping[str, Any]) -> str | None:

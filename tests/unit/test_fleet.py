@@ -1,4 +1,5 @@
-"""HealthMonitor against loopback fake workers (fake_fleet.py): one sweep, then the poller thread.
+"""The runtime's fleet against loopback fake workers (fake_fleet.py): one sweep, then the
+poller thread, reports and restarts through fake members.
 
 Waits are bounded in time and count; nothing asserts on timings.
 """
@@ -13,20 +14,18 @@ from typing import Any
 import pytest
 from fake_fleet import (
     WAIT_S,
+    FakeMember,
     Fleet,
     Recorder,
     fast_settings,
     run_async,
+    start_fleet,
+    stop_fleet,
 )
 from fake_fleet import phase as _phase
 from mineru_health import _native
-from mineru_health.monitor import (
-    HealthMonitor,
-    PollerEventKind,
-    ProbeStatus,
-    WorkerPhase,
-    expectations,
-)
+from mineru_health._native import AuditAction, PollerEventKind, ProbeStatus, WorkerPhase
+from mineru_health.runtime.router.fleet import base_url_of, expectations
 from mineru_health.settings import HealthSettings
 
 
@@ -78,13 +77,11 @@ def test_sweep_classifies_every_failure_mode(fleet: Fleet) -> None:
 
 
 @run_async
-async def test_monitor_dispatches_probe_events_on_the_loop(fleet: Fleet) -> None:
+async def test_fleet_dispatches_probe_events_on_the_loop(fleet: Fleet) -> None:
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
-    for name in Fleet.BEHAVIOURS:
-        monitor.add_worker(name, fleet.url(name))
-    monitor.add_worker("refused", fleet.refused_url)
-    monitor.attach(asyncio.get_running_loop())
+    members = [FakeMember(name, fleet.url(name)) for name in Fleet.BEHAVIOURS]
+    monitor = await start_fleet(fast_settings(), rec, *members,
+                                FakeMember("refused", fleet.refused_url))
     try:
         names = [*Fleet.BEHAVIOURS, "refused"]
         await rec.wait_for(
@@ -113,22 +110,21 @@ async def test_monitor_dispatches_probe_events_on_the_loop(fleet: Fleet) -> None
         )
         failed = monitor.status("http_503")
         assert failed is not None and failed.consecutive_failures >= 2 and not failed.in_rotation
+        assert members[0].in_rotation  # the fleet wrote the rotation onto the worker
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
     assert not monitor.running
 
 
 @run_async
 async def test_healthy_worker_ejected_then_recovers(fleet: Fleet) -> None:
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
     fleet.set("w", "healthy")
     fleet.set("spare", "healthy")
-    monitor.add_worker("w", fleet.url("w"))
     # The mass-ejection guard never takes the last worker in rotation out
     # for an ordinary failure: a second one keeps the fleet whole.
-    monitor.add_worker("spare", fleet.url("spare"))
-    monitor.attach()
+    monitor = await start_fleet(fast_settings(), rec, FakeMember("w", fleet.url("w")),
+                                FakeMember("spare", fleet.url("spare")))
     try:
         await rec.wait_for(lambda: _phase(monitor, "w") == WorkerPhase.HEALTHY, "w healthy")
         await rec.wait_for(
@@ -142,17 +138,17 @@ async def test_healthy_worker_ejected_then_recovers(fleet: Fleet) -> None:
         assert rec.of("w")[-1].in_rotation
         assert _phase(monitor, "w") == WorkerPhase.HEALTHY
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
 
 
 @run_async
 async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fleet) -> None:
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
     fleet.set("old", "healthy")
     fleet.set("new", "healthy")
-    monitor.add_worker("local", fleet.url("old"), restartable=True)
-    monitor.attach()
+    # Its first launch answers on "old"; the fleet's restart launches it on "new".
+    local = FakeMember("local", fleet.url("old"), fleet.url("new"), local=True)
+    monitor = await start_fleet(fast_settings(), rec, local)
     try:
         await rec.wait_for(lambda: _phase(monitor, "local") == WorkerPhase.HEALTHY, "healthy")
         fleet.set("old", "engine_dead")
@@ -160,8 +156,11 @@ async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fl
             lambda: bool(rec.of("local", PollerEventKind.RESTART_REQUESTED)), "restart request"
         )
         assert rec.actions("local")[:3] == ["ejected", "health_failed", "auto_restart_scheduled"]
-        assert _phase(monitor, "local") == WorkerPhase.RESTARTING
-        monitor.set_url("local", fleet.url("new"))
+        # The fleet restarts it at once (its relaunch is immediate here), so the
+        # phase the request led to is read from its audit record.
+        requested = [e.audit for e in rec.audits("local")
+                     if e.audit.action == AuditAction.RESTART_REQUESTED]
+        assert [a.to_phase for a in requested] == [WorkerPhase.RESTARTING]
         # Back in rotation; the restart counts as a success only after the
         # stability window (600 s by default).
         await rec.wait_for(lambda: rec.actions("local")[-1:] == ["admitted"], "restarted")
@@ -170,25 +169,26 @@ async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fl
         assert status is not None and status.in_rotation and status.attempt == 0
         assert status.url.endswith("/new")
         assert status.stable_in_s is not None and status.stable_in_s > 0
+        assert local.launches == 2 and local.in_rotation
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
 
 
 @run_async
 async def test_passive_failure_and_process_exit_eject_at_once(fleet: Fleet) -> None:
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=rec)
     fleet.set("a", "healthy")
     fleet.set("b", "healthy")
-    monitor.add_worker("a", fleet.url("a"), restartable=True)
-    monitor.add_worker("b", fleet.url("b"), restartable=True)
-    monitor.attach()
+    # The replacement of b cannot even start.
+    monitor = await start_fleet(fast_settings(), rec,
+                                FakeMember("a", fleet.url("a"), local=True),
+                                FakeMember("b", fleet.url("b"), local=True, failing_launches=9))
     try:
         await rec.wait_for(
             lambda: all(_phase(monitor, w) == WorkerPhase.HEALTHY for w in "ab"), "both healthy"
         )
-        monitor.report_passive_failure("a", "task failed: EngineDeadError")
-        monitor.report_process_exit("b", "exit code -9")
+        monitor.report_passive("a", "task failed: EngineDeadError")
+        monitor.report_exit("b", "exit code -9")
         await rec.wait_for(
             lambda: (
                 bool(rec.of("a", PollerEventKind.RESTART_REQUESTED))
@@ -202,33 +202,30 @@ async def test_passive_failure_and_process_exit_eject_at_once(fleet: Fleet) -> N
             assert reason in audits[0].audit.reason
             assert not audits[0].in_rotation
         # The replacement of b cannot even start: counted, rescheduled.
-        monitor.report_restart_failed("b", "spawn failed")
         await rec.wait_for(lambda: "auto_restart_failed" in rec.actions("b"), "restart failed")
         status = monitor.status("b")
         assert status is not None and status.attempt == 1
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
 
 
 @run_async
 async def test_gives_up_after_max_attempts(fleet: Fleet) -> None:
     rec = Recorder()
-    monitor = HealthMonitor(fast_settings(max_attempts=1), protocol_version=2, on_event=rec)
     fleet.set("x", "healthy")
-    monitor.add_worker("x", fleet.url("x"), restartable=True)
-    monitor.attach()
+    monitor = await start_fleet(fast_settings(max_attempts=1), rec,
+                                FakeMember("x", fleet.url("x"), local=True, failing_launches=9))
     try:
         await rec.wait_for(lambda: _phase(monitor, "x") == WorkerPhase.HEALTHY, "healthy")
-        monitor.report_process_exit("x", "killed")
+        monitor.report_exit("x", "killed")
         await rec.wait_for(
             lambda: bool(rec.of("x", PollerEventKind.RESTART_REQUESTED)), "restart request"
         )
-        monitor.report_restart_failed("x", "spawn failed")
         await rec.wait_for(lambda: "auto_restart_gave_up" in rec.actions("x"), "gave up")
         assert _phase(monitor, "x") == WorkerPhase.GAVE_UP
         assert len(rec.of("x", PollerEventKind.RESTART_REQUESTED)) == 1
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
 
 
 @run_async
@@ -244,43 +241,39 @@ async def test_callback_errors_do_not_stop_dispatch(
             done.set()
         raise RuntimeError("callback bug")
 
-    monitor = HealthMonitor(fast_settings(), protocol_version=2, on_event=flaky)
-    monitor.add_worker("w", fleet.url("w"))
-    monitor.attach()
+    monitor = await start_fleet(fast_settings(), flaky, FakeMember("w", fleet.url("w")))
     try:
         await asyncio.wait_for(done.wait(), timeout=WAIT_S)
     finally:
-        await monitor.aclose()
+        await stop_fleet(monitor)
     assert "callback bug" in caplog.text
 
 
-def test_attach_twice_is_refused() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        monitor = HealthMonitor(fast_settings())
-        monitor.attach(loop)
-        with pytest.raises(RuntimeError):
-            monitor.attach(loop)
-        monitor.stop()
-        monitor.stop()  # idempotent
-        assert not monitor.running
-    finally:
-        loop.close()
+@run_async
+async def test_close_twice_is_harmless() -> None:
+    monitor = await start_fleet(fast_settings(), Recorder())
+    assert monitor.running
+    await monitor.close()
+    await monitor.close()  # idempotent
+    monitor.close_files()
+    assert not monitor.running
 
 
-def test_drain_without_loop(fleet: Fleet) -> None:
-    monitor = HealthMonitor(fast_settings(), protocol_version=2)
-    monitor.add_worker("w", fleet.url("w") + "/health")  # a /health suffix is accepted
-    monitor.start()
+def test_poller_events_drain_without_a_loop(fleet: Fleet) -> None:
+    settings = fast_settings()
+    poller = _native.Poller(settings.native, expectations(settings, protocol_version=2), 0)
+    # An operator's URL may name /health itself: the base URL is what the poller gets.
+    poller.add_worker(_native.Target("w", base_url_of(fleet.url("w") + "/health"), False, ""))
+    poller.start()
     try:
         events: list[Any] = []
         deadline = time.monotonic() + WAIT_S
         while not events and time.monotonic() < deadline:
             import select
 
-            select.select([monitor._fd], [], [], 0.5)
-            events.extend(monitor.drain())
+            select.select([poller.notify_fd()], [], [], 0.5)
+            events.extend(poller.drain_events())
         assert events and events[0].probe is not None and events[0].probe.healthy
-        assert "HealthMonitor(running" in repr(monitor)
+        assert poller.running()
     finally:
-        monitor.stop()
+        poller.stop()

@@ -35,9 +35,9 @@ import functools
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from .poison import content_digest
-from .tasks import TaskSupervisor, workers_tried
-from .tracked import upload_names
+from mineru_health.runtime.router.poison import content_digest
+
+from .tasks import TaskLine, upload_names, workers_tried
 
 __all__ = ["install_endpoints", "retained_payload_class"]
 
@@ -63,10 +63,10 @@ def retained_payload_class(base: type) -> type:
     return RetainedPayload
 
 
-def _supervisor(request: Any) -> TaskSupervisor | None:
+def _line(request: Any) -> TaskLine | None:
     pool = getattr(getattr(getattr(request, "app", None), "state", None), "worker_pool", None)
-    supervisor = getattr(pool, "task_supervisor", None)
-    return supervisor if isinstance(supervisor, TaskSupervisor) else None
+    line = getattr(pool, "task_line", None)
+    return line if isinstance(line, TaskLine) else None
 
 
 def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
@@ -81,13 +81,13 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
 
     @functools.wraps(stage)
     async def stage_multipart_request(request: Any) -> Any:
-        supervisor = _supervisor(request)
-        why = supervisor.full() if supervisor is not None else None
-        if why is not None and supervisor is not None:
+        line = _line(request)
+        why = line.supervisor.full() if line is not None else None
+        if why is not None and line is not None:
             raise http_exception(
                 status_code=503,
                 detail=f"{why}; retry shortly",
-                headers={"Retry-After": str(supervisor.retry_after_s)},
+                headers={"Retry-After": str(line.supervisor.retry_after_s)},
             )
         payload = await stage(request)
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
@@ -95,16 +95,17 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
 
     @functools.wraps(submit)
     async def submit_router_task(request: Any, payload: Any) -> Any:
-        supervisor = _supervisor(request)
-        if supervisor is None or not isinstance(payload, retained_class):
+        line = _line(request)
+        if line is None or not isinstance(payload, retained_class):
             return await submit(request, payload)
+        supervisor = line.supervisor
         digest = None
         if supervisor.poison.suspects():
             # Hashed only once some document killed an engine: a healthy
             # fleet's submissions never pay for it (a resubmission hashes
             # on demand).
             digest = await asyncio.to_thread(content_digest, [u.path for u in payload.uploads])
-            quarantine = supervisor.quarantined(digest)
+            quarantine = supervisor.poison.quarantined(digest)
             if quarantine is not None:
                 raise http_exception(status_code=422,
                                      detail=quarantine.message(upload_names(payload)))
@@ -114,15 +115,15 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
         except http_exception as exc:
             if exc.status_code != 503 or not supervisor.healing():
                 raise
-            return await supervisor.hold(payload, digest, registry)
-        supervisor.track(record, payload, digest, registry)
+            return await line.hold(payload, digest, registry)
+        line.track(record, payload, digest, registry)
         return record
 
     @functools.wraps(fetch)
     async def fetch_router_task_status(request: Any, task: Any) -> Any:
-        supervisor = _supervisor(request)
-        if supervisor is not None and supervisor.tracks(task):
-            return await supervisor.refresh(task)
+        line = _line(request)
+        if line is not None and line.tracks(task):
+            return await line.refresh(task)
         return await fetch(request, task)
 
     namespace["stage_multipart_request"] = stage_multipart_request
@@ -137,13 +138,13 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
 def _following_restarts(proxy: Callable[..., Any], http_exception: type) -> Callable[..., Any]:
     @functools.wraps(proxy)
     async def proxy_to_current_instance(request: Any, task: Any) -> Any:
-        supervisor = _supervisor(request)
-        if supervisor is not None and not supervisor.follow_restart(task):
+        line = _line(request)
+        if line is not None and not line.follow_restart(task):
             raise http_exception(
                 status_code=503,
                 detail=f"worker {task.upstream_server_id} is restarting; the result of task "
                        f"{task.task_id} is kept and will be served again, retry shortly",
-                headers={"Retry-After": str(supervisor.retry_after_s)},
+                headers={"Retry-After": str(line.supervisor.retry_after_s)},
             )
         return await proxy(request, task)
 

@@ -1,0 +1,239 @@
+"""MinerU 3.x's WorkerPool supervised by the fleet (native poller and restart policy).
+
+``healing_pool_class(WorkerPool, globals())`` is the class ``router.py`` uses
+after the patch. What it replaces of MinerU's pool: ``refresh_all`` and the
+monitor loop (one native thread probes every worker on its own schedule;
+its events write ``healthy``, the load figures and ``last_error`` onto
+MinerU's ``WorkerState`` objects and keep nothing else), restarts (each its
+own task), ``/health`` (the policy's fields added to every worker's entry).
+A worker's own verdict seen in traffic ejects it at once: a submission
+refused with 503 ``engine_unusable:`` (``mark_submission_failure``) or a
+task status ``failed`` with ``"engine_dead": true``
+(``observe_task_status``); no text is classified here.
+
+The output directory of an instance a restart replaces is kept (MinerU's
+``stop`` would delete it) until MinerU's task retention has passed, so that
+the new instance still serves what the old one completed. Runs on the
+router's event loop; not thread-safe, like the class it extends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from mineru_health import _native
+from mineru_health.audit import iso_time
+from mineru_health.runtime.router.fleet import (
+    Fleet,
+    expectations,
+    launching_class,
+    probe_reason,
+    router_settings,
+    short_reason,
+)
+from mineru_health.runtime.router.policy import passive_reason
+from mineru_health.runtime.router.supervisor import Supervisor
+from mineru_health.worker import REFUSAL_ERROR_PREFIX
+
+from .tasks import TaskLine
+
+__all__ = ["HealingPool", "RetiredOutputs", "Server", "healing_pool_class"]
+
+_PROBE = _native.PollerEventKind.PROBE
+_AUDIT = _native.PollerEventKind.AUDIT
+
+
+def healing_pool_class(base: type, namespace: Mapping[str, Any]) -> type:
+    """The self-healing WorkerPool for a MinerU 3.x router module's globals()."""
+    local_base = namespace.get("ManagedLocalServer")
+    attrs = {
+        "_router": namespace,
+        "_local_server_class": launching_class(local_base) if local_base else None,
+        "_mineru_health": True,
+        "__module__": namespace.get("__name__", __name__),
+        "__doc__": HealingPool.__doc__,
+    }
+    return type(base.__name__, (HealingPool, base), attrs)
+
+
+class RetiredOutputs:
+    """Output directories of instances a restart replaced, kept for MinerU's retention."""
+
+    def __init__(self, retention_s: float) -> None:
+        self._retention_s = retention_s
+        self._dirs: list[tuple[float, Any]] = []  # (monotonic time, TemporaryDirectory)
+
+    def retire(self, local_server: Any) -> None:
+        """Keeps the outputs of the instance about to be stopped (MinerU's stop deletes them)."""
+        temp_dir, local_server.temp_dir = local_server.temp_dir, None
+        if temp_dir is None:
+            return
+        now = time.monotonic()
+        self._dirs.append((now, temp_dir))
+        # The new instance expires those tasks after MinerU's retention; the
+        # directory itself can go once that has passed.
+        while self._dirs and now - self._dirs[0][0] > self._retention_s > 0:
+            _remove(self._dirs.pop(0)[1])
+
+    def close(self) -> None:
+        for _, temp_dir in self._dirs:
+            _remove(temp_dir)
+        self._dirs.clear()
+
+    def __len__(self) -> int:
+        return len(self._dirs)
+
+
+def _remove(temp_dir: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone, or busy: the OS cleans /tmp eventually
+        temp_dir.cleanup()
+
+
+class Server:
+    """One MinerU 3.x ``WorkerState`` as the fleet sees it (a :class:`Member`)."""
+
+    def __init__(self, state: Any, pool: HealingPool) -> None:
+        self.state = state
+        self.id: str = state.server_id
+        self.local = state.local_server is not None
+        self._pool = pool
+
+    def base_url(self) -> str:
+        return str(self.state.base_url or "")
+
+    probe_base = base_url
+
+    def connect_host(self) -> str:
+        return str(self.state.local_server.connect_host)
+
+    def process(self) -> Any:
+        return self.state.local_server.process
+
+    def show(self, event: Any) -> None:
+        """``healthy`` is the event's rotation; a probe brings its time and load or reason."""
+        state = self.state
+        state.healthy = bool(event.in_rotation)
+        if event.kind == _PROBE:
+            probe = event.probe
+            state.last_checked_at = iso_time(event.unix_time)
+            if probe.healthy:
+                load = probe.load
+                state.queued_tasks = int(load.queued_tasks)
+                state.processing_tasks = int(load.processing_tasks)
+                state.completed_tasks = int(load.completed_tasks)
+                state.failed_tasks = int(load.failed_tasks)
+                state.max_concurrent_requests = int(load.max_concurrent_requests)
+                state.processing_window_size = max(1, int(load.processing_window_size))
+                state.last_error = None
+            else:
+                state.last_error = probe_reason(probe)
+        elif event.kind == _AUDIT and not state.healthy and event.audit.reason:
+            state.last_error = short_reason(event.audit.reason)
+
+    def show_rotation(self, in_rotation: bool, reason: str | None = None) -> None:
+        self.state.healthy = in_rotation
+        if reason:
+            self.state.last_error = reason
+
+    async def launch(self, env: Mapping[str, str]) -> None:
+        local = self.state.local_server
+        (port,) = self._pool._router["reserve_unique_local_ports"](1)
+        local.launch_env = dict(env)
+        await local.launch(self._pool.client, port=port)
+        self.state.base_url = self._pool._router["normalize_base_url"](local.base_url or "")
+
+    async def stop(self) -> None:
+        local = self.state.local_server
+        self._pool.retired.retire(local)  # its completed results stay downloadable
+        await asyncio.to_thread(local.stop)  # MinerU's stop may wait ~10 s
+
+
+class HealingPool:
+    """Replaces MinerU 3.x's sequential refresh loop with the fleet and the task supervisor.
+
+    Mixed in before MinerU's WorkerPool (see ``healing_pool_class``).
+    """
+
+    _router: ClassVar[Mapping[str, Any]] = {}
+    _local_server_class: ClassVar[type | None] = None
+
+    # Attributes of MinerU's WorkerPool this class relies on (for type checkers).
+    _servers: dict[str, Any]
+    _monitor_task: asyncio.Task[Any] | None
+    client: Any
+    settings: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Configuration first: a bad value refuses the router before any
+        # worker process is spawned, and the message names the variable.
+        health_settings = router_settings()
+        super().__init__(*args, **kwargs)
+        ns = self._router
+        self.fleet = Fleet.refusing(
+            health_settings, expectations(health_settings,
+                                          protocol_version=ns.get("API_PROTOCOL_VERSION")),
+            client=self.client, native_probes=bool(health_settings.native_probes))
+        retention = getattr(self.settings, "task_retention_seconds", 0)
+        self.retired = RetiredOutputs(retention_s=float(retention or 0))
+        self.task_line = TaskLine(self, ns)
+        self.supervisor = Supervisor(self.fleet, self.task_line, health_settings)
+        for server in self._servers.values():
+            local = server.local_server
+            if local is not None and self._local_server_class is not None:
+                fields = {f.name: getattr(local, f.name) for f in dataclasses.fields(local)
+                          if f.init}
+                server.local_server = self._local_server_class(**fields)
+            self.fleet.add(Server(server, self))
+        self.fleet.listen(self.supervisor.on_event)
+
+    @property
+    def health_settings(self) -> Any:
+        return self.fleet.settings
+
+    async def start(self) -> None:
+        # Like MinerU's start, which returns once every worker had an answer.
+        s = self.fleet.settings
+        await self.fleet.start(wait_s=float(s.boot_timeout_s))
+
+    async def shutdown(self) -> None:
+        await self.supervisor.close()  # the uploads it kept are deleted
+        await self.fleet.close()
+        await super().shutdown()  # type: ignore[misc]
+        self.retired.close()  # after MinerU stopped the current instances
+        self.fleet.close_files()
+
+    async def refresh_all(self) -> None:
+        """MinerU's probe-everything pass is the poller's job now; only check processes."""
+        for server_id in self._servers:
+            self.fleet.check_process(server_id)
+
+    async def mark_submission_failure(self, server_id: str, error: str) -> None:
+        """MinerU's hook for a failed submission; a dead worker's own refusal ejects it."""
+        await super().mark_submission_failure(server_id, error)  # type: ignore[misc]
+        if server_id not in self._servers:
+            return
+        self.fleet.check_process(server_id)
+        # MinerU words retryable submit answers "<status> <detail>".
+        refusal = f"503 {REFUSAL_ERROR_PREFIX}"
+        if error.startswith(refusal):
+            self.fleet.report_passive(
+                server_id, f"a submission was refused with 503 ({error[len(refusal):].strip()})")
+
+    def observe_task_status(self, task: Any, payload: Any) -> None:
+        """Hook: an upstream task status arrived; the worker's engine_dead verdict ejects it."""
+        reason = passive_reason(payload) if isinstance(payload, dict) else None
+        server = self._servers.get(task.upstream_server_id)
+        # A status from an instance we already replaced says nothing about the new one.
+        if reason and server is not None and task.upstream_base_url == server.base_url:
+            self.fleet.report_passive(server.server_id, reason)
+
+    def health_payload(self) -> tuple[bool, dict[str, Any]]:
+        healthy, payload = super().health_payload()  # type: ignore[misc]
+        for entry in payload.get("servers", []):
+            self.fleet.policy_fields(str(entry.get("server_id")), entry)
+        return healthy, payload

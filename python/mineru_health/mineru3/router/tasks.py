@@ -1,0 +1,241 @@
+"""MinerU 3.x's router tasks as the supervisor keeps them, asks about them and sends them again.
+
+A task is MinerU's ``RouterTaskRecord`` plus its staged upload (``endpoints.py``
+defers MinerU's cleanup of it): the ``TaskLine`` is the :class:`Line` of the
+runtime's :class:`~mineru_health.runtime.router.supervisor.Supervisor` for
+MinerU 3.x, and what the task endpoints call:
+
+    line.track(record, payload, digest, registry)   # MinerU registered it: keep it until it ends
+    await line.hold(payload, digest, registry)      # no healthy worker, one restarting: pending
+    await line.refresh(record)                      # a client asked for its status
+    line.follow_restart(record)                     # a result request: to the current instance
+
+A task's status shows ``attempts`` and ``workers_tried`` (``workers_tried``).
+Runs on the router's event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+from mineru_health import safe_text
+from mineru_health.runtime.router.fleet import DECLARED_FAILED
+from mineru_health.runtime.router.poison import content_digest
+from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_terminal
+from mineru_health.runtime.router.supervisor import (
+    Kept,
+    NotSent,
+    Sent,
+    Supervisor,
+    Unavailable,
+    ask_status,
+)
+
+__all__ = ["WORKERS_ATTR", "Task", "TaskLine", "upload_names", "workers_tried"]
+
+_log = safe_text.logger("mineru_health.router.tasks")
+
+#: Attribute on MinerU's RouterTaskRecord: the server ids it was submitted to, in order.
+WORKERS_ATTR = "_mineru_health_workers_tried"
+
+
+def workers_tried(record: Any) -> list[str]:
+    """Server ids the task was submitted to, first one first."""
+    tried = getattr(record, WORKERS_ATTR, None)
+    if isinstance(tried, list):  # empty: a held task not sent yet
+        return list(tried)
+    server = getattr(record, "upstream_server_id", "")
+    return [server] if server else []
+
+
+def upload_names(payload: Any) -> list[str]:
+    """The names the client uploaded, in order (MinerU's staged payload)."""
+    return [str(u.upload_name) for u in getattr(payload, "uploads", [])]
+
+
+def _upload_bytes(payload: Any) -> int:
+    """Bytes the staged uploads take on disk (0 for one already gone)."""
+    total = 0
+    for upload in getattr(payload, "uploads", []):
+        with contextlib.suppress(OSError, TypeError):
+            total += os.stat(upload.path).st_size
+    return total
+
+
+class Task:
+    """A kept task: MinerU's record of it, its staged upload, the registry it is in."""
+
+    __slots__ = ("payload", "record", "registry")
+
+    def __init__(self, record: Any, payload: Any, registry: Any) -> None:
+        self.record, self.payload, self.registry = record, payload, registry
+
+
+class TaskLine:
+    """MinerU 3.x's side of the supervisor: tasks, their statuses, their submissions."""
+
+    def __init__(self, pool: Any, namespace: Mapping[str, Any]) -> None:
+        self._pool = pool
+        self._ns = namespace
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return self._pool.supervisor  # type: ignore[no-any-return]
+
+    # -- what the endpoints call -------------------------------------------------------
+    def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
+        """Keeps ``payload`` for ``record`` (MinerU registered the task) until it is terminal."""
+        tried: list[str] = []
+        setattr(record, WORKERS_ATTR, tried)
+        if is_terminal(record.status):
+            tried.append(record.upstream_server_id)
+            payload.release()
+            return
+        payload.retained = True
+        self.supervisor.keep(record.task_id, Task(record, payload, registry),
+                             record.upstream_server_id, record.upstream_base_url, digest=digest,
+                             size_bytes=_upload_bytes(payload), workers=tried)
+
+    async def hold(self, payload: Any, digest: str | None, registry: Any) -> Any:
+        """A pending task for ``payload``, sent once a worker is healthy (bounded, as a
+        resubmission is: ``BOOT_TIMEOUT_S``, then it fails clearly). Returns its record."""
+        names = upload_names(payload)
+        record = await registry.register(
+            upstream_server_id="", upstream_base_url="", upstream_task_id="",
+            backend=payload.get_field_value("backend") or "",
+            file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
+            created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
+            completed_at=None, error=None, queued_ahead=None)
+        tried: list[str] = []
+        setattr(record, WORKERS_ATTR, tried)
+        payload.retained = True
+        kept = self.supervisor.keep(record.task_id, Task(record, payload, registry), "", "",
+                                    digest=digest, size_bytes=_upload_bytes(payload),
+                                    workers=tried)
+        self.supervisor.hold(kept)
+        return record
+
+    def tracks(self, record: Any) -> bool:
+        return self.supervisor.find(getattr(record, "task_id", "")) is not None
+
+    async def refresh(self, record: Any) -> Any:
+        """MinerU's status refresh for a kept task; returns the (updated) record."""
+        kept = self.supervisor.find(record.task_id)
+        if kept is not None:
+            await self.supervisor.refresh(kept)
+        return record
+
+    def follow_restart(self, record: Any) -> bool:
+        """Points a finished task's result request at its worker's *current* instance.
+
+        A restarted local worker restored the task from its task store; only
+        a restart changes a local worker's URL, so the new URL is the right
+        one. False while that worker is declared failed or restarting: the
+        caller answers 503 rather than let MinerU count upstream errors (at
+        three, MinerU turns a completed task into a failed one).
+        """
+        server = self._pool.get_server(getattr(record, "upstream_server_id", ""))
+        if server is None or not is_terminal(record.status):
+            return True
+        if server.local_server is not None and server.base_url:
+            record.upstream_base_url = server.base_url
+        status = self._pool.fleet.status(server.server_id)
+        return status is None or status.in_rotation or status.phase not in DECLARED_FAILED
+
+    # -- the supervisor's Line -----------------------------------------------------------
+    async def ask(self, kept: Kept, url: str) -> Answer:
+        record = kept.item.record
+        return await ask_status(self._pool.fleet, url, f"/tasks/{record.upstream_task_id}",
+                                self.supervisor.status_timeout_s)
+
+    async def stored(self, kept: Kept) -> Answer | None:
+        """The task store of the dead local worker, for the instance that cannot answer.
+
+        Its replacement may take minutes to boot; the store lives in the
+        worker's state directory on this machine: a task that finished before
+        the crash is there, and is kept rather than sent again (the restarted
+        worker serves its result). Remote workers: no store to read.
+        """
+        member = self._pool.fleet.member(kept.worker)
+        if member is None or not member.local:
+            return None
+        from mineru_health.integration import task_store
+
+        record = kept.item.record
+        stored = await asyncio.to_thread(task_store.read_task,
+                                         self._pool.fleet.state_dirs.state_dir(kept.worker),
+                                         record.upstream_task_id)
+        if stored is None:
+            return None
+        fields, verdict = stored
+        payload = {k: fields.get(k) for k in ("status", "backend", "file_names", "started_at",
+                                              "completed_at", "error")}
+        if verdict is not None:
+            payload["engine_dead"] = bool(verdict.get("engine_dead"))
+            payload["verdict"] = verdict
+        _log.info("task %s: %s is gone; its task store says %s", record.task_id, kept.worker,
+                  payload["status"])
+        return Answer(AnswerKind.STATUS, payload=payload, detail="task store", from_store=True)
+
+    async def apply(self, kept: Kept, answer: Answer, url: str, *, adopt: bool) -> None:
+        record = kept.item.record
+        if adopt:
+            record.upstream_base_url = url
+        payload = dict(answer.payload or {})
+        payload["created_at"] = record.created_at  # the client's task began then
+        await kept.item.registry.update_from_upstream_payload(record.task_id, payload)
+
+    async def count_error(self, kept: Kept, detail: str) -> None:
+        await kept.item.registry.increment_upstream_error(kept.item.record.task_id, detail)
+
+    def lost(self, kept: Kept) -> None:
+        pass  # MinerU's record keeps its last status until the task is sent again
+
+    async def digest(self, kept: Kept) -> str | None:
+        return await asyncio.to_thread(content_digest, [u.path for u in kept.item.payload.uploads])
+
+    async def send(self, kept: Kept, avoid: set[str]) -> Sent | Unavailable | NotSent | None:
+        pool = self._pool
+        server = await pool.acquire_submission_server(excluded_server_ids=avoid)
+        if server is None:
+            return None
+        try:
+            upstream = await self._ns["submit_payload_to_upstream"](server.base_url,
+                                                                     kept.item.payload)
+        except self._ns["UpstreamSubmissionUnavailable"] as exc:
+            await pool.mark_submission_failure(server.server_id, str(exc))
+            return Unavailable(server.server_id, str(exc))
+        except self._ns["UpstreamSubmissionRejected"] as exc:
+            return NotSent(Refusal.REJECTED, f"submission to {server.server_id} refused: "
+                                             f"{exc.status_code} {exc.detail}")
+        finally:
+            await pool.release_submission_server(server.server_id)
+        record = kept.item.record
+        record.upstream_server_id = server.server_id
+        record.upstream_base_url = server.base_url
+        record.upstream_task_id = upstream["task_id"]
+        record.status = upstream["status"]
+        started = upstream.get("started_at")
+        record.started_at = started if isinstance(started, str) else None
+        record.completed_at = None
+        record.error = None
+        record.queued_ahead = upstream.get("queued_ahead")
+        record.upstream_error_count = 0
+        return Sent(server.server_id, server.base_url)
+
+    async def fail(self, kept: Kept, text: str) -> None:
+        await kept.item.registry.mark_failed(kept.item.record.task_id, text)
+
+    def release(self, kept: Kept) -> None:
+        kept.item.payload.release()
+
+    def names(self, kept: Kept) -> list[str]:
+        return upload_names(kept.item.payload)
+
+    def terminal(self, kept: Kept) -> bool:
+        return is_terminal(kept.item.record.status)

@@ -1,0 +1,576 @@
+"""A router's workers, probed by the native poller and restarted by the native policy.
+
+MinerU's routers probe their workers one after another in a loop of their
+own and await restarts inside it, so one slow worker or one restart delays
+the supervision of all. A ``Fleet`` replaces that loop, for either MinerU
+line:
+
+- one native thread (``_native.Poller``) probes every worker concurrently,
+  each on its own jittered schedule, and feeds each worker's restart policy;
+  its events reach the router's event loop through an eventfd
+  (``loop.add_reader``), so nothing polls in Python;
+- each restart of a local worker is an asyncio task of its own (stop the
+  old process, launch the new one without waiting for health; the poller
+  decides when it is healthy or that its boot deadline passed): probing,
+  routing and other restarts never wait on it;
+- each local worker launches with its own variables: its native health
+  port and bind address, a state directory that outlives its restarts
+  (``state_dirs.py``), the router's pid (it dies with the router);
+- a launched worker's process is polled every interval, so an exit is
+  reported at once; a worker's own verdict seen in traffic is reported as a
+  passive failure;
+- every audit event is one JSON line (``AUDIT_PATH``, stderr by default) and
+  one log line; ``/metrics`` reads the policy's statuses at scrape time.
+
+The line's pool gives the fleet one :class:`Member` per worker (what it
+needs of MinerU's worker object) and the probe expectations of its line;
+listeners (the supervisor, the line's pool) get every event after the fleet
+handled it. The fleet never knows which MinerU line it serves.
+
+    fleet = Fleet(settings, expect, client=pool.client, native_probes=True)
+    fleet.add(member)                 # every worker, before start()
+    await fleet.start()               # launches local workers, waits for the first answers
+    fleet.status("local-gpu-0")       # the policy's view of one worker
+    await fleet.close()
+
+Runs on the router's event loop; not thread-safe (the native poller is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from mineru_health import _native, metrics, patching, safe_text
+from mineru_health._names import enum_name
+from mineru_health.audit import AuditLog, iso_time
+from mineru_health.errors import ConfigError
+from mineru_health.settings import HealthSettings
+from mineru_health.state_dirs import STATE_DIR_ENV, StateDirs
+
+__all__ = [
+    "DECLARED_FAILED",
+    "PARENT_PID_ENV",
+    "Fleet",
+    "Member",
+    "add_policy_fields",
+    "base_url_of",
+    "expectations",
+    "launching_class",
+    "log_audit",
+    "probe_reason",
+    "router_settings",
+    "short_reason",
+]
+
+_log = safe_text.logger("mineru_health.router")
+
+_P = _native.WorkerPhase
+_PROBE = _native.PollerEventKind.PROBE
+_AUDIT = _native.PollerEventKind.AUDIT
+_RESTART = _native.PollerEventKind.RESTART_REQUESTED
+_ERROR = _native.PollerEventKind.ERROR
+
+#: Phases in which the worker is declared failed: what it runs will not finish
+#: there, and a further failure signal changes nothing in the policy.
+DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
+
+#: Variables a local worker gets for one launch (its native endpoint) or all (the router's pid).
+HEALTH_PORT_ENV = "MINERU_HEALTH_PORT"
+HEALTH_BIND_ENV = "MINERU_HEALTH_BIND"
+PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
+
+# A reason longer than this is cut in audit reasons, last_error and logs.
+REASON_CHARS = 300
+
+
+def short_reason(text: str) -> str:
+    """One line, at most REASON_CHARS characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
+def router_settings() -> HealthSettings:
+    """The router's configuration, checked before any worker process is spawned.
+
+    Raises ``ConfigError`` naming the variable (logged: the router refuses
+    to start). Local workers inherit ``MINERU_HEALTH_RULES``: a bad rules
+    file stops the router here, not each worker it would spawn and restart
+    in a loop.
+    """
+    from mineru_health.classifier import default_rules
+
+    try:
+        settings = HealthSettings.from_env()
+        default_rules()
+    except ConfigError as exc:
+        _refused(exc)
+        raise
+    problem = patching.running_problem()
+    if problem:
+        _log.warning("this MinerU is not one mineru-health patched as a whole: %s", problem)
+    return settings
+
+
+def _refused(exc: ConfigError) -> None:
+    _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
+
+
+def launching_class(base: type) -> type:
+    """MinerU's local-worker class, whose processes start with per-launch variables and
+    whose ``launch`` starts one without waiting for health (the poller decides that).
+
+    MinerU's ``start`` copies ``os.environ`` right before its ``Popen`` and then
+    awaits ``wait_until_ready``: ``launch_env`` is set just before ``start`` and
+    restored first thing in ``wait_until_ready``, with no ``await`` in between,
+    so no other coroutine ever sees it.
+    """
+
+    class LaunchingWorker(base):  # type: ignore[misc]
+        launch_env: dict[str, str] | None = None
+        _skip_ready = False
+        _saved_env: dict[str, str | None] | None = None
+
+        async def start(self, *args: Any, **kwargs: Any) -> None:
+            if self.launch_env:
+                self._saved_env = {name: os.environ.get(name) for name in self.launch_env}
+                os.environ.update(self.launch_env)
+            try:
+                await super().start(*args, **kwargs)
+            finally:
+                self._restore_env()  # start failed before its Popen, or is done
+
+        async def launch(self, *args: Any, **kwargs: Any) -> None:
+            """Spawns the process; the poller, not MinerU's health wait, says when it is up."""
+            self._skip_ready = True
+            try:
+                await self.start(*args, **kwargs)
+            finally:
+                self._skip_ready = False
+
+        async def wait_until_ready(self, *args: Any, **kwargs: Any) -> None:
+            self._restore_env()  # the process is spawned: the variables did their job
+            if not self._skip_ready:
+                await super().wait_until_ready(*args, **kwargs)
+
+        def _restore_env(self) -> None:
+            saved, self._saved_env = self._saved_env, None
+            for name, value in (saved or {}).items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    LaunchingWorker.__name__ = LaunchingWorker.__qualname__ = base.__name__
+    return LaunchingWorker
+
+
+def expectations(settings: HealthSettings, *, protocol_version: int | None = None,
+                 require_load_fields: bool = True, main_port_status: str = "") -> Any:
+    """The probe expectations for ``settings`` and a MinerU line's ``/health`` answers.
+
+    ``main_port_status``: the healthy ``status`` word of a worker's main port
+    when it is not the native endpoint's (MinerU 4.0 says ``"ok"``).
+    """
+    expect = _native.ProbeExpectations()
+    expect.expected_status = settings.expected_status
+    expect.max_body_bytes = settings.max_body_bytes
+    expect.protocol_version = protocol_version
+    expect.require_load_fields = require_load_fields
+    expect.main_port_status = main_port_status
+    return expect
+
+
+class Member(Protocol):
+    """One worker as the line's pool holds it (MinerU's own worker object underneath)."""
+
+    id: str
+    local: bool  # launched, watched and restarted by this router
+
+    def base_url(self) -> str:
+        """The worker's base URL ("" while it has none, e.g. being restarted)."""
+
+    def probe_base(self) -> str:
+        """The URL the poller appends ``/health`` to ("" while the worker has none)."""
+
+    def connect_host(self) -> str:
+        """Where the router reaches a local worker (its native endpoint binds there)."""
+
+    def process(self) -> Any:
+        """A local worker's current process (``subprocess.Popen``), or None."""
+
+    def show(self, event: Any) -> None:
+        """Writes a poller event (rotation, probe, reason) onto MinerU's worker object."""
+
+    def show_rotation(self, in_rotation: bool, reason: str | None = None) -> None:
+        """Writes the policy's rotation (and why it left it) onto MinerU's worker object."""
+
+    async def launch(self, env: Mapping[str, str]) -> None:
+        """Starts a local worker's process with ``env`` added, without waiting for health."""
+
+    async def stop(self) -> None:
+        """Stops a local worker's process, keeping what the instance finished (a restart)."""
+
+
+class Fleet:
+    """Every worker of one router, supervised by the native poller and restart policy."""
+
+    def __init__(self, settings: HealthSettings, expect: Any, *, client: Any,
+                 native_probes: bool, seed: int = 0) -> None:
+        self.settings = settings
+        self.client = client  # the router's HTTP client (MinerU's), for the supervisor
+        self.audit = AuditLog(settings.audit_path)
+        self.native_probes = native_probes
+        self.state_dirs = StateDirs()
+        self._poller = _native.Poller(settings.native, expect, seed)
+        self._members: dict[str, Member] = {}
+        self._listeners: list[Callable[[Any], None]] = []
+        self._health_ports: dict[str, int] = {}
+        self._restarts: dict[str, asyncio.Task[None]] = {}
+        self._exit_reported: set[int] = set()
+        self._watch: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._first_health: asyncio.Event | None = None
+        self._ready: Callable[[Member, Any], bool] = lambda member, status: True
+        # Workers launched from here die with this process, however it dies
+        # (they inherit the environment; see parent_watch.h).
+        os.environ[PARENT_PID_ENV] = str(os.getpid())
+        # The state gauges read the poller at every scrape: they cannot drift.
+        metrics.router.bind_worker_statuses(self.statuses)
+        metrics.router.bind_poller_stats(self._poller.stats)
+
+    @classmethod
+    def refusing(cls, settings: HealthSettings, expect: Any, **kwargs: Any) -> Fleet:
+        """A fleet; a state directory another live router holds refuses the start-up."""
+        try:
+            return cls(settings, expect, **kwargs)
+        except ConfigError as exc:
+            _refused(exc)
+            raise
+
+    # -- membership ---------------------------------------------------------------------
+    def add(self, member: Member) -> None:
+        """Adds a worker, probed once it has a URL (local ones: once launched)."""
+        self._members[member.id] = member
+        self._poller.add_worker(_native.Target(member.id, base_url_of(member.probe_base()),
+                                               member.local, self._health_url(member)))
+
+    def member(self, worker_id: str) -> Member | None:
+        return self._members.get(worker_id)
+
+    def listen(self, callback: Callable[[Any], None]) -> None:
+        """Calls ``callback`` with every poller event, after the fleet handled it."""
+        self._listeners.append(callback)
+
+    def base_url(self, worker_id: str) -> str:
+        """The worker's current base URL ("" while it has none, e.g. restarting)."""
+        member = self._members.get(worker_id)
+        return member.base_url() if member is not None else ""
+
+    # -- the policy's view ----------------------------------------------------------------
+    def status(self, worker_id: str) -> Any | None:
+        """The policy's status of one worker (None for an unknown one)."""
+        for status in self._poller.statuses():
+            if status.id == worker_id:
+                return status
+        return None
+
+    def statuses(self) -> list[Any]:
+        return list(self._poller.statuses())
+
+    def stats(self) -> Any:
+        """The poller's own counters (dropped events, I/O errors, suppressed ejections...)."""
+        return self._poller.stats()
+
+    @property
+    def running(self) -> bool:
+        """True while the poller thread runs (from ``start`` to ``close``)."""
+        return bool(self._poller.running())
+
+    def restarting(self, worker_id: str) -> bool:
+        task = self._restarts.get(worker_id)
+        return task is not None and not task.done()
+
+    # -- start and stop ------------------------------------------------------------------
+    async def start(self, *, ready: Callable[[Member, Any], bool] | None = None,
+                    wait_s: float | None = None) -> None:
+        """Launches every local worker, starts probing, waits for the first answers.
+
+        Returns once every local worker left its first boot (healthy, or
+        failed by its boot deadline) and every remote one had its first
+        probes, and ``ready(member, status)`` holds for the healthy ones (a
+        line may need more than a probe, e.g. the worker's capabilities); at
+        most ``wait_s`` (default ``BOOT_TIMEOUT_S``).
+        """
+        if ready is not None:
+            self._ready = ready
+        locals_ = [m for m in self._members.values() if m.local]
+        errors = await asyncio.gather(*(self._launch(m) for m in locals_))
+        for member, error in zip(locals_, errors, strict=True):
+            if error is not None:  # never came up: the policy schedules its restart
+                self.report_exit(member.id, short_reason(f"failed to start: {error}"))
+        self._first_health = asyncio.Event()
+        self._attach(asyncio.get_running_loop())
+        self._check_first_health()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._first_health.wait(), timeout=float(
+                self.settings.boot_timeout_s if wait_s is None else wait_s))
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watch_processes(), name="mineru-health-process-watch")
+
+    def first_answers(self) -> None:
+        """Something a ``ready`` condition reads changed: check it again."""
+        self._check_first_health()
+
+    def _check_first_health(self) -> None:
+        event = self._first_health
+        if event is None or event.is_set():
+            return
+        need = self.settings.healthy_threshold
+        for status in self._poller.statuses():
+            member = self._members.get(status.id)
+            if member is None:
+                continue
+            if status.in_rotation:
+                if not self._ready(member, status):
+                    return
+            elif (status.phase == _P.STARTING) if member.local else (status.probes < need):
+                return
+        event.set()
+
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Registers the poller's eventfd with ``loop`` and starts the poller thread.
+
+        Raises the process's file-descriptor limit first, as far as this
+        fleet needs (one descriptor per probe in flight; see poller.h).
+        """
+        limit = _native.raise_fd_limit(min(len(self._members), self.settings.concurrency))
+        if limit.error:
+            _log.warning("file-descriptor limit not raised (%s): large fleets are probed "
+                         "in more rounds", limit.error)
+        loop.add_reader(self._poller.notify_fd(), self._dispatch)
+        self._loop = loop
+        self._poller.start()
+
+    async def close(self) -> None:
+        """Stops probing, restarts and the process watch (before the pool stops its workers)."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._poller.notify_fd())
+            self._loop = None
+        await asyncio.to_thread(self._poller.stop)
+        tasks = [t for t in (self._watch, *self._restarts.values()) if t is not None
+                 and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._restarts.clear()
+
+    def close_files(self) -> None:
+        """Removes the state directories it made and closes the audit file (after the workers)."""
+        self.state_dirs.close()
+        self.audit.close()
+
+    # -- launches ------------------------------------------------------------------------
+    async def _launch(self, member: Member) -> str | None:
+        """Starts a local worker's process (no health wait); why it could not, or None."""
+        try:
+            await member.launch(self._launch_env(member))
+        except Exception as exc:  # noqa: BLE001 -- any spawn failure is the policy's to handle
+            return str(exc) or type(exc).__name__
+        self._poller.set_url(member.id, base_url_of(member.probe_base()), self._health_url(member))
+        return None
+
+    def _launch_env(self, member: Member) -> dict[str, str]:
+        """A local worker's variables for one launch: state directory, native port and bind."""
+        # The same task store on every launch: results survive restarts.
+        env = {STATE_DIR_ENV: str(self.state_dirs.state_dir(member.id))}
+        if self.native_probes:
+            # A fresh port per launch (the old process may still hold its own),
+            # bound where the router connects (loopback for 0.0.0.0), so the
+            # native endpoint is no more exposed than needed.
+            host = member.connect_host()
+            self._health_ports[member.id] = _free_port(host)
+            env.update({HEALTH_PORT_ENV: str(self._health_ports[member.id]),
+                        HEALTH_BIND_ENV: host})
+        return env
+
+    def _health_url(self, member: Member) -> str:
+        """Where to probe ``member``: its native endpoint, its main port, or "" (discover)."""
+        if not self.native_probes:
+            # An explicit URL: the poller neither discovers nor switches.
+            base = base_url_of(member.probe_base())
+            return f"{base}/health" if base else ""
+        port = self._health_ports.get(member.id)
+        if port is None or not member.local:
+            return ""  # remote: probe the main port until it advertises its native one
+        host = member.connect_host()
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/health"
+
+    # -- restarts ------------------------------------------------------------------------
+    def _schedule_restart(self, member: Member) -> None:
+        if not member.local or self.restarting(member.id):
+            return
+        self._restarts[member.id] = asyncio.get_running_loop().create_task(
+            self._restart(member), name=f"mineru-health-restart-{member.id}")
+
+    async def _restart(self, member: Member) -> None:
+        # Stop probing the old process: its answers say nothing about the new one.
+        self._poller.set_url(member.id, "", "")
+        member.show_rotation(False)
+        try:
+            await member.stop()
+        except Exception as exc:  # noqa: BLE001 -- a failed stop must not block the new start
+            _log.warning("worker %s: stopping the old process failed: %s", member.id,
+                         safe_text.printable(str(exc)))
+        error = await self._launch(member)
+        if error is not None:
+            reason = short_reason(f"restart failed: {error}")
+            member.show_rotation(False, reason)
+            self._poller.report_restart_failed(member.id, reason)
+            return
+        _log.info("worker %s: restarted on %s", member.id, member.base_url())
+
+    # -- processes -----------------------------------------------------------------------
+    async def _watch_processes(self) -> None:
+        # A cheap poll() per local worker: an exit must not wait for failed
+        # probes to reach the threshold.
+        while True:
+            await asyncio.sleep(float(self.settings.interval_s))
+            for worker_id in list(self._members):
+                self.check_process(worker_id)
+
+    def check_process(self, worker_id: str) -> None:
+        """Reports a local worker's exited process now, not at the next poll."""
+        member = self._members.get(worker_id)
+        if member is None or not member.local or self.restarting(worker_id):
+            return
+        process = member.process()
+        if process is None:
+            return
+        code = process.poll()
+        if code is None or process.pid in self._exit_reported:
+            return
+        self._exit_reported.add(process.pid)
+        self.report_exit(worker_id, f"worker process {process.pid} exited with code {code}", code)
+
+    def report_exit(self, worker_id: str, reason: str, exit_code: int | None = None) -> None:
+        self._poller.report_process_exit(worker_id, reason, exit_code)
+        self._show_status(worker_id, reason)
+
+    def report_passive(self, worker_id: str, reason: str) -> None:
+        """A worker's own verdict seen in traffic: out of rotation before the next probe."""
+        status = self.status(worker_id)
+        if status is None or status.phase in DECLARED_FAILED:
+            return  # already being handled: a burst of failures is one failure
+        reason = short_reason(reason)
+        self._poller.report_passive_failure(worker_id, reason)
+        self._show_status(worker_id, reason)
+
+    def _show_status(self, worker_id: str, reason: str) -> None:
+        # The policy applied the report already: routing follows it at once.
+        member, status = self._members.get(worker_id), self.status(worker_id)
+        if member is not None and status is not None:
+            member.show_rotation(bool(status.in_rotation), reason)
+
+    # -- events from the poller ------------------------------------------------------------
+    def _dispatch(self) -> None:
+        for event in self._poller.drain_events():
+            try:
+                self._on_event(event)
+            except Exception:  # noqa: BLE001 -- one bad event must not stop health handling
+                _log.exception("handling a health event failed for %s", event.worker_id)
+
+    def _on_event(self, event: Any) -> None:
+        if event.kind == _ERROR:
+            # The poller's own I/O failed (it keeps trying); never a worker's fault.
+            _log.error("health poller: %s", safe_text.printable(event.error))
+            return
+        member = self._members.get(event.worker_id)
+        if member is None:
+            return
+        member.show(event)
+        if event.kind == _PROBE:
+            probe = event.probe
+            metrics.router.observe_probe(member.id, probe.latency_s, probe.status,
+                                         event.unix_time)
+            if not probe.healthy:
+                self.check_process(member.id)
+        elif event.kind == _AUDIT:
+            record = self.audit.write(event)
+            metrics.router.record_audit(member.id, event.audit.action, event.audit.cause)
+            log_audit(record, in_rotation=bool(event.in_rotation))
+        elif event.kind == _RESTART:
+            self._schedule_restart(member)
+        for listener in self._listeners:
+            listener(event)
+        self._check_first_health()
+
+    # -- /health ---------------------------------------------------------------------------
+    def policy_fields(self, worker_id: str, entry: dict[str, Any]) -> None:
+        """Adds the policy's view of one worker to its ``/health`` entry (MinerU's snapshot)."""
+        status = self.status(worker_id)
+        if status is not None:
+            add_policy_fields(entry, status, restarting=self.restarting(worker_id),
+                              now=time.time())
+
+    def __repr__(self) -> str:
+        return f"Fleet(workers={len(self._members)}, native_probes={self.native_probes})"
+
+
+def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool,
+                      now: float) -> None:
+    """Writes the policy's ``status`` of a worker into its ``/health`` ``entry``."""
+    entry["state"] = enum_name(status.phase)
+    entry["in_rotation"] = bool(status.in_rotation)
+    entry["restartable"] = bool(status.restartable)
+    entry["consecutive_failures"] = int(status.consecutive_failures)
+    entry["restart_attempt"] = int(status.attempt)
+    entry["restarting"] = restarting
+    delay = status.next_restart_in_s
+    entry["next_restart_at"] = None if delay is None else iso_time(now + max(0.0, delay))
+    stable = status.stable_in_s
+    entry["restart_confirmed_at"] = None if stable is None else iso_time(now + max(0.0, stable))
+    entry["probe_endpoint"] = enum_name(status.endpoint)
+    entry["probe_url"] = status.probe_url
+    entry["last_cause"] = status.last_cause or None
+    entry["last_exit_code"] = status.last_exit_code
+    entry["ejection_suppressed"] = bool(status.ejection_suppressed)
+    probe = status.last_probe
+    entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
+    entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
+    if entry.get("last_error") is None and not status.in_rotation and status.last_error:
+        entry["last_error"] = status.last_error
+
+
+def log_audit(record: Mapping[str, Any], *, in_rotation: bool) -> None:
+    """One plain-text log line per audit record; the reason can quote a worker's answer,
+    so it is escaped (a newline or an ANSI escape never forges or repaints a line)."""
+    _log.log(logging.INFO if in_rotation else logging.WARNING, "worker %s: %s (%s)",
+             record["worker_id"], record["action"], safe_text.printable(str(record["reason"])))
+
+
+def probe_reason(probe: Any) -> str:
+    """A failed probe's classification, as ``last_error`` shows it."""
+    return short_reason(f"{enum_name(probe.status)}: {probe.detail}")
+
+
+def base_url_of(url: str) -> str:
+    """A worker's base URL from a URL an operator gave (``/health`` and trailing ``/`` cut)."""
+    return url.strip().rstrip("/").removesuffix("/health")
+
+
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (the worker binds it a moment later)."""
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

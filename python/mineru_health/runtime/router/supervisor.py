@@ -1,0 +1,570 @@
+"""Submissions the router keeps until they end, and sends again when their worker lost them.
+
+MinerU's routers hand a submission (a 3.x task, a 4.0 job) to one worker and
+keep nothing they could send again: when that worker dies, stalls, is killed
+or restarted, the client's submission fails. The ``Supervisor`` keeps each
+unfinished submission (a ``Kept``, holding what the MinerU line needs to send
+it again) until it is terminal, and sends it again under the same router id
+when
+
+(a) its worker's status says it failed because the engine died (the worker's
+    own verdict, ``"engine_dead": true``) or its parse hung (the task
+    watchdog's verdict);
+(b) its worker is declared failed (failure threshold, definitive 503,
+    process exit, stall) or is being restarted: the supervisor reacts to the
+    poller's events at once, not when a client polls;
+(c) the worker's current instance does not know it (404).
+
+Before sending again for (b) or (c) it asks the worker's *current* instance:
+a restarted worker that restored the submission from its store keeps it
+(adopted, no duplicate); a local worker whose process is gone has its store
+read directly when the line can (``Line.stored``). A worker that is merely
+slow (below the failure threshold) is left alone. The decisions are pure
+(``policy.py``); the poison guard (``poison.py``) stops a document that
+killed two workers' engines; ``TASK_RETRIES`` and the fleet-wide retry
+budget bound the resubmissions; a resubmission waits for a healthy worker
+at most ``BOOT_TIMEOUT_S``. A submission not sent again fails with its
+upstream error and a note saying why.
+
+What differs between MinerU lines (how a status is asked and written back,
+how a submission is sent or failed) is the line's :class:`Line`; the
+supervisor never knows which line it serves. Its view of the workers is the
+:class:`~mineru_health.runtime.router.fleet.Fleet`.
+
+    supervisor = Supervisor(fleet, line, settings)
+    kept = supervisor.keep(key, item, worker_id, instance_url)   # after the line submitted it
+    await supervisor.refresh(kept)       # a client asked for its status
+    supervisor.decide(kept, answer)      # an answer the line read itself
+    supervisor.hold(kept)                # no worker took it yet: send it once one is back
+    supervisor.on_event(event)           # every poller event (the fleet calls it)
+    await supervisor.close()             # router shutdown: everything kept is released
+
+Runs on the router's event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mineru_health import _native, metrics, safe_text
+from mineru_health.settings import HealthSettings
+
+from .fleet import DECLARED_FAILED, Fleet
+from .poison import PoisonGuard, Quarantine
+from .policy import (
+    Action,
+    Answer,
+    AnswerKind,
+    Refusal,
+    RetryBudget,
+    Step,
+    WorkerView,
+    failure_text,
+    next_step,
+    passive_reason,
+    refuse_resubmission,
+    trigger_rule,
+)
+
+__all__ = ["Kept", "Line", "NotSent", "Sent", "Supervisor", "Unavailable", "ask_status"]
+
+_log = safe_text.logger("mineru_health.router.supervisor")
+
+_P = _native.WorkerPhase
+_AUDIT = _native.PollerEventKind.AUDIT
+_RESTART = _native.PollerEventKind.RESTART_REQUESTED
+#: Phases of a local worker on its way back (a restart is due or under way).
+HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
+#: Seconds between two checks of a submission nobody asks about, so that a
+#: finished one lets go of what it kept even if no client polls it.
+SWEEP_S = 30.0
+_SWEEP_BATCH = 32
+
+
+class Kept:
+    """One unfinished submission the router keeps, and what is needed to send it again."""
+
+    __slots__ = ("busy", "check", "counted", "digest", "generation", "instance", "item", "key",
+                 "last_check", "size_bytes", "workers")
+
+    def __init__(self, key: str, item: Any, workers: list[str], instance: str,
+                 digest: str | None, size_bytes: int) -> None:
+        self.key = key  # the router's id of the submission, as its client knows it
+        self.item = item  # the line's own record of it (3.x task, 4.0 job)
+        self.workers = workers  # worker ids it was submitted to, in order ([] while held)
+        self.instance = instance  # base URL of the worker instance it was last submitted to
+        self.digest = digest  # of its documents; None until first needed
+        self.size_bytes = size_bytes  # what keeping it costs on disk (the cap on kept bytes)
+        self.busy = False  # a resubmission (or the wait for a worker) is under way
+        self.counted = False  # a retry in flight for the budget, from its first resubmission
+        self.generation = 0  # +1 per submission made: answers about an older one are stale
+        self.check: asyncio.Task[None] | None = None
+        self.last_check = 0.0
+
+    @property
+    def worker(self) -> str:
+        """The worker it was last submitted to ("" while held)."""
+        return self.workers[-1] if self.workers else ""
+
+    def __repr__(self) -> str:
+        return f"Kept({self.key!r}, workers={self.workers}, busy={self.busy})"
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A submission made (again): the worker that took it, and that worker's base URL."""
+
+    worker_id: str
+    instance: str  # the worker's base URL
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The worker chosen could not take it now (another one may)."""
+
+    worker_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotSent:
+    """Why a submission is not sent (again): it fails with this note."""
+
+    refusal: Refusal
+    note: str
+
+
+class Line(Protocol):
+    """What a MinerU line does for the supervisor; all on the router's loop."""
+
+    async def ask(self, kept: Kept, url: str) -> Answer:
+        """The status of ``kept``'s upstream submission as the instance at ``url`` says it."""
+
+    async def stored(self, kept: Kept) -> Answer | None:
+        """What the store of ``kept``'s local worker, whose process is gone, says; or None."""
+
+    async def apply(self, kept: Kept, answer: Answer, url: str, *, adopt: bool) -> None:
+        """Takes a status as the router's own (``adopt``: the instance at ``url`` restored it)."""
+
+    async def count_error(self, kept: Kept, detail: str) -> None:
+        """A worker in rotation answered with an error: the line's own count of them."""
+
+    def lost(self, kept: Kept) -> None:
+        """Its upstream submission is gone: it is about to be sent again."""
+
+    async def digest(self, kept: Kept) -> str | None:
+        """The digest of its documents (the poison guard's key), or None if it has none."""
+
+    async def send(self, kept: Kept, avoid: set[str]) -> Sent | Unavailable | NotSent | None:
+        """Submits ``kept`` to a healthy worker not in ``avoid``; None when none took it."""
+
+    async def fail(self, kept: Kept, text: str) -> None:
+        """Ends ``kept`` failed with ``text``."""
+
+    def release(self, kept: Kept) -> None:
+        """Lets go of what keeping ``kept`` holds (uploads, pinned inputs)."""
+
+    def names(self, kept: Kept) -> list[str]:
+        """The document names its client gave, for messages and audit records."""
+
+    def terminal(self, kept: Kept) -> bool:
+        """True once the router's own record of ``kept`` is terminal."""
+
+
+async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
+                     view: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> Answer:
+    """``GET url + path`` as an :class:`Answer`; ``view`` reads a status payload for the policy."""
+    import httpx  # MinerU's routers depend on it; this package does not
+
+    if not url:
+        return Answer(AnswerKind.UNREACHABLE, detail="the worker has no URL (restarting)")
+    try:
+        response = await fleet.client.get(f"{url}{path}", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return Answer(AnswerKind.UNREACHABLE, detail=f"{type(exc).__name__}: {exc}".strip())
+    if response.status_code == 404:
+        return Answer(AnswerKind.NOT_FOUND, detail=f"404 from {url}")
+    if response.status_code != 200:
+        return Answer(AnswerKind.BAD_ANSWER, detail=f"{response.status_code} from {url}")
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        return Answer(AnswerKind.BAD_ANSWER, detail="Invalid status payload")
+    return Answer(AnswerKind.STATUS, payload=view(payload))
+
+
+class Supervisor:
+    """Keeps unfinished submissions and sends again those a worker lost."""
+
+    def __init__(self, fleet: Fleet, line: Line, settings: HealthSettings, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fleet = fleet
+        self.line = line
+        self._clock = clock
+        self.task_retries = int(settings.task_retries)
+        self.budget = RetryBudget(float(settings.retry_budget_percent),
+                                  int(settings.retry_budget_min))
+        self.poison = PoisonGuard()
+        self.wait_for_worker_s = float(settings.boot_timeout_s)
+        self.retry_interval_s = float(settings.interval_s)
+        self.status_timeout_s = max(3.0, 2.0 * float(settings.probe_timeout_s))
+        #: Retry-After of a refused submission or result request while the fleet heals.
+        self.retry_after_s = max(1, math.ceil(2 * float(settings.interval_s)))
+        self.max_kept = int(settings.max_kept_tasks)
+        self.max_kept_bytes = int(settings.max_kept_mb) * 1024 * 1024
+        self._kept_bytes = 0
+        self._kept: dict[str, Kept] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._worker_back = asyncio.Event()
+        self._closed = False
+
+    # -- keeping --------------------------------------------------------------------------
+    def keep(self, key: str, item: Any, worker_id: str, instance: str, *,
+             digest: str | None = None, size_bytes: int = 0,
+             workers: list[str] | None = None) -> Kept:
+        """Keeps a submission its line made (``worker_id`` "" for one no worker took yet).
+
+        ``workers`` is the list to record the workers tried in (the line may
+        show it to clients); it gets ``worker_id``.
+        """
+        tried = workers if workers is not None else []
+        tried[:] = [worker_id] if worker_id else []
+        kept = Kept(key, item, tried, instance, digest, size_bytes)
+        self._kept[key] = kept
+        self._kept_bytes += size_bytes
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep(), name="mineru-health-sweep")
+        return kept
+
+    def find(self, key: str) -> Kept | None:
+        return self._kept.get(key)
+
+    def full(self) -> str | None:
+        """Why nothing more can be kept now (the caps on kept submissions and bytes), or None.
+
+        The line then refuses a new submission with 503 and Retry-After before
+        it stages anything, so the router's memory and disk stay bounded.
+        """
+        if len(self._kept) >= self.max_kept:
+            return (f"the router keeps {len(self._kept)} submissions for resubmission "
+                    f"(MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS={self.max_kept})")
+        if self._kept_bytes >= self.max_kept_bytes:
+            return (f"the router keeps {self._kept_bytes // (1024 * 1024)} MiB of uploads for "
+                    f"resubmission (MINERU_ROUTER_HEALTH_MAX_KEPT_MB="
+                    f"{self.max_kept_bytes // (1024 * 1024)})")
+        return None
+
+    def healing(self) -> bool:
+        """A local worker is failed or being restarted: it will be back."""
+        return any(s.restartable and s.phase in HEALING for s in self.fleet.statuses())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._kept)
+
+    def retries_in_flight(self, exclude: Kept | None = None) -> int:
+        return sum(1 for k in self._kept.values() if k is not exclude and k.counted)
+
+    # -- checks ---------------------------------------------------------------------------
+    async def refresh(self, kept: Kept) -> None:
+        """Checks ``kept`` now (a client asked), unless it is being sent again or is over."""
+        if not kept.busy and not self.line.terminal(kept):
+            # Shielded: a client that goes away must not cancel a check under way.
+            await asyncio.shield(self._spawn_check(kept))
+
+    def on_event(self, event: Any) -> None:
+        """Reacts to a worker declared failed, being restarted, or back healthy."""
+        if self._closed:
+            return
+        if event.kind == _RESTART:
+            # The fleet is stopping that instance now: what it holds is lost.
+            self._check_all(event.worker_id, lambda k: True)
+            return
+        if event.kind != _AUDIT:
+            return
+        to = event.audit.to_phase
+        if to in DECLARED_FAILED:
+            self._check_all(event.worker_id, lambda k: True)
+        elif to == _P.HEALTHY:
+            # A restarted instance: what it restored from its store is adopted there.
+            url = self.fleet.base_url(event.worker_id)
+            self._check_all(event.worker_id, lambda k: k.instance != url)
+            self._worker_back.set()
+
+    def _check_all(self, worker_id: str, which: Callable[[Kept], bool]) -> None:
+        for kept in list(self._kept.values()):
+            if kept.worker == worker_id and not kept.busy and which(kept):
+                self._spawn_check(kept)
+
+    def _spawn_check(self, kept: Kept) -> asyncio.Task[None]:
+        if kept.check is None or kept.check.done():
+            kept.check = self._spawn(self._check(kept), "check")
+        return kept.check
+
+    async def _check(self, kept: Kept) -> None:
+        generation, worker_id = kept.generation, kept.worker
+        url = self.fleet.base_url(worker_id) or kept.instance
+        answer = await self.line.ask(kept, url)
+        kept.last_check = self._clock()
+        if answer.kind is AnswerKind.UNREACHABLE:
+            # A local worker's process that died is reported now, not at the
+            # next process poll: the view below then says "declared failed".
+            self.fleet.check_process(worker_id)
+            if self._declared_failed(worker_id):
+                answer = await self.line.stored(kept) or answer
+        if kept.generation != generation or kept.busy or self._kept.get(kept.key) is not kept:
+            return  # sent again or let go meanwhile: this answer is about the past
+        if self.line.terminal(kept):
+            self.release(kept)  # it ended meanwhile (the line read its status itself)
+            return
+        try:
+            await self._act(kept, self.decide_step(kept, answer, url), answer, url)
+        except Exception:  # noqa: BLE001 -- one submission's trouble must not stop the others
+            _log.exception("%s: handling its status failed", kept.key)
+
+    def _declared_failed(self, worker_id: str) -> bool:
+        status = self.fleet.status(worker_id)
+        return status is not None and status.phase in DECLARED_FAILED
+
+    def decide_step(self, kept: Kept, answer: Answer, url: str) -> Step:
+        """The policy's step for ``answer`` about ``kept``, given by the instance at ``url``."""
+        status = self.fleet.status(kept.worker)
+        view = WorkerView(
+            in_rotation=bool(status is not None and status.in_rotation),
+            declared_failed=status is not None and status.phase in DECLARED_FAILED,
+            # A dead worker's store speaks for the instance it was submitted to.
+            same_instance=answer.from_store or url == kept.instance,
+            replaced=status is not None and status.phase == _P.RESTARTING,
+        )
+        return next_step(answer, view)
+
+    def decide(self, kept: Kept, answer: Answer) -> Step:
+        """Acts on an answer the line read itself from ``kept``'s instance; returns the step.
+
+        Only a resubmission is acted on here (the line takes every other
+        status as it already does); it starts in the background.
+        """
+        step = self.decide_step(kept, answer, kept.instance)
+        if step.action is Action.RESUBMIT and not kept.busy:
+            self._lost(kept, step, answer)
+        return step
+
+    async def _act(self, kept: Kept, step: Step, answer: Answer, url: str) -> None:
+        if step.action in (Action.APPLY, Action.ADOPT):
+            adopt = step.action is Action.ADOPT
+            if adopt:
+                _log.info("%s: %s restored it; following it there", kept.key, kept.worker)
+                kept.instance = url
+            await self.line.apply(kept, answer, url, adopt=adopt)
+        elif step.action is Action.RESUBMIT:
+            self._lost(kept, step, answer)
+        elif step.action is Action.UPSTREAM_ERROR:
+            await self.line.count_error(kept, step.detail)
+        if self.line.terminal(kept):
+            self.release(kept)
+
+    def _lost(self, kept: Kept, step: Step, answer: Answer) -> None:
+        payload = answer.payload or {}
+        reason = passive_reason(payload)
+        if reason:  # the worker's own verdict: out of rotation before the next probe
+            self.fleet.report_passive(kept.worker, reason)
+        error = str(payload.get("error") or "") or self._lost_text(kept, step)
+        self.resubmit(kept, step.reason, error, trigger_rule(payload) if payload else None)
+
+    @staticmethod
+    def _lost_text(kept: Kept, step: Step) -> str:
+        what = "does not know it any more" if step.reason == "lost" else "was declared failed"
+        return f"worker {kept.worker} {what}: {step.detail}"
+
+    # -- sending again --------------------------------------------------------------------
+    def resubmit(self, kept: Kept, reason: str, error: str, trigger: str | None) -> None:
+        """Starts sending ``kept`` again, elsewhere if it can (no-op while one is under way)."""
+        if kept.busy:
+            return
+        kept.busy = True
+        self.line.lost(kept)
+        self._spawn(self._resubmit(kept, reason, error, trigger), "resubmit")
+
+    def hold(self, kept: Kept) -> None:
+        """Sends a kept submission that no worker took (the fleet heals) once one is back."""
+        kept.busy = True
+        self._spawn(self._resubmit(kept, "", "", None), "hold")
+        _log.warning("%s: no healthy worker while the fleet heals; held until one is back",
+                     kept.key)
+
+    async def _resubmit(self, kept: Kept, reason: str, error: str, trigger: str | None) -> None:
+        failed_on = kept.worker
+        try:
+            refusal = await self._refusal(kept, failed_on, trigger)
+            if refusal is not None:
+                await self._fail(kept, failure_text(error, refusal.note), refusal.refusal)
+                return
+            outcome = await self._send_elsewhere(kept, failed_on)
+            if isinstance(outcome, NotSent):
+                await self._fail(kept, failure_text(error, outcome.note), outcome.refusal)
+                return
+            kept.workers.append(outcome.worker_id)
+            kept.instance = outcome.instance
+            kept.generation += 1
+            if reason:
+                metrics.router.record_resubmission(reason)
+                _log.warning("%s: sent again to %s (%s on %s; submission %d)", kept.key,
+                             outcome.worker_id, reason, failed_on, len(kept.workers))
+            else:
+                _log.info("%s: held submission sent to %s", kept.key, outcome.worker_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the submission must still end, with a reason
+            _log.exception("%s: sending it again failed", kept.key)
+            await self._fail(kept, failure_text(error, f"resubmission failed: {exc}"),
+                             Refusal.REJECTED)
+        finally:
+            kept.busy = False
+
+    async def _refusal(self, kept: Kept, failed_on: str, trigger: str | None) -> NotSent | None:
+        """None once ``kept`` may be sent again; else why not (poison, retries, budget)."""
+        if trigger is not None or self.poison.suspects():
+            if kept.digest is None:
+                kept.digest = await self.line.digest(kept)
+            if kept.digest is not None:
+                if trigger is not None:
+                    quarantine = self.poison.record_trigger(kept.digest, failed_on, trigger)
+                    if quarantine is not None:
+                        self._quarantined(kept, quarantine)
+                quarantine = self.poison.quarantined(kept.digest)
+                if quarantine is not None:
+                    return NotSent(Refusal.POISON, quarantine.message(self.line.names(kept)))
+        if not kept.workers:
+            return None  # held: its first submission
+        refusal = await self._within_budget(kept)
+        return None if refusal is None else NotSent(refusal, self._refusal_note(refusal, kept))
+
+    async def _within_budget(self, kept: Kept) -> Refusal | None:
+        """None once one more resubmission of ``kept`` is allowed; else why not.
+
+        The retry budget bounds how many resubmissions run at once, not
+        whether a submission is sent again: one over it waits, pending for its
+        client and adding no load, until earlier ones end (checked every probe
+        interval), for at most ``BOOT_TIMEOUT_S``. ``TASK_RETRIES`` is final.
+        """
+        deadline = self._clock() + self.wait_for_worker_s
+        while True:
+            refusal = refuse_resubmission(
+                submissions=len(kept.workers), task_retries=self.task_retries,
+                budget=self.budget, retries_in_flight=self.retries_in_flight(exclude=kept),
+                tasks_in_flight=len(self._kept))
+            left = deadline - self._clock()
+            if refusal is None:
+                # No await since the check: two waiters cannot take one place.
+                kept.counted = True
+                return None
+            if refusal is not Refusal.BUDGET or self._closed or left <= 0:
+                return refusal
+            await asyncio.sleep(min(self.retry_interval_s, left))
+
+    async def _send_elsewhere(self, kept: Kept, failed_on: str) -> Sent | NotSent:
+        """Another healthy worker first; the one it failed on only if it is the only one."""
+        deadline = self._clock() + self.wait_for_worker_s
+        tried: set[str] = set()
+        last_error = ""
+        while not self._closed:
+            outcome = await self.line.send(kept, {failed_on, *tried} - {""})
+            if outcome is None and failed_on and failed_on not in tried:
+                outcome = await self.line.send(kept, tried)
+            if isinstance(outcome, Unavailable):
+                tried.add(outcome.worker_id)
+                last_error = f"{outcome.worker_id}: {outcome.error}"
+                self.fleet.check_process(outcome.worker_id)
+                continue
+            if outcome is not None:
+                return outcome
+            if self._clock() >= deadline:
+                break
+            await self._wait_for_worker(min(self.retry_interval_s,
+                                            max(0.0, deadline - self._clock())))
+            tried.clear()
+        detail = f" (last error: {last_error})" if last_error else ""
+        return NotSent(Refusal.NO_WORKER, f"no healthy worker to send it to within "
+                                          f"{self.wait_for_worker_s:g} s{detail}")
+
+    async def _wait_for_worker(self, timeout_s: float) -> None:
+        self._worker_back.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._worker_back.wait(), timeout=timeout_s)
+
+    def _refusal_note(self, refusal: Refusal, kept: Kept) -> str:
+        tried = ", ".join(kept.workers)
+        if refusal is Refusal.RETRIES:
+            return (f"not resubmitted: {self.task_retries} resubmission(s) already made "
+                    f"(MINERU_ROUTER_HEALTH_TASK_RETRIES); workers tried: {tried}")
+        limit = self.budget.limit(len(self._kept))
+        return (f"not resubmitted: the retry budget stayed spent for "
+                f"{self.wait_for_worker_s:g} s ({self.retries_in_flight()} of "
+                f"{len(self._kept)} submissions in flight are resubmissions, limit {limit}: "
+                f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT={self.budget.percent:g}, "
+                f"MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN={self.budget.minimum})")
+
+    def _quarantined(self, kept: Kept, quarantine: Quarantine) -> None:
+        names = self.line.names(kept)
+        metrics.router.record_poison_document()
+        self.fleet.audit.write_record(
+            "poison_document_quarantined", worker_id=kept.worker,
+            reason=quarantine.message(names), task_id=kept.key,
+            document_sha256=quarantine.digest, file_names=names,
+            workers=quarantine.workers, rules=quarantine.rules)
+        _log.error("%s: %s", kept.key, quarantine.message(names))
+
+    async def _fail(self, kept: Kept, text: str, refusal: Refusal) -> None:
+        metrics.router.record_resubmission_refused(refusal.value)
+        _log.warning("%s: failed, not sent again (%s): %s", kept.key, refusal.value, text)
+        await self.line.fail(kept, text)
+        self.release(kept)
+
+    # -- the end ----------------------------------------------------------------------------
+    def release(self, kept: Kept) -> None:
+        """Forgets ``kept`` and lets go of what it holds (it is over)."""
+        if self._kept.get(kept.key) is kept:
+            del self._kept[kept.key]
+            self._kept_bytes -= kept.size_bytes
+        self.line.release(kept)
+
+    async def _sweep(self) -> None:
+        """Checks submissions nobody asked about lately, so that finished ones are let go."""
+        while not self._closed:
+            await asyncio.sleep(SWEEP_S)
+            stale = [k for k in self._kept.values()
+                     if not k.busy and self._clock() - k.last_check >= SWEEP_S]
+            for start in range(0, len(stale), _SWEEP_BATCH):
+                batch = [self._spawn_check(k) for k in stale[start:start + _SWEEP_BATCH]]
+                await asyncio.gather(*batch, return_exceptions=True)
+
+    def _spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"mineru-health-{what}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def close(self) -> None:
+        """Stops checks and resubmissions; everything kept is released (router shutdown)."""
+        self._closed = True
+        pending = [t for t in (*self._background, self._sweeper) if t is not None and not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for kept in list(self._kept.values()):
+            self.release(kept)
+
+    def __repr__(self) -> str:
+        return (f"Supervisor(in_flight={self.in_flight}, "
+                f"retries_in_flight={self.retries_in_flight()})")
