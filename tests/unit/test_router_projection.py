@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from mineru_health import _native
-from mineru_health.mineru3.router.pool import Server
+from mineru_health.mineru3.router.pool import Server, add_policy_fields
 from mineru_health.runtime.router import fleet, policy
 
 router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.4.4 is not importable")
@@ -151,7 +151,7 @@ def status(**fields: Any) -> SimpleNamespace:
 
 def test_health_entry_gets_the_policy_fields() -> None:
     entry: dict[str, Any] = {"server_id": "w", "last_error": None}
-    fleet.add_policy_fields(entry, status(), restarting=False, now=1_700_000_000.0)
+    add_policy_fields(entry, status(), restarting=False, now=1_700_000_000.0)
     assert entry["state"] == "restart_scheduled" and not entry["in_rotation"]
     assert entry["restartable"] and not entry["restarting"]
     assert (entry["consecutive_failures"], entry["restart_attempt"]) == (2, 1)
@@ -164,7 +164,7 @@ def test_health_entry_gets_the_policy_fields() -> None:
 
 def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
     entry: dict[str, Any] = {"server_id": "w", "last_error": None}
-    fleet.add_policy_fields(
+    add_policy_fields(
         entry,
         status(phase=P.HEALTHY, in_rotation=True, next_restart_in_s=None, last_error="stale"),
         restarting=False,

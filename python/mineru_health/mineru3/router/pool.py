@@ -27,22 +27,23 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from mineru_health import _native
+from mineru_health._names import enum_name
 from mineru_health.audit import iso_time
 from mineru_health.runtime.router.fleet import (
     Fleet,
     expectations,
-    launching_class,
     probe_reason,
     router_settings,
     short_reason,
 )
+from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.policy import passive_reason
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 
 from .tasks import TaskLine
 
-__all__ = ["HealingPool", "RetiredOutputs", "Server", "healing_pool_class"]
+__all__ = ["HealingPool", "RetiredOutputs", "Server", "add_policy_fields", "healing_pool_class"]
 
 _PROBE = _native.PollerEventKind.PROBE
 _AUDIT = _native.PollerEventKind.AUDIT
@@ -87,6 +88,31 @@ class RetiredOutputs:
 
     def __len__(self) -> int:
         return len(self._dirs)
+
+
+def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool,
+                      now: float) -> None:
+    """Writes the policy's ``status`` of a worker into its ``/health`` ``entry``."""
+    entry["state"] = enum_name(status.phase)
+    entry["in_rotation"] = bool(status.in_rotation)
+    entry["restartable"] = bool(status.restartable)
+    entry["consecutive_failures"] = int(status.consecutive_failures)
+    entry["restart_attempt"] = int(status.attempt)
+    entry["restarting"] = restarting
+    delay = status.next_restart_in_s
+    entry["next_restart_at"] = None if delay is None else iso_time(now + max(0.0, delay))
+    stable = status.stable_in_s
+    entry["restart_confirmed_at"] = None if stable is None else iso_time(now + max(0.0, stable))
+    entry["probe_endpoint"] = enum_name(status.endpoint)
+    entry["probe_url"] = status.probe_url
+    entry["last_cause"] = status.last_cause or None
+    entry["last_exit_code"] = status.last_exit_code
+    entry["ejection_suppressed"] = bool(status.ejection_suppressed)
+    probe = status.last_probe
+    entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
+    entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
+    if entry.get("last_error") is None and not status.in_rotation and status.last_error:
+        entry["last_error"] = status.last_error
 
 
 def _remove(temp_dir: Any) -> None:
@@ -234,6 +260,11 @@ class HealingPool:
 
     def health_payload(self) -> tuple[bool, dict[str, Any]]:
         healthy, payload = super().health_payload()  # type: ignore[misc]
+        statuses = {status.id: status for status in self.fleet.statuses()}
+        now = time.time()
         for entry in payload.get("servers", []):
-            self.fleet.policy_fields(str(entry.get("server_id")), entry)
+            status = statuses.get(entry.get("server_id"))
+            if status is not None:
+                add_policy_fields(entry, status, restarting=self.fleet.restarting(status.id),
+                                  now=now)
         return healthy, payload

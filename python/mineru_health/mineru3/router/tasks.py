@@ -25,16 +25,10 @@ from typing import Any
 
 from mineru_health import safe_text
 from mineru_health.runtime.router.fleet import DECLARED_FAILED
+from mineru_health.runtime.router.line import Kept, NotSent, Sent, Unavailable, ask_status
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_terminal
-from mineru_health.runtime.router.supervisor import (
-    Kept,
-    NotSent,
-    Sent,
-    Supervisor,
-    Unavailable,
-    ask_status,
-)
+from mineru_health.runtime.router.supervisor import Supervisor
 
 __all__ = ["WORKERS_ATTR", "Task", "TaskLine", "upload_names", "workers_tried"]
 

@@ -26,7 +26,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from mineru_health import metrics
-from mineru_health.runtime.router.fleet import launching_class
+from mineru_health.runtime.router.launch import launching_class
 
 from .jobs import JobLine
 from .pool import healing_pool_class

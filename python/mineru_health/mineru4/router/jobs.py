@@ -38,6 +38,7 @@ from typing import Any
 
 from mineru_health import safe_text
 from mineru_health.mineru4 import TASK_HUNG_CODE
+from mineru_health.runtime.router.line import Kept, NotSent, Sent, Unavailable, ask_status
 from mineru_health.runtime.router.policy import (
     Action,
     Answer,
@@ -45,14 +46,7 @@ from mineru_health.runtime.router.policy import (
     Refusal,
     is_terminal,
 )
-from mineru_health.runtime.router.supervisor import (
-    Kept,
-    NotSent,
-    Sent,
-    Supervisor,
-    Unavailable,
-    ask_status,
-)
+from mineru_health.runtime.router.supervisor import Supervisor
 
 __all__ = ["Job", "JobLine", "policy_payload"]
 

@@ -42,27 +42,24 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from mineru_health import _native, metrics, patching, safe_text
 from mineru_health._names import enum_name
-from mineru_health.audit import AuditLog, iso_time
+from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.settings import HealthSettings
 from mineru_health.state_dirs import STATE_DIR_ENV, StateDirs
 
+from .launch import HEALTH_BIND_ENV, HEALTH_PORT_ENV, PARENT_PID_ENV, free_port
+
 __all__ = [
     "DECLARED_FAILED",
-    "PARENT_PID_ENV",
     "Fleet",
     "Member",
-    "add_policy_fields",
     "base_url_of",
     "expectations",
-    "launching_class",
     "log_audit",
     "probe_reason",
     "router_settings",
@@ -80,11 +77,6 @@ _ERROR = _native.PollerEventKind.ERROR
 #: Phases in which the worker is declared failed: what it runs will not finish
 #: there, and a further failure signal changes nothing in the policy.
 DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
-
-#: Variables a local worker gets for one launch (its native endpoint) or all (the router's pid).
-HEALTH_PORT_ENV = "MINERU_HEALTH_PORT"
-HEALTH_BIND_ENV = "MINERU_HEALTH_BIND"
-PARENT_PID_ENV = "MINERU_HEALTH_PARENT_PID"
 
 # A reason longer than this is cut in audit reasons, last_error and logs.
 REASON_CHARS = 300
@@ -120,55 +112,6 @@ def router_settings() -> HealthSettings:
 
 def _refused(exc: ConfigError) -> None:
     _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
-
-
-def launching_class(base: type) -> type:
-    """MinerU's local-worker class, whose processes start with per-launch variables and
-    whose ``launch`` starts one without waiting for health (the poller decides that).
-
-    MinerU's ``start`` copies ``os.environ`` right before its ``Popen`` and then
-    awaits ``wait_until_ready``: ``launch_env`` is set just before ``start`` and
-    restored first thing in ``wait_until_ready``, with no ``await`` in between,
-    so no other coroutine ever sees it.
-    """
-
-    class LaunchingWorker(base):  # type: ignore[misc]
-        launch_env: dict[str, str] | None = None
-        _skip_ready = False
-        _saved_env: dict[str, str | None] | None = None
-
-        async def start(self, *args: Any, **kwargs: Any) -> None:
-            if self.launch_env:
-                self._saved_env = {name: os.environ.get(name) for name in self.launch_env}
-                os.environ.update(self.launch_env)
-            try:
-                await super().start(*args, **kwargs)
-            finally:
-                self._restore_env()  # start failed before its Popen, or is done
-
-        async def launch(self, *args: Any, **kwargs: Any) -> None:
-            """Spawns the process; the poller, not MinerU's health wait, says when it is up."""
-            self._skip_ready = True
-            try:
-                await self.start(*args, **kwargs)
-            finally:
-                self._skip_ready = False
-
-        async def wait_until_ready(self, *args: Any, **kwargs: Any) -> None:
-            self._restore_env()  # the process is spawned: the variables did their job
-            if not self._skip_ready:
-                await super().wait_until_ready(*args, **kwargs)
-
-        def _restore_env(self) -> None:
-            saved, self._saved_env = self._saved_env, None
-            for name, value in (saved or {}).items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-    LaunchingWorker.__name__ = LaunchingWorker.__qualname__ = base.__name__
-    return LaunchingWorker
 
 
 def expectations(settings: HealthSettings, *, protocol_version: int | None = None,
@@ -396,7 +339,7 @@ class Fleet:
             # bound where the router connects (loopback for 0.0.0.0), so the
             # native endpoint is no more exposed than needed.
             host = member.connect_host()
-            self._health_ports[member.id] = _free_port(host)
+            self._health_ports[member.id] = free_port(host)
             env.update({HEALTH_PORT_ENV: str(self._health_ports[member.id]),
                         HEALTH_BIND_ENV: host})
         return env
@@ -513,41 +456,8 @@ class Fleet:
             listener(event)
         self._check_first_health()
 
-    # -- /health ---------------------------------------------------------------------------
-    def policy_fields(self, worker_id: str, entry: dict[str, Any]) -> None:
-        """Adds the policy's view of one worker to its ``/health`` entry (MinerU's snapshot)."""
-        status = self.status(worker_id)
-        if status is not None:
-            add_policy_fields(entry, status, restarting=self.restarting(worker_id),
-                              now=time.time())
-
     def __repr__(self) -> str:
         return f"Fleet(workers={len(self._members)}, native_probes={self.native_probes})"
-
-
-def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool,
-                      now: float) -> None:
-    """Writes the policy's ``status`` of a worker into its ``/health`` ``entry``."""
-    entry["state"] = enum_name(status.phase)
-    entry["in_rotation"] = bool(status.in_rotation)
-    entry["restartable"] = bool(status.restartable)
-    entry["consecutive_failures"] = int(status.consecutive_failures)
-    entry["restart_attempt"] = int(status.attempt)
-    entry["restarting"] = restarting
-    delay = status.next_restart_in_s
-    entry["next_restart_at"] = None if delay is None else iso_time(now + max(0.0, delay))
-    stable = status.stable_in_s
-    entry["restart_confirmed_at"] = None if stable is None else iso_time(now + max(0.0, stable))
-    entry["probe_endpoint"] = enum_name(status.endpoint)
-    entry["probe_url"] = status.probe_url
-    entry["last_cause"] = status.last_cause or None
-    entry["last_exit_code"] = status.last_exit_code
-    entry["ejection_suppressed"] = bool(status.ejection_suppressed)
-    probe = status.last_probe
-    entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
-    entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
-    if entry.get("last_error") is None and not status.in_rotation and status.last_error:
-        entry["last_error"] = status.last_error
 
 
 def log_audit(record: Mapping[str, Any], *, in_rotation: bool) -> None:
@@ -565,12 +475,3 @@ def probe_reason(probe: Any) -> str:
 def base_url_of(url: str) -> str:
     """A worker's base URL from a URL an operator gave (``/health`` and trailing ``/`` cut)."""
     return url.strip().rstrip("/").removesuffix("/health")
-
-
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now (the worker binds it a moment later)."""
-    host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])

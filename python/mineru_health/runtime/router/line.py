@@ -1,0 +1,135 @@
+"""What a MinerU line does for the supervisor, and the values they exchange.
+
+A ``Kept`` is one submission the router keeps; a :class:`Line` asks about it,
+writes statuses back, sends it again or fails it, the way its MinerU line
+does (``mineru3.router.tasks.TaskLine``, ``mineru4.router.jobs.JobLine``);
+``send`` answers with a :class:`Sent`, :class:`Unavailable` or
+:class:`NotSent`. ``ask_status`` is the HTTP status request both lines make.
+Not thread-safe: all on the router's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .fleet import Fleet
+from .policy import Answer, AnswerKind, Refusal
+
+__all__ = ["Kept", "Line", "NotSent", "Sent", "Unavailable", "ask_status"]
+
+
+class Kept:
+    """One unfinished submission the router keeps, and what is needed to send it again."""
+
+    __slots__ = ("busy", "check", "counted", "digest", "generation", "instance", "item", "key",
+                 "last_check", "size_bytes", "workers")
+
+    def __init__(self, key: str, item: Any, workers: list[str], instance: str,
+                 digest: str | None, size_bytes: int) -> None:
+        self.key = key  # the router's id of the submission, as its client knows it
+        self.item = item  # the line's own record of it (3.x task, 4.0 job)
+        self.workers = workers  # worker ids it was submitted to, in order ([] while held)
+        self.instance = instance  # base URL of the worker instance it was last submitted to
+        self.digest = digest  # of its documents; None until first needed
+        self.size_bytes = size_bytes  # what keeping it costs on disk (the cap on kept bytes)
+        self.busy = False  # a resubmission (or the wait for a worker) is under way
+        self.counted = False  # a retry in flight for the budget, from its first resubmission
+        self.generation = 0  # +1 per submission made: answers about an older one are stale
+        self.check: asyncio.Task[None] | None = None
+        self.last_check = 0.0
+
+    @property
+    def worker(self) -> str:
+        """The worker it was last submitted to ("" while held)."""
+        return self.workers[-1] if self.workers else ""
+
+    def __repr__(self) -> str:
+        return f"Kept({self.key!r}, workers={self.workers}, busy={self.busy})"
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A submission made (again): the worker that took it, and that worker's base URL."""
+
+    worker_id: str
+    instance: str  # the worker's base URL
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The worker chosen could not take it now (another one may)."""
+
+    worker_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotSent:
+    """Why a submission is not sent (again): it fails with this note."""
+
+    refusal: Refusal
+    note: str
+
+
+class Line(Protocol):
+    """What a MinerU line does for the supervisor; all on the router's loop."""
+
+    async def ask(self, kept: Kept, url: str) -> Answer:
+        """The status of ``kept``'s upstream submission as the instance at ``url`` says it."""
+
+    async def stored(self, kept: Kept) -> Answer | None:
+        """What the store of ``kept``'s local worker, whose process is gone, says; or None."""
+
+    async def apply(self, kept: Kept, answer: Answer, url: str, *, adopt: bool) -> None:
+        """Takes a status as the router's own (``adopt``: the instance at ``url`` restored it)."""
+
+    async def count_error(self, kept: Kept, detail: str) -> None:
+        """A worker in rotation answered with an error: the line's own count of them."""
+
+    def lost(self, kept: Kept) -> None:
+        """Its upstream submission is gone: it is about to be sent again."""
+
+    async def digest(self, kept: Kept) -> str | None:
+        """The digest of its documents (the poison guard's key), or None if it has none."""
+
+    async def send(self, kept: Kept, avoid: set[str]) -> Sent | Unavailable | NotSent | None:
+        """Submits ``kept`` to a healthy worker not in ``avoid``; None when none took it."""
+
+    async def fail(self, kept: Kept, text: str) -> None:
+        """Ends ``kept`` failed with ``text``."""
+
+    def release(self, kept: Kept) -> None:
+        """Lets go of what keeping ``kept`` holds (uploads, pinned inputs)."""
+
+    def names(self, kept: Kept) -> list[str]:
+        """The document names its client gave, for messages and audit records."""
+
+    def terminal(self, kept: Kept) -> bool:
+        """True once the router's own record of ``kept`` is terminal."""
+
+
+async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
+                     view: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> Answer:
+    """``GET url + path`` as an :class:`Answer`; ``view`` reads a status payload for the policy."""
+    import httpx  # MinerU's routers depend on it; this package does not
+
+    if not url:
+        return Answer(AnswerKind.UNREACHABLE, detail="the worker has no URL (restarting)")
+    try:
+        response = await fleet.client.get(f"{url}{path}", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return Answer(AnswerKind.UNREACHABLE, detail=f"{type(exc).__name__}: {exc}".strip())
+    if response.status_code == 404:
+        return Answer(AnswerKind.NOT_FOUND, detail=f"404 from {url}")
+    if response.status_code != 200:
+        return Answer(AnswerKind.BAD_ANSWER, detail=f"{response.status_code} from {url}")
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        return Answer(AnswerKind.BAD_ANSWER, detail="Invalid status payload")
+    return Answer(AnswerKind.STATUS, payload=view(payload))
