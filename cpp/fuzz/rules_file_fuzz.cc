@@ -95,7 +95,7 @@ void check_classification(const std::shared_ptr<const RuleSet>& rule_set,
     require(rule.category == verdict.category &&
                 mineru_health::is_fatal(rule.kind) == verdict.fatal &&
                 (rule.kind == RuleKind::kAmbiguous) == verdict.ambiguous &&
-                rule.kind == verdict.kind,
+                rule.kind == verdict.rule_kind,
             "verdict carries its rule's kind and category");
   }
   require(found, "rule names a rule of the set");

@@ -1002,7 +1002,7 @@ TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
   const Verdict from_engine = classifier.classify(
       {runtime_error("acme engine gone", "vllm.v1.engine.core")});
   EXPECT_TRUE(from_engine.fatal);
-  EXPECT_EQ(from_engine.rule_id, "site.gone");
+  EXPECT_EQ(from_engine.rule, "site.gone");
 }
 
 TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {

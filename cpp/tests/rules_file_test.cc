@@ -271,7 +271,7 @@ TEST(RulesFileEndToEnd, TaskLocalCarveOutForARuntimeMessage) {
   ASSERT_TRUE(builtins_only.ok());
   Verdict before = Classifier(builtins_only.rule_set).classify({frame});
   EXPECT_TRUE(before.fatal);
-  EXPECT_EQ(before.rule_id, "engine.unrecoverable");
+  EXPECT_EQ(before.rule, "engine.unrecoverable");
 
   ParseRulesResult parsed = parse_rules_text(
       "# one font in some scanned PDFs, not the engine\n"

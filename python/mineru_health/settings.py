@@ -1,8 +1,9 @@
 """The router's and the worker's configuration, as views over the native structs.
 
-Every variable (name, type, default, bounds, help, preset values) is defined
-once, in the C++ table of ``config.h``; this module derives its field lists
-and the README's tables from that table and never repeats a name.
+Every variable (name, field, type, default, bounds, help, preset values) is
+defined once, as one row of ``cpp/include/mineru_health/config_variables.def``;
+this module derives its field lists and the README's tables from the native
+table built from it and never repeats a name.
 
     router = HealthSettings.from_env()    # MINERU_ROUTER_HEALTH_*; raises ConfigError
     worker = WorkerSettings.from_env()    # MINERU_HEALTH_*; raises ConfigError
