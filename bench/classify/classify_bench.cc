@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
                 input.name.c_str(), bytes, ns, base, ns / base, mb_per_s,
                 verdict.matched
                     ? (std::string(verdict.fatal ? "fatal " : "task_local ") +
-                       verdict.rule_id)
+                       verdict.rule)
                           .c_str()
                     : "no match");
     if (i >= mix_count) {
@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
       std::printf("%-38s %-9s %10zu %14.0f %10.1f  %s\n", input.name.c_str(),
                   which == 0 ? "builtin" : "2000-file", input_bytes(input), ns,
                   ns / typical,
-                  verdict.matched ? verdict.rule_id.c_str() : "no match");
+                  verdict.matched ? verdict.rule.c_str() : "no match");
     }
   }
   std::printf("worst/typical = %.0fx\n", worst_ratio);

@@ -12,6 +12,7 @@
 
 #include "mineru_health/classifier.h"
 #include "registers.h"
+#include "value_type.h"
 
 namespace py = pybind11;
 
@@ -51,12 +52,21 @@ using FrameTuple =
     std::tuple<std::string, std::string, std::vector<std::string>, std::string,
                std::string, Via, int>;
 
+// Results are read-only; only Frame, an input, is writable.
 template <typename T>
 void text_property(py::class_<T>& cls, const char* name,
                    std::string T::*field) {
+  cls.def_property_readonly(
+      name, [field](const T& self) { return to_py_str(self.*field); });
+}
+
+void writable_text(py::class_<Frame>& cls, const char* name,
+                   std::string Frame::*field) {
   cls.def_property(
-      name, [field](const T& self) { return to_py_str(self.*field); },
-      [field](T& self, std::string value) { self.*field = std::move(value); });
+      name, [field](const Frame& self) { return to_py_str(self.*field); },
+      [field](Frame& self, std::string value) {
+        self.*field = std::move(value);
+      });
 }
 
 }  // namespace
@@ -93,9 +103,6 @@ void register_classifier(py::module_& m) {
       [](RuleKind kind) { return std::string(strength_name(kind)); },
       py::arg("kind"));
   m.def(
-      "via_name", [](Via via) { return std::string(to_string(via)); },
-      py::arg("via"));
-  m.def(
       "target_name",
       [](RuleTarget target) { return std::string(to_string(target)); },
       py::arg("target"));
@@ -111,10 +118,10 @@ void register_classifier(py::module_& m) {
             py::arg("module"), py::arg("type_name"), py::arg("bases"),
             py::arg("message"), py::arg("raised_in"), py::arg("via"),
             py::arg("depth"));
-  text_property(frame, "module", &Frame::module);
-  text_property(frame, "type_name", &Frame::type_name);
-  text_property(frame, "message", &Frame::message);
-  text_property(frame, "raised_in", &Frame::raised_in);
+  writable_text(frame, "module", &Frame::module);
+  writable_text(frame, "type_name", &Frame::type_name);
+  writable_text(frame, "message", &Frame::message);
+  writable_text(frame, "raised_in", &Frame::raised_in);
   frame
       .def_property(
           "bases", [](const Frame& f) { return to_py_strs(f.bases); },
@@ -122,31 +129,50 @@ void register_classifier(py::module_& m) {
       .def_readwrite("via", &Frame::via)
       .def_readwrite("depth", &Frame::depth);
 
-  py::class_<Rule> rule(m, "Rule", "One classification rule.");
+  py::class_<Rule> rule(
+      m, "Rule",
+      "One rule: `pattern` (RE2, case-insensitive) on `target` text "
+      "classifies as `kind`. `scope` says which frames a message or frame "
+      "rule may judge (ENGINE: only those an engine or device runtime "
+      "raised); `from_operator` marks rules from a rules file, consulted "
+      "first.");
   rule.def(py::init<std::string, RuleKind, std::string, std::string, RuleTarget,
                     RuleScope, bool>(),
            py::arg("id"), py::arg("kind"), py::arg("category"),
-           py::arg("pattern"), py::arg("target"), py::arg("scope"),
-           py::arg("from_operator"));
+           py::arg("pattern"), py::arg("target") = RuleTarget::kFrame,
+           py::arg("scope") = RuleScope::kAny,
+           py::arg("from_operator") = false);
   text_property(rule, "id", &Rule::id);
+  rule.def_readonly("kind", &Rule::kind);
   text_property(rule, "category", &Rule::category);
   text_property(rule, "pattern", &Rule::pattern);
-  rule.def_readwrite("kind", &Rule::kind)
-      .def_readwrite("target", &Rule::target)
-      .def_readwrite("scope", &Rule::scope)
-      .def_readwrite("from_operator", &Rule::from_operator);
+  rule.def_readonly("target", &Rule::target)
+      .def_readonly("scope", &Rule::scope)
+      .def_readonly("from_operator", &Rule::from_operator)
+      .def_property_readonly(
+          "kind_name", [](const Rule& r) { return to_string(r.kind); },
+          "fatal, heuristic, task_local, generic or ambiguous.")
+      .def_property_readonly(
+          "strength", [](const Rule& r) { return strength_name(r.kind); },
+          "The rule's place on the precedence ladder (definitive for fatal).")
+      .def_property_readonly("target_name",
+                             [](const Rule& r) { return to_string(r.target); })
+      .def_property_readonly("scope_name",
+                             [](const Rule& r) { return to_string(r.scope); })
+      .def(
+          "to_line", [](const Rule& r) { return to_py_str(r.to_line()); },
+          "The rule as one line of a rules file.");
+  def_value_type(rule);
 
-  py::class_<RuleError>(m, "RuleError",
-                        "Why a rule could not be compiled, parsed or read.")
-      .def_property_readonly(
-          "source", [](const RuleError& e) { return to_py_str(e.source); })
-      .def_readonly("line", &RuleError::line)
-      .def_property_readonly(
-          "rule_id", [](const RuleError& e) { return to_py_str(e.rule_id); })
-      .def_property_readonly(
-          "message", [](const RuleError& e) { return to_py_str(e.message); })
-      .def("to_string",
-           [](const RuleError& e) { return to_py_str(e.to_string()); });
+  py::class_<RuleError> rule_error(
+      m, "RuleError", "Why a rule could not be compiled, parsed or read.");
+  text_property(rule_error, "source", &RuleError::source);
+  rule_error.def_readonly("line", &RuleError::line);
+  text_property(rule_error, "rule_id", &RuleError::rule_id);
+  text_property(rule_error, "message", &RuleError::message);
+  rule_error.def("to_string",
+                 [](const RuleError& e) { return to_py_str(e.to_string()); });
+  def_value_type(rule_error);
 
   py::class_<ClassifierLimits>(m, "ClassifierLimits",
                                "Bounds on one classification.")
@@ -195,19 +221,30 @@ void register_classifier(py::module_& m) {
         return std::vector<Rule>(rule_set.rules());
       });
 
-  py::class_<Verdict>(m, "Verdict", "The classifier's decision on one failure.")
+  py::class_<Verdict> verdict(
+      m, "Verdict",
+      "The classifier's decision on one failure. `matched` is false when no "
+      "rule matched (the failure is then task-local); `frame_index` points "
+      "into the frames classified.");
+  verdict
+      .def_property_readonly(
+          "kind", [](const Verdict& v) { return v.kind(); },
+          "fatal, ambiguous or task_local.")
       .def_readonly("fatal", &Verdict::fatal)
       .def_readonly("matched", &Verdict::matched)
       .def_readonly("ambiguous", &Verdict::ambiguous)
-      .def_readonly("remote_engine", &Verdict::remote_engine)
-      .def_readonly("kind", &Verdict::kind)
+      .def_readonly("remote_engine", &Verdict::remote_engine);
+  text_property(verdict, "rule", &Verdict::rule);
+  text_property(verdict, "category", &Verdict::category);
+  verdict
       .def_property_readonly(
-          "rule_id", [](const Verdict& v) { return to_py_str(v.rule_id); })
-      .def_property_readonly(
-          "category", [](const Verdict& v) { return to_py_str(v.category); })
-      .def_readonly("frame_index", &Verdict::frame_index)
-      .def_property_readonly(
-          "excerpt", [](const Verdict& v) { return to_py_str(v.excerpt); });
+          "strength", [](const Verdict& v) { return v.strength(); },
+          "The deciding rule's: definitive, task_local, heuristic, ambiguous, "
+          "generic; empty when nothing matched.")
+      .def_readonly("rule_kind", &Verdict::rule_kind)
+      .def_readonly("frame_index", &Verdict::frame_index);
+  text_property(verdict, "excerpt", &Verdict::excerpt);
+  def_value_type(verdict);
 
   py::class_<Classifier, std::shared_ptr<Classifier>>(m, "Classifier",
                                                       "Thread-safe; immutable.")
@@ -256,13 +293,6 @@ void register_classifier(py::module_& m) {
       },
       py::arg("base"), py::arg("overrides"), py::arg("disabled"));
   m.def(
-      "parse_rules_text",
-      [](const std::string& text, const std::string& source) {
-        return parse_result(parse_rules_text(text, source));
-      },
-      py::arg("text"), py::arg("source"),
-      "Returns (rules, disabled ids, errors).");
-  m.def(
       "read_rules_file",
       [](const std::string& path) {
         ParseRulesResult result;
@@ -274,17 +304,8 @@ void register_classifier(py::module_& m) {
         return parse_result(result);
       },
       py::arg("path"), "Returns (rules, disabled ids, errors).");
-  m.def("pattern_class_run", &pattern_class_run, py::arg("pattern"));
   m.attr("MAX_RULES_FILE_BYTES") = kMaxRulesFileBytes;
   m.attr("MAX_RULES_FILE_RULES") = kMaxRulesFileRules;
-  m.def(
-      "sanitize_utf8",
-      [](const std::string& text) { return to_py_str(sanitize_utf8(text)); },
-      py::arg("text"));
-  m.def(
-      "compact_form",
-      [](const std::string& text) { return to_py_str(compact_form(text)); },
-      py::arg("text"));
 }
 
 }  // namespace mineru_health::bindings

@@ -6,6 +6,7 @@
 
 #include "mineru_health/config.h"
 #include "registers.h"
+#include "value_type.h"
 
 namespace py = pybind11;
 
@@ -36,66 +37,28 @@ void register_config(py::module_& m) {
   m.def("to_string", py::overload_cast<ConfigType>(&to_string),
         py::arg("value"));
 
-  py::class_<HealthConfig>(
+  // One property per row of config_variables.def, never a list of its own.
+  py::class_<HealthConfig> health(
       m, "HealthConfig",
-      "Router health configuration (plain values; see validate()).")
-      .def(py::init<>())
-      .def(py::init<const HealthConfig&>(), py::arg("other"))
-      .def_readwrite("interval_s", &HealthConfig::interval_s)
-      .def_readwrite("probe_timeout_s", &HealthConfig::probe_timeout_s)
-      .def_readwrite("connect_timeout_s", &HealthConfig::connect_timeout_s)
-      .def_readwrite("failure_threshold", &HealthConfig::failure_threshold)
-      .def_readwrite("healthy_threshold", &HealthConfig::healthy_threshold)
-      .def_readwrite("backoff_base_s", &HealthConfig::backoff_base_s)
-      .def_readwrite("backoff_max_s", &HealthConfig::backoff_max_s)
-      .def_readwrite("max_attempts", &HealthConfig::max_attempts)
-      .def_readwrite("boot_timeout_s", &HealthConfig::boot_timeout_s)
-      .def_readwrite("concurrency", &HealthConfig::concurrency)
-      .def_readwrite("jitter", &HealthConfig::jitter)
-      .def_readwrite("expected_status", &HealthConfig::expected_status)
-      .def_readwrite("max_body_bytes", &HealthConfig::max_body_bytes)
-      .def_readwrite("audit_path", &HealthConfig::audit_path)
-      .def_readwrite("ca_file", &HealthConfig::ca_file)
-      .def_readwrite("main_port_timeout_s", &HealthConfig::main_port_timeout_s)
-      .def_readwrite("stable_window_s", &HealthConfig::stable_window_s)
-      .def_readwrite("max_ejection_percent",
-                     &HealthConfig::max_ejection_percent)
-      .def_readwrite("task_retries", &HealthConfig::task_retries)
-      .def_readwrite("retry_budget_percent",
-                     &HealthConfig::retry_budget_percent)
-      .def_readwrite("retry_budget_min", &HealthConfig::retry_budget_min)
-      .def_readwrite("max_kept_tasks", &HealthConfig::max_kept_tasks)
-      .def_readwrite("max_kept_mb", &HealthConfig::max_kept_mb)
-      .def_readwrite("native_probes", &HealthConfig::native_probes);
+      "Router health configuration (plain values; see validate()).");
+  health.def(py::init<>())
+      .def(py::init<const HealthConfig&>(), py::arg("other"));
+#define MINERU_HEALTH_ROUTER_FIELD(suffix, field, ...) \
+  health.def_readwrite(#field, &HealthConfig::field);
+#include "mineru_health/config_variables.def"
 
-  py::class_<WorkerConfig>(
+  py::class_<WorkerConfig> worker(
       m, "WorkerConfig",
-      "Worker health configuration (plain values; see validate()).")
-      .def(py::init<>())
-      .def(py::init<const WorkerConfig&>(), py::arg("other"))
-      .def_readwrite("port", &WorkerConfig::port)
-      .def_readwrite("bind", &WorkerConfig::bind)
-      .def_readwrite("loop_hang_s", &WorkerConfig::loop_hang_s)
-      .def_readwrite("stall_s", &WorkerConfig::stall_s)
-      .def_readwrite("task_hang_s", &WorkerConfig::task_hang_s)
-      .def_readwrite("verify_s", &WorkerConfig::verify_s)
-      .def_readwrite("exit_on_fatal", &WorkerConfig::exit_on_fatal)
-      .def_readwrite("exit_grace_s", &WorkerConfig::exit_grace_s)
-      .def_readwrite("retry_after_s", &WorkerConfig::retry_after_s)
-      .def_readwrite("expose_errors", &WorkerConfig::expose_errors)
-      .def_readwrite("error_budget", &WorkerConfig::error_budget)
-      .def_readwrite("error_budget_window_s",
-                     &WorkerConfig::error_budget_window_s)
-      .def_readwrite("parent_pid", &WorkerConfig::parent_pid)
-      .def_readwrite("rules_path", &WorkerConfig::rules_path)
-      .def_readwrite("task_store", &WorkerConfig::task_store)
-      .def_readwrite("state_dir", &WorkerConfig::state_dir)
-      .def_readwrite("fault_plan_path", &WorkerConfig::fault_plan_path)
-      .def_readwrite("fault_hang_s", &WorkerConfig::fault_hang_s);
+      "Worker health configuration (plain values; see validate()).");
+  worker.def(py::init<>())
+      .def(py::init<const WorkerConfig&>(), py::arg("other"));
+#define MINERU_HEALTH_WORKER_FIELD(suffix, field, ...) \
+  worker.def_readwrite(#field, &WorkerConfig::field);
+#include "mineru_health/config_variables.def"
 
-  py::class_<ConfigVariable>(m, "ConfigVariable",
-                             "One documented environment variable.")
-      .def_readonly("name", &ConfigVariable::name)
+  py::class_<ConfigVariable> variable(m, "ConfigVariable",
+                                      "One documented environment variable.");
+  variable.def_readonly("name", &ConfigVariable::name)
       .def_readonly("field", &ConfigVariable::field)
       .def_readonly("component", &ConfigVariable::component)
       .def_readonly("type", &ConfigVariable::type)
@@ -109,6 +72,7 @@ void register_config(py::module_& m) {
       .def_readonly("meaning", &ConfigVariable::meaning)
       .def_readonly("test_only", &ConfigVariable::test_only)
       .def_readonly("preset_values", &ConfigVariable::preset_values);
+  def_value_type(variable);
 
   m.def("env_prefix", &env_prefix, py::arg("component"));
   m.def("config_variables", &config_variables);
@@ -121,10 +85,6 @@ void register_config(py::module_& m) {
   m.def("validate", py::overload_cast<const HealthConfig&>(&validate),
         py::arg("config"));
   m.def("validate", py::overload_cast<const WorkerConfig&>(&validate),
-        py::arg("config"));
-  m.def("check_files", py::overload_cast<const HealthConfig&>(&check_files),
-        py::arg("config"));
-  m.def("check_files", py::overload_cast<const WorkerConfig&>(&check_files),
         py::arg("config"));
   m.def("check_path", &check_path, py::arg("variable"), py::arg("path"));
 }

@@ -12,6 +12,7 @@
 
 #include "mineru_health/worker_state.h"
 #include "registers.h"
+#include "value_type.h"
 
 namespace py = pybind11;
 
@@ -29,24 +30,34 @@ void register_worker_state(py::module_& m) {
   m.def("to_string", py::overload_cast<HealthPhase>(&to_string),
         py::arg("value"));
 
-  py::class_<FatalRecord>(m, "FatalRecord",
-                          "One fatal failure as recorded by the worker.")
-      .def(py::init([](std::string error, std::string rule_id,
-                       std::string category, double unix_time,
-                       std::string exception_type) {
-             return FatalRecord{std::move(error), std::move(rule_id),
-                                std::move(category), unix_time,
-                                std::move(exception_type)};
-           }),
-           py::arg("error"), py::arg("rule_id"), py::arg("category"),
-           py::arg("unix_time"), py::arg("exception_type") = "")
+  py::class_<FatalRecord> fatal(
+      m, "FatalRecord",
+      "One fatal failure as recorded by the worker. `error` may quote a "
+      "user's document; the rest is safe to publish.");
+  fatal
+      .def(
+          py::init([](std::string error, std::string rule, std::string category,
+                      double unix_time, std::string exception_type) {
+            return FatalRecord{std::move(error), std::move(rule),
+                               std::move(category), unix_time,
+                               std::move(exception_type)};
+          }),
+          py::arg("error"), py::arg("rule"), py::arg("category"),
+          py::arg("unix_time"), py::arg("exception_type") = "")
       .def_readonly("error", &FatalRecord::error)
-      .def_readonly("rule_id", &FatalRecord::rule_id)
+      .def_readonly("rule", &FatalRecord::rule)
       .def_readonly("category", &FatalRecord::category)
       .def_readonly("unix_time", &FatalRecord::unix_time)
-      .def_readonly("exception_type", &FatalRecord::exception_type);
+      .def_readonly("exception_type", &FatalRecord::exception_type)
+      .def_property_readonly("since", &FatalRecord::since,
+                             "ISO 8601 UTC time of the failure.")
+      .def_property_readonly(
+          "cause", &FatalRecord::cause,
+          "'engine_dead, rule vllm.engine_dead': safe to show anyone.");
+  def_value_type(fatal);
 
-  py::class_<TaskCounts>(m, "TaskCounts", "MinerU's task figures.")
+  py::class_<TaskCounts> counts(m, "TaskCounts", "MinerU's task figures.");
+  counts
       .def(py::init([](std::int64_t queued, std::int64_t processing,
                        std::int64_t completed, std::int64_t failed) {
              return TaskCounts{queued, processing, completed, failed};
@@ -57,9 +68,11 @@ void register_worker_state(py::module_& m) {
       .def_readonly("processing", &TaskCounts::processing)
       .def_readonly("completed", &TaskCounts::completed)
       .def_readonly("failed", &TaskCounts::failed);
+  def_value_type(counts);
 
-  py::class_<ServiceInfo>(m, "ServiceInfo",
-                          "The static part of MinerU's /health body.")
+  py::class_<ServiceInfo> service(m, "ServiceInfo",
+                                  "The static part of MinerU's /health body.");
+  service
       .def(py::init([](std::string version, std::int64_t protocol_version,
                        std::int64_t max_concurrent_requests,
                        std::int64_t processing_window_size,
@@ -84,6 +97,7 @@ void register_worker_state(py::module_& m) {
                     &ServiceInfo::task_retention_seconds)
       .def_readonly("task_cleanup_interval_seconds",
                     &ServiceInfo::task_cleanup_interval_seconds);
+  def_value_type(service);
 
   py::class_<WorkerStateOptions>(m, "WorkerStateOptions")
       .def(py::init<>())
@@ -94,9 +108,12 @@ void register_worker_state(py::module_& m) {
                      &WorkerStateOptions::error_budget_window)
       .def_readwrite("task_hang", &WorkerStateOptions::task_hang);
 
-  py::class_<WorkerSnapshot>(m, "WorkerSnapshot",
-                             "Everything /health reports, at one instant.")
-      .def_readonly("phase", &WorkerSnapshot::phase)
+  py::class_<WorkerSnapshot> snapshot(
+      m, "WorkerSnapshot",
+      "Everything /health reports, at one instant. `phase`: STARTING, "
+      "HEALTHY (busy included), UNHEALTHY (MinerU's own task manager says "
+      "so), LOOP_HUNG or FATAL.");
+  snapshot.def_readonly("phase", &WorkerSnapshot::phase)
       .def_readonly("healthy", &WorkerSnapshot::healthy)
       .def_readonly("fatal_count", &WorkerSnapshot::fatal_count)
       .def_readonly("task_local_count", &WorkerSnapshot::task_local_count)
@@ -114,6 +131,7 @@ void register_worker_state(py::module_& m) {
       .def_readonly("manager_error", &WorkerSnapshot::manager_error)
       .def_readonly("loop_hang_s", &WorkerSnapshot::loop_hang_s)
       .def_readonly("stall_s", &WorkerSnapshot::stall_s);
+  def_value_type(snapshot);
 
   py::class_<WorkerState, std::shared_ptr<WorkerState>>(
       m, "WorkerState", "Thread-safe: every method may be called at once.")

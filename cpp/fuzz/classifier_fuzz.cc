@@ -151,7 +151,7 @@ void check_verdict(const Verdict& verdict, const std::vector<Frame>& frames,
     require(!verdict.fatal, "unmatched is not fatal");
     require(!verdict.ambiguous, "unmatched is not ambiguous");
     require(!verdict.remote_engine, "unmatched is not a remote engine's");
-    require(verdict.rule_id.empty(), "unmatched has no rule_id");
+    require(verdict.rule.empty(), "unmatched has no rule");
     require(verdict.category.empty(), "unmatched has no category");
     require(verdict.frame_index == -1, "unmatched has frame_index -1");
     require(verdict.excerpt.empty(), "unmatched has no excerpt");
@@ -161,9 +161,9 @@ void check_verdict(const Verdict& verdict, const std::vector<Frame>& frames,
   require(verdict.frame_index >= 0 &&
               static_cast<std::size_t>(verdict.frame_index) < considered,
           "frame_index within the frames considered");
-  const Rule* rule = find_rule(rule_set, verdict.rule_id);
-  require(rule != nullptr, "rule_id names a rule of the set");
-  require(verdict.kind == rule->kind, "kind is the rule's");
+  const Rule* rule = find_rule(rule_set, verdict.rule);
+  require(rule != nullptr, "rule names a rule of the set");
+  require(verdict.rule_kind == rule->kind, "kind is the rule's");
   const bool downgraded =
       verdict.remote_engine && rule->category != "remote_engine";
   if (downgraded) {
@@ -213,11 +213,11 @@ void check_against_single_frames(const Classifier& classifier,
     alone_frame.via = Via::kRoot;
     alone_frame.depth = 0;
     const Verdict alone = classifier.classify({alone_frame});
-    if (alone.matched && alone.kind == RuleKind::kFatal) {
+    if (alone.matched && alone.rule_kind == RuleKind::kFatal) {
       require(verdict.fatal, "a definitive fatal frame makes the chain fatal");
     }
     if (static_cast<int>(j) == verdict.frame_index) {
-      require(alone.matched && alone.rule_id == verdict.rule_id,
+      require(alone.matched && alone.rule == verdict.rule,
               "the deciding frame alone gives the same rule");
     }
   }

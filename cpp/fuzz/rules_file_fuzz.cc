@@ -81,8 +81,8 @@ void check_classification(const std::shared_ptr<const RuleSet>& rule_set,
       verdict.excerpt.size() <= mineru_health::ClassifierLimits{}.excerpt_bytes,
       "excerpt within excerpt_bytes");
   if (!verdict.matched) {
-    require(verdict.rule_id.empty() && verdict.frame_index == -1,
-            "unmatched has no rule_id and frame_index -1");
+    require(verdict.rule.empty() && verdict.frame_index == -1,
+            "unmatched has no rule and frame_index -1");
     return;
   }
   require(verdict.frame_index >= 0 &&
@@ -90,15 +90,15 @@ void check_classification(const std::shared_ptr<const RuleSet>& rule_set,
           "frame_index in range");
   bool found = false;
   for (const Rule& rule : rule_set->rules()) {
-    if (rule.id != verdict.rule_id) continue;
+    if (rule.id != verdict.rule) continue;
     found = true;
     require(rule.category == verdict.category &&
                 mineru_health::is_fatal(rule.kind) == verdict.fatal &&
                 (rule.kind == RuleKind::kAmbiguous) == verdict.ambiguous &&
-                rule.kind == verdict.kind,
+                rule.kind == verdict.rule_kind,
             "verdict carries its rule's kind and category");
   }
-  require(found, "rule_id names a rule of the set");
+  require(found, "rule names a rule of the set");
 }
 
 }  // namespace

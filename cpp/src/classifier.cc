@@ -277,6 +277,15 @@ Origin frame_origin(const Frame& frame) {
   return Origin::kOther;
 }
 
+const char* Verdict::kind() const {
+  if (fatal) return "fatal";
+  return ambiguous ? "ambiguous" : "task_local";
+}
+
+const char* Verdict::strength() const {
+  return matched ? strength_name(rule_kind) : "";
+}
+
 Classifier::Classifier(std::shared_ptr<const RuleSet> rule_set,
                        ClassifierLimits limits)
     : rule_set_(std::move(rule_set)), limits_(limits) {
@@ -406,10 +415,10 @@ Verdict Classifier::classify(const std::vector<Frame>& frames,
   const Rule& rule = rules[hit.rule];
   const std::size_t frame_index = static_cast<std::size_t>(hit.frame);
   verdict.matched = true;
-  verdict.kind = rule.kind;
+  verdict.rule_kind = rule.kind;
   verdict.fatal = is_fatal(rule.kind);
   verdict.ambiguous = rule.kind == RuleKind::kAmbiguous;
-  verdict.rule_id = rule.id;
+  verdict.rule = rule.id;
   verdict.category = rule.category;
   verdict.frame_index = hit.frame;
   if (options.remote_engine) {

@@ -3,9 +3,9 @@
 // derived. Bad configuration is an operator error, so it throws ConfigError
 // (naming the variable and the rule) once, at start-up.
 //
-// Over 500 lines because the two tables (about 200 lines of data: every
-// variable's bounds and help text) live next to the one parser that reads
-// them; splitting them apart would spread one definition over two files.
+// The rows themselves are config_variables.def, which also declares the
+// struct members: this file turns them into ConfigVariable entries and holds
+// the one parser and validator that read them.
 #include "mineru_health/config.h"
 
 #include <arpa/inet.h>
@@ -39,6 +39,10 @@ constexpr double kDay = 24 * 3600;
 
 using internal::PathCheck;
 
+// Numeric bounds of a row; `range` in config_variables.def is the argument
+// list of limits().
+enum Edge { kClosed, kMaxExclusive, kZeroDisables };
+
 struct Limits {
   double min = 0;
   double max = 0;
@@ -46,13 +50,18 @@ struct Limits {
   bool zero_disables = false;
 };
 
+constexpr Limits limits() { return {}; }
+constexpr Limits limits(double min, double max, Edge edge = kClosed) {
+  return {min, max, edge == kMaxExclusive, edge == kZeroDisables};
+}
+
 template <typename Config>
 using Member =
     std::variant<std::monostate, double Config::*, int Config::*,
                  std::size_t Config::*, bool Config::*, std::string Config::*,
                  std::optional<int> Config::*>;
 
-// One table row as written below; ConfigVariable is derived from it.
+// One row of config_variables.def; ConfigVariable is derived from it.
 template <typename Config>
 struct Row {
   const char* suffix;
@@ -64,6 +73,22 @@ struct Row {
   PathCheck path_check = PathCheck::kNone;
   ConfigComponent component = ConfigComponent::kRouter;
   bool test_only = false;
+  // Router rows: the value in the fast and outage-tolerant presets, as an
+  // operator writes it; "" = the default.
+  const char* fast = "";
+  const char* outage_tolerant = "";
+};
+
+// The presets, in preset_names() order: each reads its column of the router
+// rows over the defaults (production's column is the defaults themselves).
+struct Preset {
+  const char* name;
+  const char* Row<HealthConfig>::*column;  // nullptr: the defaults
+};
+constexpr Preset kPresets[] = {
+    {"fast", &Row<HealthConfig>::fast},
+    {kDefaultPreset, nullptr},
+    {"outage-tolerant", &Row<HealthConfig>::outage_tolerant},
 };
 
 bool is_numeric(ConfigType type) {
@@ -71,213 +96,45 @@ bool is_numeric(ConfigType type) {
          type == ConfigType::kInteger || type == ConfigType::kPort;
 }
 
-// clang-format off
-// The router's variables, in README order. Bounds: see kMinSeconds/kDay.
+// The router's variables, in README order.
 const std::vector<Row<HealthConfig>>& router_rows() {
-  using C = HealthConfig;
-  using T = ConfigType;
-  static const std::vector<Row<C>> kRows = {
-      {"PRESET", "", {}, T::kChoice, {},
-       "Starting point for every other variable: fast, production (the "
-       "defaults) or outage-tolerant."},
-      {"INTERVAL_S", "interval_s", &C::interval_s, T::kSeconds, {0.01, kDay},
-       "Seconds between two probes of one worker (each jittered by JITTER)."},
-      {"TIMEOUT_S", "probe_timeout_s", &C::probe_timeout_s, T::kSeconds,
-       {kMinSeconds, kDay},
-       "Seconds one GET /health may take in all; must be below INTERVAL_S."},
-      {"CONNECT_TIMEOUT_S", "connect_timeout_s", &C::connect_timeout_s,
-       T::kSeconds, {kMinSeconds, kDay},
-       "Seconds to establish the connection; at most TIMEOUT_S."},
-      {"FAILURE_THRESHOLD", "failure_threshold", &C::failure_threshold,
-       T::kInteger, {1, 1000},
-       "Consecutive failed probes before a worker is marked failed (a 503 "
-       "with engine_dead skips it)."},
-      {"HEALTHY_THRESHOLD", "healthy_threshold", &C::healthy_threshold,
-       T::kInteger, {1, 1000},
-       "Consecutive healthy probes before an ejected worker is routed to "
-       "again."},
-      {"BACKOFF_BASE_S", "backoff_base_s", &C::backoff_base_s, T::kSeconds,
-       {kMinSeconds, kDay},
-       "Seconds before the first restart of a failed local worker; doubles "
-       "per attempt; at most BACKOFF_MAX_S."},
-      {"BACKOFF_MAX_S", "backoff_max_s", &C::backoff_max_s, T::kSeconds,
-       {kMinSeconds, kDay}, "Upper bound of the restart delay."},
-      {"MAX_ATTEMPTS", "max_attempts", &C::max_attempts, T::kInteger,
-       {0, 1000},
-       "Failed restarts before giving up (the worker is still probed); 0 "
-       "never restarts."},
-      {"BOOT_TIMEOUT_S", "boot_timeout_s", &C::boot_timeout_s, T::kSeconds,
-       {1, kDay},
-       "Seconds a (re)started local worker has to answer healthy."},
-      {"MAIN_PORT_TIMEOUT_S", "main_port_timeout_s", &C::main_port_timeout_s,
-       T::kSeconds, {kMinSeconds, kDay},
-       "Seconds one GET /health on a worker's main port may take (a worker "
-       "with no native endpoint): MinerU blocks that port's event loop for "
-       "seconds under load; may exceed INTERVAL_S."},
-      {"STABLE_WINDOW_S", "stable_window_s", &C::stable_window_s, T::kSeconds,
-       {0, kDay},
-       "Seconds a restarted worker must stay healthy before the restart "
-       "counts as successful and the attempt count resets."},
-      {"CONCURRENCY", "concurrency", &C::concurrency, T::kInteger,
-       {1, 1000000}, "Probes in flight at once."},
-      {"JITTER", "jitter", &C::jitter, T::kNumber, {0, 0.5, true},
-       "Random spread of each interval, as a fraction."},
-      {"EXPECTED_STATUS", "expected_status", &C::expected_status, T::kText,
-       {}, "Value of the `status` field a healthy /health body carries."},
-      {"MAX_BODY_BYTES", "max_body_bytes", &C::max_body_bytes, T::kInteger,
-       {256, 16 * 1024 * 1024},
-       "Largest /health body read; a longer one fails the probe."},
-      {"MAX_EJECTION_PERCENT", "max_ejection_percent",
-       &C::max_ejection_percent, T::kInteger, {0, 100},
-       "Largest share of workers, in percent, that timeouts and passive "
-       "failures may hold out of rotation at once (one always stays); a "
-       "worker whose own /health says it is dead is never held back."},
-      {"TASK_RETRIES", "task_retries", &C::task_retries, T::kInteger, {0, 10},
-       "Times one task is resubmitted to another worker after its worker's "
-       "engine died; 0 never resubmits."},
-      {"RETRY_BUDGET_PERCENT", "retry_budget_percent",
-       &C::retry_budget_percent, T::kNumber, {0, 100},
-       "Resubmissions in flight at most this share, in percent, of the tasks "
-       "in flight; a task over it waits its turn, at most BOOT_TIMEOUT_S."},
-      {"RETRY_BUDGET_MIN", "retry_budget_min", &C::retry_budget_min,
-       T::kInteger, {0, 1000},
-       "Resubmissions in flight always allowed, whatever the share."},
-      {"MAX_KEPT_TASKS", "max_kept_tasks", &C::max_kept_tasks, T::kInteger,
-       {1, 1000000},
-       "Tasks whose uploads the router keeps for resubmission at most; past "
-       "it new submissions get 503 with Retry-After."},
-      {"MAX_KEPT_MB", "max_kept_mb", &C::max_kept_mb, T::kInteger,
-       {1, 16 * 1024 * 1024},
-       "MiB of kept uploads on disk at most; past it new submissions get 503 "
-       "with Retry-After."},
-      {"NATIVE_PROBES", "native_probes", &C::native_probes, T::kFlag, {},
-       "Probe local workers' native health endpoints (MINERU_HEALTH_PORT, "
-       "reserved and passed on by the router) and the one a remote worker "
-       "advertises; 0 probes every main-port /health with TIMEOUT_S, as 0.1 "
-       "did, where a busy worker times out."},
-      {"AUDIT_PATH", "audit_path", &C::audit_path, T::kPath, {},
-       "File that audit JSON lines are appended to; empty means stderr.",
-       PathCheck::kWritableFile},
-      {"CA_FILE", "ca_file", &C::ca_file, T::kPath, {},
-       "PEM file of the CAs that sign HTTPS workers' certificates; empty "
-       "means the system's CA store. Certificates are always verified.",
-       PathCheck::kReadableFile},
+  static const std::vector<Row<HealthConfig>> kRows = {
+#define MINERU_HEALTH_ROUTER_NAME(suffix, type, meaning) \
+  {#suffix, "", {}, ConfigType::type, {}, meaning},
+#define MINERU_HEALTH_ROUTER_FIELD(suffix, field, cpp_type, default_value, \
+                                   type, range, path_check, fast,          \
+                                   outage_tolerant, meaning)               \
+  {#suffix,      #field,  &HealthConfig::field,  ConfigType::type,         \
+   limits range, meaning, PathCheck::path_check, ConfigComponent::kRouter, \
+   false,        fast,    outage_tolerant},
+#include "mineru_health/config_variables.def"
   };
   return kRows;
 }
 
 // The worker's variables, then names other tools read, in README order.
 const std::vector<Row<WorkerConfig>>& worker_rows() {
-  using C = WorkerConfig;
-  using T = ConfigType;
-  constexpr auto kW = ConfigComponent::kWorker;
-  constexpr auto kTool = ConfigComponent::kTooling;
-  static const std::vector<Row<C>> kRows = {
-      {"RULES", "rules_path", &C::rules_path, T::kPath, {},
-       "Extra rules file (docs/rules.md), read by workers and the router; a "
-       "bad file stops them at start-up naming file, line and rule.",
-       PathCheck::kReadableFile, kW},
-      {"PORT", "port", &C::port, T::kPort, {0, 65535},
-       "Port of the native health endpoint, served off the event loop; 0 "
-       "picks a free port; unset: not served.",
-       PathCheck::kNone, kW},
-      {"BIND", "bind", &C::bind, T::kAddress, {},
-       "IP address the native health endpoint listens on.", PathCheck::kNone,
-       kW},
-      {"LOOP_HANG_S", "loop_hang_s", &C::loop_hang_s, T::kSeconds,
-       {kMinSeconds, kDay},
-       "Seconds the event loop may go without a heartbeat before the worker "
-       "reports itself hung.",
-       PathCheck::kNone, kW},
-      {"STALL_S", "stall_s", &C::stall_s, T::kSeconds,
-       {kMinSeconds, kDay, false, true},
-       "Seconds engine calls may be in flight without one of them, or one "
-       "engine request, completing before the worker reports its engine "
-       "stalled (fatal); 0 disables the stall watchdog.",
-       PathCheck::kNone, kW},
-      {"TASK_HANG_S", "task_hang_s", &C::task_hang_s, T::kSeconds,
-       {kMinSeconds, kDay, false, true},
-       "Seconds a task may make no progress of its own (no engine call or "
-       "request ending for it, in or out of engine calls) before it is failed "
-       "as hung, for the router to resubmit; when every task is hung the "
-       "worker is stalled (fatal); 0 disables.",
-       PathCheck::kNone, kW},
-      {"VERIFY_S", "verify_s", &C::verify_s, T::kSeconds,
-       {kMinSeconds, 60, false, true},
-       "Seconds the worker may spend asking its engine (vLLM's health call, "
-       "lmdeploy's loops, llama.cpp, a device sync) whether it still works "
-       "after a failure no rule decides; a dead engine makes it fatal "
-       "(engine_check_failed); 0 never asks.",
-       PathCheck::kNone, kW},
-      {"EXIT_ON_FATAL", "exit_on_fatal", &C::exit_on_fatal, T::kFlag, {},
-       "After an engine death, fail pending tasks, answer 503 for "
-       "EXIT_GRACE_S, then exit with code 75 (for supervisors that only react "
-       "to a process exit).",
-       PathCheck::kNone, kW},
-      {"EXIT_GRACE_S", "exit_grace_s", &C::exit_grace_s, T::kSeconds,
-       {0, 3600}, "Seconds of 503 answers before that exit.",
-       PathCheck::kNone, kW},
-      {"RETRY_AFTER_S", "retry_after_s", &C::retry_after_s, T::kInteger,
-       {1, 3600},
-       "Retry-After, in whole seconds, on the 503 a dead worker gives new "
-       "submissions.",
-       PathCheck::kNone, kW},
-      {"EXPOSE_ERRORS", "expose_errors", &C::expose_errors, T::kFlag, {},
-       "Show the failing task's exception message in /health and in other "
-       "tasks' errors (it can quote a user's document); off: rule, category, "
-       "exception type and time only.",
-       PathCheck::kNone, kW},
-      {"ERROR_BUDGET", "error_budget", &C::error_budget, T::kInteger,
-       {1, 10000},
-       "Ambiguous device errors (a standalone out-of-memory...) within "
-       "ERROR_BUDGET_WINDOW_S that make the worker fatal (error_budget); "
-       "fewer stay task-local.",
-       PathCheck::kNone, kW},
-      {"ERROR_BUDGET_WINDOW_S", "error_budget_window_s",
-       &C::error_budget_window_s, T::kSeconds, {1, kDay},
-       "The window ERROR_BUDGET counts in.", PathCheck::kNone, kW},
-      {"PARENT_PID", "parent_pid", &C::parent_pid, T::kInteger, {0, 4194304},
-       "Set by mineru-router for the workers it launches: the worker exits "
-       "when that process dies, however it dies; 0 or unset: no such link.",
-       PathCheck::kNone, kW},
-      {"TASK_STORE", "task_store", &C::task_store, T::kFlag, {},
-       "Keep every finished task (status, verdict, where its output is) in a "
-       "SQLite file in STATE_DIR, so that a restarted worker still serves "
-       "results completed before the restart.",
-       PathCheck::kNone, kW},
-      {"STATE_DIR", "state_dir", &C::state_dir, T::kPath, {},
-       "Directory of the task store (created if missing); unset: MinerU's "
-       "output root (MINERU_API_OUTPUT_ROOT). mineru-router gives each local "
-       "worker one that outlives its restarts.",
-       PathCheck::kNone, kW},
-      {"FAULT_PLAN", "fault_plan_path", &C::fault_plan_path, T::kPath, {},
-       "Tests and the demo only: fault injection plan file "
-       "(python/mineru_health/testing/faults.py); `{port}` in it is replaced "
-       "by the worker's port.",
-       PathCheck::kNone, kW, true},
-      {"FAULT_HANG_S", "fault_hang_s", &C::fault_hang_s, T::kSeconds,
-       {0, kDay}, "Tests and the demo only: how long a `hang` fault blocks.",
-       PathCheck::kNone, kW, true},
-      {"MINERU_PYTHON", "", {}, T::kPath, {},
-       "Tests and the demo only: the Python that runs MinerU (default: the "
-       "current one); workers ignore it.",
-       PathCheck::kNone, kTool, true},
-      {"MINERU4_PYTHON", "", {}, T::kPath, {},
-       "Tests and benchmarks only: the Python of a MinerU 4.0 environment "
-       "(the 4.0 integration tests skip without it); workers ignore it.",
-       PathCheck::kNone, kTool, true},
-      {"RELEASE_WHEELS", "", {}, T::kPath, {},
-       "Tests only: directory of the MinerU release wheels the patch "
-       "manifests name (scripts/setup.sh fetches them); workers ignore it.",
-       PathCheck::kNone, kTool, true},
-      {"PATCHES_DIR", "", {}, T::kPath, {},
-       "`mineru-health patch` only: directory of the patch sets (default: the "
-       "installed ones); workers ignore it.",
-       PathCheck::kNone, kTool},
+  static const std::vector<Row<WorkerConfig>> kRows = {
+#define MINERU_HEALTH_WORKER_FIELD(suffix, field, cpp_type, default_value, \
+                                   type, range, path_check, test_only,     \
+                                   meaning)                                \
+  {#suffix,      #field,  &WorkerConfig::field,  ConfigType::type,         \
+   limits range, meaning, PathCheck::path_check, ConfigComponent::kWorker, \
+   test_only},
+#define MINERU_HEALTH_TOOLING_NAME(suffix, type, test_only, meaning) \
+  {#suffix,                                                          \
+   "",                                                               \
+   {},                                                               \
+   ConfigType::type,                                                 \
+   {},                                                               \
+   meaning,                                                          \
+   PathCheck::kNone,                                                 \
+   ConfigComponent::kTooling,                                        \
+   test_only},
+#include "mineru_health/config_variables.def"
   };
   return kRows;
 }
-// clang-format on
 
 [[noreturn]] void refuse(const std::string& variable,
                          const std::string& message) {
@@ -557,8 +414,7 @@ void assign(Config& config, const Member<Config>& member,
 template <typename Config>
 struct Entry {
   ConfigVariable variable;
-  Member<Config> member;
-  PathCheck path_check;
+  const Row<Config>* row;  // member, path check and preset columns
 };
 
 template <typename Config>
@@ -578,7 +434,20 @@ Entry<Config> derive(const Row<Config>& row, const char* prefix,
   }
   v.meaning = row.meaning;
   v.test_only = row.test_only;
-  return {std::move(v), row.member, row.path_check};
+  return {std::move(v), &row};
+}
+
+// The defaults with `preset`'s column of the router rows applied (parsed
+// and checked like the operator's own values).
+HealthConfig apply_preset(const std::vector<Entry<HealthConfig>>& entries,
+                          const Preset& preset) {
+  HealthConfig config;
+  if (preset.column == nullptr) return config;
+  for (const Entry<HealthConfig>& e : entries) {
+    const std::string text = e.row->*preset.column;
+    if (!text.empty()) assign(config, e.row->member, e.variable, text);
+  }
+  return config;
 }
 
 const std::vector<Entry<HealthConfig>>& router_entries() {
@@ -590,14 +459,18 @@ const std::vector<Entry<HealthConfig>>& router_entries() {
       if (e.variable.name == kPresetName) {
         e.variable.choices = preset_names();
         e.variable.default_value = kDefaultPreset;
-      } else {
-        for (const std::string& name : preset_names()) {
-          e.variable.preset_values.emplace_back(
-              name, member_text(preset(name), e.member));
-        }
       }
-      e.variable.allowed = allowed_text(e.variable, e.path_check);
+      e.variable.allowed = allowed_text(e.variable, row.path_check);
       entries.push_back(std::move(e));
+    }
+    // Each preset's value of each field, as the operator would write it.
+    for (const Preset& p : kPresets) {
+      const HealthConfig config = apply_preset(entries, p);
+      for (Entry<HealthConfig>& e : entries) {
+        if (e.variable.field.empty()) continue;
+        e.variable.preset_values.emplace_back(
+            p.name, member_text(config, e.row->member));
+      }
     }
     return entries;
   }();
@@ -610,7 +483,7 @@ const std::vector<Entry<WorkerConfig>>& worker_entries() {
     const WorkerConfig defaults;
     for (const Row<WorkerConfig>& row : worker_rows()) {
       Entry<WorkerConfig> e = derive(row, kWorkerPrefix, defaults);
-      e.variable.allowed = allowed_text(e.variable, e.path_check);
+      e.variable.allowed = allowed_text(e.variable, row.path_check);
       entries.push_back(std::move(e));
     }
     return entries;
@@ -630,10 +503,10 @@ const std::vector<ConfigVariable>& all_variables() {
 
 PathCheck path_check_of(const ConfigVariable& variable) {
   for (const auto& e : router_entries()) {
-    if (e.variable.name == variable.name) return e.path_check;
+    if (e.variable.name == variable.name) return e.row->path_check;
   }
   for (const auto& e : worker_entries()) {
-    if (e.variable.name == variable.name) return e.path_check;
+    if (e.variable.name == variable.name) return e.row->path_check;
   }
   return PathCheck::kNone;
 }
@@ -645,9 +518,10 @@ void validate_values(const std::vector<Entry<Config>>& entries,
   for (const Entry<Config>& e : entries) {
     const ConfigVariable& v = e.variable;
     if (is_numeric(v.type)) {
-      if (auto value = member_number(config, e.member)) check_range(v, *value);
+      if (auto value = member_number(config, e.row->member))
+        check_range(v, *value);
     } else if (v.type == ConfigType::kText || v.type == ConfigType::kAddress) {
-      check_text(v, member_text(config, e.member));
+      check_text(v, member_text(config, e.row->member));
     }
   }
 }
@@ -658,8 +532,8 @@ template <typename Config>
 void validate_files(const std::vector<Entry<Config>>& entries,
                     const Config& config) {
   for (const Entry<Config>& e : entries) {
-    internal::check_path(e.path_check, e.variable.name,
-                         member_text(config, e.member));
+    internal::check_path(e.row->path_check, e.variable.name,
+                         member_text(config, e.row->member));
   }
 }
 
@@ -686,7 +560,7 @@ void apply_env(const std::vector<Entry<Config>>& entries,
                const std::map<std::string, std::string>& env, Config& config) {
   for (const Entry<Config>& e : entries) {
     auto it = env.find(e.variable.name);
-    if (it != env.end()) assign(config, e.member, e.variable, it->second);
+    if (it != env.end()) assign(config, e.row->member, e.variable, it->second);
   }
 }
 
@@ -754,37 +628,14 @@ const ConfigVariable& config_variable_for(ConfigComponent component,
 }
 
 std::vector<std::string> preset_names() {
-  return {"fast", kDefaultPreset, "outage-tolerant"};
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
 }
 
 HealthConfig preset(const std::string& name) {
-  HealthConfig c;
-  if (name == kDefaultPreset) return c;
-  if (name == "fast") {
-    c.interval_s = 1;
-    c.probe_timeout_s = 0.5;
-    c.connect_timeout_s = 0.25;
-    c.failure_threshold = 2;
-    c.backoff_base_s = 1;
-    c.backoff_max_s = 10;
-    c.max_attempts = 5;
-    c.boot_timeout_s = 120;
-    // Demos and tests watch a restart succeed within a minute.
-    c.stable_window_s = 30;
-    return c;
-  }
-  if (name == "outage-tolerant") {
-    c.interval_s = 5;
-    c.probe_timeout_s = 3;
-    c.connect_timeout_s = 1;
-    c.failure_threshold = 5;
-    c.backoff_base_s = 5;
-    c.backoff_max_s = 600;
-    c.max_attempts = 12;
-    c.boot_timeout_s = 600;
-    c.main_port_timeout_s = 120;
-    c.stable_window_s = 1200;
-    return c;
+  for (const Preset& p : kPresets) {
+    if (name == p.name) return apply_preset(router_entries(), p);
   }
   refuse(kPresetName,
          fmt::format("{}={} is not a preset ({})", kPresetName, quoted(name),

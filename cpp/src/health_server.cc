@@ -6,7 +6,6 @@
 #include "mineru_health/health_server.h"
 
 #include <arpa/inet.h>
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -14,7 +13,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <utility>
@@ -27,17 +25,6 @@ namespace {
 
 // Ordered, so bodies list MinerU's fields first, as MinerU does.
 using json = nlohmann::ordered_json;
-
-std::string iso_utc(double unix_time) {
-  const double whole = std::floor(unix_time);
-  const auto micros = static_cast<long>(std::lround((unix_time - whole) * 1e6));
-  const std::time_t t = static_cast<std::time_t>(whole);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  // The same shape as Python's datetime.isoformat() for an aware UTC time.
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}+00:00", tm,
-                     std::min(micros, 999999L));
-}
 
 json optional_number(const std::optional<double>& value) {
   if (!value) return nullptr;
@@ -80,17 +67,16 @@ void add_our_fields(json& body, const WorkerSnapshot& snap) {
 
 void add_fatal_fields(json& body, const FatalRecord& fatal,
                       bool expose_errors) {
-  body["rule"] = fatal.rule_id;
+  body["rule"] = fatal.rule;
   body["category"] = fatal.category;
   body["exception_type"] = fatal.exception_type;
-  body["since"] = iso_utc(fatal.unix_time);
+  body["since"] = fatal.since();
   if (expose_errors) {
     body["error"] = fatal.error;
   } else {
     body["error"] = fmt::format(
-        "inference engine unusable ({}, rule {}); the worker log "
-        "has the details",
-        fatal.category, fatal.rule_id);
+        "inference engine unusable ({}); the worker log has the details",
+        fatal.cause());
   }
 }
 

@@ -89,6 +89,12 @@ std::string parse_options(const std::string& line, std::size_t* pos,
 
 }  // namespace
 
+std::string Rule::to_line() const {
+  return id + " " + to_string(kind) + " " + category +
+         " target=" + to_string(target) + " origin=" + to_string(scope) + " " +
+         pattern;
+}
+
 ParseRulesResult parse_rules_text(const std::string& text,
                                   const std::string& source) {
   ParseRulesResult result;

@@ -4,11 +4,14 @@
 // condition variable that a fatal record signals.
 #include "mineru_health/worker_state.h"
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <ctime>
 #include <deque>
 #include <limits>
 #include <map>
@@ -40,6 +43,22 @@ constexpr std::int64_t kNoTick = std::numeric_limits<std::int64_t>::min();
 constexpr std::chrono::seconds kStallCheckPeriod(1);
 
 }  // namespace
+
+std::string FatalRecord::since() const {
+  const double whole = std::floor(unix_time);
+  const auto micros = static_cast<long>(std::lround((unix_time - whole) * 1e6));
+  const std::time_t t = static_cast<std::time_t>(whole);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  // The shape of Python's datetime.isoformat() for an aware UTC time, with
+  // the microseconds always written.
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}+00:00", tm,
+                     std::min(micros, 999999L));
+}
+
+std::string FatalRecord::cause() const {
+  return fmt::format("{}, rule {}", category, rule);
+}
 
 const char* to_string(HealthPhase phase) {
   switch (phase) {
@@ -188,7 +207,7 @@ bool WorkerState::record_ambiguous(const FatalRecord& record) {
           "{} ambiguous device errors within {:g} s; the last one: {}",
           s.recent_ambiguous.size(), seconds(s.options.error_budget_window),
           record.error);
-      over.rule_id = kBudgetRule;
+      over.rule = kBudgetRule;
       over.category = kBudgetCategory;
       over.unix_time = s.unix_now();
       escalated = s.record_fatal(std::move(over));

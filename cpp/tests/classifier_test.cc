@@ -158,13 +158,13 @@ void expect_verdict(const Case& c, const Verdict& verdict) {
   EXPECT_EQ(verdict.fatal, c.fatal);
   EXPECT_EQ(verdict.ambiguous, c.ambiguous);
   EXPECT_EQ(verdict.matched, !expected_rule.empty());
-  EXPECT_EQ(verdict.rule_id, expected_rule);
+  EXPECT_EQ(verdict.rule, expected_rule);
   EXPECT_EQ(verdict.frame_index, c.frame_index);
   EXPECT_TRUE(is_valid_utf8(verdict.excerpt)) << verdict.excerpt;
   EXPECT_LE(verdict.excerpt.size(), ClassifierLimits{}.excerpt_bytes);
   if (verdict.matched) {
     EXPECT_FALSE(verdict.category.empty());
-    EXPECT_EQ(verdict.fatal, is_fatal(verdict.kind));
+    EXPECT_EQ(verdict.fatal, is_fatal(verdict.rule_kind));
   } else {
     EXPECT_TRUE(verdict.category.empty());
     EXPECT_TRUE(verdict.excerpt.empty());
@@ -987,7 +987,7 @@ TEST(OperatorRules, TaskLocalCarveOutBeatsBuiltinDefinitive) {
   const Verdict verdict = classifier.classify(
       {runtime_error("fontlib says no", "fontlib"), v1_engine_dead()});
   EXPECT_FALSE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "site.fonts");
+  EXPECT_EQ(verdict.rule, "site.fonts");
 }
 
 // Issue 17: a plain operator rule let document text decide again (a zip
@@ -1002,7 +1002,7 @@ TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
   const Verdict from_engine = classifier.classify(
       {runtime_error("acme engine gone", "vllm.v1.engine.core")});
   EXPECT_TRUE(from_engine.fatal);
-  EXPECT_EQ(from_engine.rule_id, "site.gone");
+  EXPECT_EQ(from_engine.rule, "site.gone");
 }
 
 TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {
@@ -1010,7 +1010,7 @@ TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {
       with_operator_file("site.oom fatal device CUDA out of memory\n"));
   const Verdict verdict = classifier.classify({cuda_oom(), pdfium_error()});
   EXPECT_TRUE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "site.oom");
+  EXPECT_EQ(verdict.rule, "site.oom");
 }
 
 TEST(OperatorRules, ReplacingABuiltinMakesItAnOperatorRule) {
@@ -1020,7 +1020,7 @@ TEST(OperatorRules, ReplacingABuiltinMakesItAnOperatorRule) {
   const Verdict verdict = classifier.classify({runtime_error(
       "Engine core initialization failed.", "vllm.v1.engine.utils")});
   EXPECT_FALSE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "vllm.engine_core_init_failed");
+  EXPECT_EQ(verdict.rule, "vllm.engine_core_init_failed");
 }
 
 TEST(OperatorRules, OffDisablesABuiltin) {
@@ -1216,7 +1216,7 @@ TEST(ClassifierHostile, TenMegabyteMessageMarkerAtEnd) {
   message += " EngineCore encountered an issue";
   Verdict verdict = classifier.classify({runtime_error(message)});
   EXPECT_TRUE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "vllm.engine_core_issue");
+  EXPECT_EQ(verdict.rule, "vllm.engine_core_issue");
 }
 
 TEST(ClassifierHostile, TenMegabytesOfRandomBytes) {
@@ -1235,7 +1235,7 @@ TEST(ClassifierHostile, RandomBytesEverywhereWithMarkerInTail) {
   frame.raised_in = "torch.cuda";
   Verdict verdict = classifier.classify({frame});
   EXPECT_TRUE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "cuda.misaligned_address");
+  EXPECT_EQ(verdict.rule, "cuda.misaligned_address");
   EXPECT_TRUE(is_valid_utf8(verdict.excerpt));
 }
 
@@ -1264,7 +1264,7 @@ TEST(ClassifierHostile, TotalMessageBudgetLeavesTypesJudged) {
   EXPECT_FALSE(classifier.classify(frames).matched);
   // ...but a class still decides.
   frames.push_back(v1_engine_dead());
-  EXPECT_EQ(classifier.classify(frames).rule_id, "vllm.engine_dead");
+  EXPECT_EQ(classifier.classify(frames).rule, "vllm.engine_dead");
 }
 
 TEST(ClassifierHostile, SixtyFourFramesOfOneMegabyte) {
@@ -1406,9 +1406,8 @@ TEST(RuleSetCompile, RuleOrderBreaksTies) {
       {"second", RuleKind::kFatal, "b", "bo+m"},
   });
   ASSERT_TRUE(result.ok());
-  EXPECT_EQ(
-      Classifier(result.rule_set).classify({runtime_error("boom")}).rule_id,
-      "first");
+  EXPECT_EQ(Classifier(result.rule_set).classify({runtime_error("boom")}).rule,
+            "first");
 }
 
 struct RunCase {
@@ -1421,6 +1420,7 @@ TEST(PatternClassRun, CountsBoundedRunsOfClasses) {
       {"enginedeaderror", 0},
       {"engine core encountered an issue", 0},
       {"a[ab]{14,19}c0q", 19},
+      {"a[ab]{14,19}c", 19},
       {"a[ab]{1,8}c", 8},
       {"[ab][ab][ab]", 3},
       {".{0,100}", 100},
@@ -1451,9 +1451,42 @@ TEST(RuleKindTest, Names) {
   EXPECT_STREQ(to_string(RuleKind::kGeneric), "generic");
   EXPECT_TRUE(is_fatal(RuleKind::kHeuristic));
   EXPECT_FALSE(is_fatal(RuleKind::kAmbiguous));
+  EXPECT_STREQ(to_string(Via::kRoot), "root");
+  EXPECT_STREQ(to_string(Via::kCause), "cause");
+  EXPECT_STREQ(to_string(Via::kContext), "context");
   EXPECT_STREQ(to_string(Via::kGroupMember), "group");
   EXPECT_STREQ(to_string(RuleTarget::kType), "type");
   EXPECT_STREQ(to_string(RuleScope::kEngine), "engine");
+}
+
+TEST(RuleTest, ToLineIsARulesFileLine) {
+  const Rule rule("site.x", RuleKind::kHeuristic, "engine_dead", "a  b",
+                  RuleTarget::kMessage, RuleScope::kEngine, true);
+  EXPECT_EQ(rule.to_line(),
+            "site.x heuristic engine_dead target=message origin=engine a  b");
+  ParseRulesResult parsed = parse_rules_text(rule.to_line(), "<line>");
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ(parsed.rules.size(), 1u);
+  EXPECT_EQ(parsed.rules[0].to_line(), rule.to_line());
+}
+
+TEST(VerdictTest, KindAndStrength) {
+  Verdict verdict;
+  EXPECT_STREQ(verdict.kind(), "task_local");
+  EXPECT_STREQ(verdict.strength(), "");  // nothing matched
+  verdict.matched = true;
+  verdict.rule_kind = RuleKind::kGeneric;
+  EXPECT_STREQ(verdict.kind(), "task_local");
+  EXPECT_STREQ(verdict.strength(), "generic");
+  verdict.rule_kind = RuleKind::kAmbiguous;
+  verdict.ambiguous = true;
+  EXPECT_STREQ(verdict.kind(), "ambiguous");
+  EXPECT_STREQ(verdict.strength(), "ambiguous");
+  verdict = Verdict{};
+  verdict.matched = verdict.fatal = true;
+  verdict.rule_kind = RuleKind::kFatal;
+  EXPECT_STREQ(verdict.kind(), "fatal");
+  EXPECT_STREQ(verdict.strength(), "definitive");
 }
 
 // ---- text forms
@@ -1482,6 +1515,15 @@ INSTANTIATE_TEST_SUITE_P(
         FormCase{"ascii", "Engine_Dead", "Engine_Dead", "enginedead"},
         FormCase{"punctuation", "engine-dead!", "engine-dead!", "enginedead"},
         FormCase{"camel", "EngineDead", "EngineDead", "enginedead"},
+        FormCase{"words", "Engine-Dead Error!", "Engine-Dead Error!",
+                 "enginedeaderror"},
+        FormCase{"invalid_byte",
+                 "a\xFF"
+                 "b",
+                 "a\xEF\xBF\xBD"
+                 "b",
+                 "a\xEF\xBF\xBD"
+                 "b"},
         FormCase{"chinese", "引擎 已-退出", "引擎 已-退出", "引擎已退出"},
         FormCase{"fullwidth", "ＡＢ：c", "ＡＢ：c", "ＡＢ：c"},
         FormCase{"invalid_run",

@@ -142,7 +142,7 @@ TEST(HealthAnswer, HungStartingAndUnhealthyBodies) {
 TEST(HealthAnswer, InvalidUtf8NeverBreaksTheBody) {
   WorkerSnapshot snap = snapshot_in(HealthPhase::kFatal);
   snap.first_fatal->error = std::string("bad \xff\xfe bytes");
-  snap.first_fatal->rule_id = std::string("rule\xc3");
+  snap.first_fatal->rule = std::string("rule\xc3");
   const HealthAnswer answer = health_answer("/health", snap, true);
   EXPECT_EQ(answer.status, 503);
   EXPECT_TRUE(json::parse(answer.body).is_object());

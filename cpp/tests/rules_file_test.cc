@@ -60,6 +60,25 @@ TEST(ParseRules, GoodFile) {
   EXPECT_EQ(result.rules[3].pattern, "文档损坏");
 }
 
+TEST(ParseRules, PatternKeepsInnerBlanksAndErrorsNameTheLine) {
+  ParseRulesResult result = parse_rules_text(
+      "# comment\nx.y fatal cat a  b\ncuda.device_assert off\n", "f.rules");
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result.disabled, std::vector<std::string>{"cuda.device_assert"});
+  ASSERT_EQ(result.rules.size(), 1u);
+  EXPECT_EQ(result.rules[0].id, "x.y");
+  EXPECT_EQ(result.rules[0].kind, RuleKind::kFatal);
+  EXPECT_EQ(result.rules[0].category, "cat");
+  EXPECT_EQ(result.rules[0].pattern, "a  b");
+
+  result = parse_rules_text("\n\nz fatal cat (\n", "f.rules");
+  EXPECT_TRUE(result.rules.empty());
+  ASSERT_EQ(result.errors.size(), 1u);
+  EXPECT_EQ(result.errors[0].source, "f.rules");
+  EXPECT_EQ(result.errors[0].line, 3);
+  EXPECT_EQ(result.errors[0].rule_id, "z");
+}
+
 TEST(ParseRules, EmptyAndCommentOnly) {
   EXPECT_TRUE(parse_rules_text("", "a").ok());
   ParseRulesResult result = parse_rules_text("# nothing\n\n  \n", "a");
@@ -228,7 +247,7 @@ TEST(MergeRules, OverrideOfABuiltin) {
                                     "EngineCore encountered an issue."}});
   EXPECT_TRUE(verdict.matched);
   EXPECT_FALSE(verdict.fatal);
-  EXPECT_EQ(verdict.rule_id, "vllm.engine_dead");
+  EXPECT_EQ(verdict.rule, "vllm.engine_dead");
 }
 
 TEST(MergeRules, DuplicateWithoutMergeFailsToCompile) {
@@ -252,7 +271,7 @@ TEST(RulesFileEndToEnd, TaskLocalCarveOutForARuntimeMessage) {
   ASSERT_TRUE(builtins_only.ok());
   Verdict before = Classifier(builtins_only.rule_set).classify({frame});
   EXPECT_TRUE(before.fatal);
-  EXPECT_EQ(before.rule_id, "engine.unrecoverable");
+  EXPECT_EQ(before.rule, "engine.unrecoverable");
 
   ParseRulesResult parsed = parse_rules_text(
       "# one font in some scanned PDFs, not the engine\n"
@@ -266,15 +285,15 @@ TEST(RulesFileEndToEnd, TaskLocalCarveOutForARuntimeMessage) {
   Classifier classifier(compiled.rule_set);
   Verdict after = classifier.classify({frame});
   EXPECT_FALSE(after.fatal);
-  EXPECT_EQ(after.rule_id, "site.glyph");
+  EXPECT_EQ(after.rule, "site.glyph");
   EXPECT_EQ(after.category, "bad_input");
 
   // The Chinese pattern meets both forms: plain, and split by punctuation
   // (compact form).
   Frame plain{"builtins", "ValueError", {}, "文档损坏，无法解析"};
   Frame split{"builtins", "ValueError", {}, "文档-损坏 (page 3)"};
-  EXPECT_EQ(classifier.classify({plain}).rule_id, "site.doc_cn");
-  EXPECT_EQ(classifier.classify({split}).rule_id, "site.doc_cn");
+  EXPECT_EQ(classifier.classify({plain}).rule, "site.doc_cn");
+  EXPECT_EQ(classifier.classify({split}).rule, "site.doc_cn");
   // The engine still dies for real.
   EXPECT_TRUE(classifier
                   .classify({{"vllm.v1.engine.exceptions",

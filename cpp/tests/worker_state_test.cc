@@ -84,9 +84,17 @@ TEST(WorkerState, FirstFatalKeptLastUpdated) {
   ASSERT_TRUE(snap.last_fatal.has_value());
   EXPECT_EQ(snap.first_fatal->error, "EngineDeadError: first");
   EXPECT_DOUBLE_EQ(snap.first_fatal->unix_time, 100.5);
-  EXPECT_EQ(snap.first_fatal->rule_id, "vllm.engine_dead");
+  EXPECT_EQ(snap.first_fatal->rule, "vllm.engine_dead");
   EXPECT_EQ(snap.first_fatal->category, "engine_dead");
   EXPECT_EQ(snap.last_fatal->error, "EngineDeadError: second");
+}
+
+TEST(FatalRecord, SinceAndCause) {
+  FatalRecord fatal = record("EngineDeadError: x", 1700000000.0);
+  EXPECT_EQ(fatal.since(), "2023-11-14T22:13:20.000000+00:00");
+  fatal.unix_time = 1700000000.25;
+  EXPECT_EQ(fatal.since(), "2023-11-14T22:13:20.250000+00:00");
+  EXPECT_EQ(fatal.cause(), "engine_dead, rule vllm.engine_dead");
 }
 
 TEST(WorkerState, ResetClearsEverything) {
@@ -255,7 +263,7 @@ TEST(WorkerState, StallNeedsEngineCallsInFlightAndNoProgress) {
   EXPECT_EQ(snap.phase, HealthPhase::kFatal);
   ASSERT_TRUE(snap.first_fatal.has_value());
   EXPECT_EQ(snap.first_fatal->category, kStallCategory);
-  EXPECT_EQ(snap.first_fatal->rule_id, kStallRule);
+  EXPECT_EQ(snap.first_fatal->rule, kStallRule);
   EXPECT_DOUBLE_EQ(snap.first_fatal->unix_time, 1700000000.0);
   EXPECT_TRUE(state.wait_until_unhealthy(milliseconds(0)));
   // Evaluated again: recorded once.
@@ -414,7 +422,7 @@ TEST(WorkerState, TaskWatchdogFailsHungTasksOnceAndStallsWhenAllAreHung) {
   WorkerSnapshot snap = state.snapshot();
   EXPECT_FALSE(snap.healthy);
   ASSERT_TRUE(snap.first_fatal.has_value());
-  EXPECT_EQ(snap.first_fatal->rule_id, kTasksHungRule);
+  EXPECT_EQ(snap.first_fatal->rule, kTasksHungRule);
   EXPECT_EQ(snap.first_fatal->category, kStallCategory);
 }
 

@@ -22,7 +22,6 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from . import _native
 from ._native import RuleKind, RuleScope, RuleTarget
@@ -56,107 +55,28 @@ MAX_RULES_FILE_BYTES: int = _native.MAX_RULES_FILE_BYTES
 #: A rules file with more rule lines than this is refused.
 MAX_RULES_FILE_RULES: int = _native.MAX_RULES_FILE_RULES
 
-VerdictKind = Literal["fatal", "task_local", "ambiguous"]
-
-
 def _b(text: str) -> bytes:
     # surrogatepass lets lone surrogates (seen in badly decoded messages) reach
     # the native side, which replaces whatever is not valid UTF-8.
     return text.encode("utf-8", "surrogatepass")
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One rule: ``pattern`` (RE2, case-insensitive) on ``target`` text classifies as ``kind``.
+#: One rule: ``pattern`` (RE2, case-insensitive) on ``target`` text classifies as ``kind``;
+#: ``scope`` says which frames a message or frame rule may judge (``RuleScope.ENGINE``: only
+#: those an engine or device runtime raised); ``from_operator`` marks rules from a rules file,
+#: consulted first. Read-only; ``kind_name``, ``strength``, ``target_name``, ``scope_name``
+#: and ``to_line()`` come from the native core.
+Rule = _native.Rule
 
-    ``scope`` says which frames a message or frame rule may judge
-    (``RuleScope.ENGINE``: only those an engine or device runtime raised).
-    ``from_operator`` marks rules from a rules file; they are consulted first.
-    """
-
-    id: str
-    kind: RuleKind
-    category: str
-    pattern: str
-    target: RuleTarget = RuleTarget.FRAME
-    scope: RuleScope = RuleScope.ANY
-    from_operator: bool = False
-
-    @classmethod
-    def _from_native(cls, rule: _native.Rule) -> Rule:
-        return cls(rule.id, rule.kind, rule.category, rule.pattern, rule.target, rule.scope,
-                   rule.from_operator)
-
-    def _to_native(self) -> _native.Rule:
-        return _native.Rule(_b(self.id), self.kind, _b(self.category), _b(self.pattern),
-                            self.target, self.scope, self.from_operator)
-
-    @property
-    def kind_name(self) -> str:
-        """``"fatal"``, ``"heuristic"``, ``"task_local"``, ``"generic"`` or ``"ambiguous"``."""
-        return _native.rule_kind_name(self.kind)
-
-    @property
-    def strength(self) -> str:
-        """The rule's place on the precedence ladder (``"definitive"`` for fatal rules)."""
-        return _native.strength_name(self.kind)
-
-    @property
-    def target_name(self) -> str:
-        return _native.target_name(self.target)
-
-    @property
-    def scope_name(self) -> str:
-        return _native.scope_name(self.scope)
-
-    def to_line(self) -> str:
-        """The rule as one line of a rules file."""
-        return (f"{self.id} {self.kind_name} {self.category} target={self.target_name} "
-                f"origin={self.scope_name} {self.pattern}")
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The decision on one failure.
-
-    ``matched`` is false when no rule matched: the failure then counts as
-    task-local. ``ambiguous`` marks a device error that may or may not recur
-    (never fatal by itself; the worker's error budget decides).
-    ``remote_engine`` says the failure belongs to a remote engine (an
-    http-client backend): never a reason to restart this worker.
-    ``strength`` is the deciding rule's (``"definitive"``, ``"task_local"``,
-    ``"heuristic"``, ``"ambiguous"``, ``"generic"``; ``""`` when unmatched).
-    ``frame_index`` points into the frames classified and ``frame`` is that
-    frame.
-    """
-
-    fatal: bool
-    matched: bool
-    rule: str
-    category: str
-    frame_index: int
-    excerpt: str
-    frame: Frame | None
-    ambiguous: bool = False
-    strength: str = ""
-    remote_engine: bool = False
-
-    @property
-    def kind(self) -> VerdictKind:
-        if self.fatal:
-            return "fatal"
-        return "ambiguous" if self.ambiguous else "task_local"
-
-    def __repr__(self) -> str:
-        if not self.matched:
-            return "Verdict(task_local, no rule matched)"
-        where = self.frame.qualified_name if self.frame is not None else "?"
-        remote = ", remote_engine" if self.remote_engine else ""
-        return (
-            f"Verdict({self.kind}, rule={self.rule!r}, category={self.category!r}, "
-            f"strength={self.strength!r}{remote}, frame={self.frame_index}:{where}, "
-            f"excerpt={self.excerpt!r})"
-        )
+#: The decision on one failure: ``kind`` (``"fatal"``, ``"task_local"`` or ``"ambiguous"``),
+#: ``fatal``, ``matched`` (false: no rule matched, the failure counts as task-local),
+#: ``ambiguous`` (a device error that may or may not recur; the worker's error budget
+#: decides), ``remote_engine`` (the failure belongs to a remote engine: never a reason to
+#: restart this worker), ``rule``, ``category``, ``strength`` (the deciding rule's:
+#: ``"definitive"``, ``"task_local"``, ``"heuristic"``, ``"ambiguous"``, ``"generic"``;
+#: ``""`` when unmatched), ``rule_kind``, ``frame_index`` (into the frames classified:
+#: ``frames_from_exception(exc)[verdict.frame_index]`` is the deciding frame) and ``excerpt``.
+Verdict = _native.Verdict
 
 
 def _rule_errors(errors: Sequence[_native.RuleError]) -> list[str]:
@@ -172,7 +92,7 @@ def _raise_rule_errors(errors: Sequence[_native.RuleError], what: str) -> None:
 
 def builtin_rules() -> list[Rule]:
     """The rules that ship with the package."""
-    return [Rule._from_native(rule) for rule in _native.builtin_rules()]
+    return _native.builtin_rules()
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +134,7 @@ def parse_rules_file(path: str | os.PathLike[str]) -> ParsedRules:
                          errors=_rule_errors(errors))
     if errors:
         _raise_rule_errors(errors, f"rules file {source}")
-    return ParsedRules(tuple(Rule._from_native(rule) for rule in rules), tuple(disabled))
+    return ParsedRules(tuple(rules), tuple(disabled))
 
 
 class Rules:
@@ -228,15 +148,14 @@ class Rules:
 
     def __init__(self, rules: Iterable[Rule], *, source: str = "<builtin>",
                  sources: Sequence[str] | None = None) -> None:
-        native_rules = [rule._to_native() for rule in rules]
-        rule_set, errors = _native.RuleSet.compile(native_rules, _b(source),
+        rule_set, errors = _native.RuleSet.compile(list(rules), _b(source),
                                                    _native.RuleSetLimits())
         if rule_set is None:
             _raise_rule_errors(errors, f"rules from {source}")
         assert rule_set is not None
         self._rule_set = rule_set
         self._classifier = _native.Classifier(rule_set, _native.ClassifierLimits())
-        self._rules = tuple(Rule._from_native(rule) for rule in rule_set.rules)
+        self._rules = tuple(rule_set.rules)
         self._sources = tuple(sources) if sources is not None else (source,)
 
     @property
@@ -265,24 +184,10 @@ class Rules:
         options = _native.ClassifyOptions()
         options.remote_engine = remote_engine
         options.trust_unknown_origin = trust_unknown_origin
-        result = self._classifier.classify_tuples(
+        return self._classifier.classify_tuples(
             [(_b(f.module), _b(f.type_name), [_b(b) for b in f.bases], _b(f.message),
               _b(f.raised_in), f.via, f.depth) for f in frames],
             options,
-        )
-        index = result.frame_index
-        frame = frames[index] if 0 <= index < len(frames) else None
-        return Verdict(
-            fatal=result.fatal,
-            matched=result.matched,
-            rule=result.rule_id,
-            category=result.category,
-            frame_index=index,
-            excerpt=result.excerpt,
-            frame=frame,
-            ambiguous=result.ambiguous,
-            strength=_native.strength_name(result.kind) if result.matched else "",
-            remote_engine=result.remote_engine,
         )
 
     def classify(self, exc: BaseException, *, remote_engine: bool = False) -> Verdict:
@@ -312,13 +217,12 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> Rules:
         path = env_path or None
     base = _native.builtin_rules()
     if path is None:
-        return Rules((Rule._from_native(r) for r in base), source="<builtin>")
+        return Rules(base, source="<builtin>")
     source = os.fspath(path)
     parsed = parse_rules_file(source)
-    merged = _native.merge_rules(base, [rule._to_native() for rule in parsed.rules],
+    merged = _native.merge_rules(base, list(parsed.rules),
                                  [_b(rule_id) for rule_id in parsed.disabled])
-    return Rules((Rule._from_native(r) for r in merged), source=source,
-                 sources=("<builtin>", source))
+    return Rules(merged, source=source, sources=("<builtin>", source))
 
 
 _lock = threading.Lock()

@@ -82,8 +82,7 @@ def _read_input(source: str | None) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _verdict_json(verdict: Any) -> dict[str, Any]:
-    frame = verdict.frame
+def _verdict_json(verdict: Any, frame: Any) -> dict[str, Any]:
     return {
         "fatal": verdict.fatal,
         "kind": verdict.kind,
@@ -108,18 +107,21 @@ def _verdict_json(verdict: Any) -> dict[str, Any]:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
-    from .classifier import classify_text, load_rules
+    from .classifier import classify_frames, load_rules
+    from .frames import frames_from_text
 
     text = _read_input(args.file)
     rules = load_rules(args.rules) if args.rules else None
-    verdict = classify_text(text, rules=rules, remote_engine=args.remote_engine,
-                            trust_unknown_origin=not args.untrusted)
+    frames = frames_from_text(text)
+    verdict = classify_frames(frames, rules=rules, remote_engine=args.remote_engine,
+                              trust_unknown_origin=not args.untrusted)
+    frame = frames[verdict.frame_index] if 0 <= verdict.frame_index < len(frames) else None
     if args.json:
-        _print_json(_verdict_json(verdict))
+        _print_json(_verdict_json(verdict, frame))
     else:
         print(verdict.kind)
         if verdict.matched:
-            where = verdict.frame.qualified_name if verdict.frame is not None else ""
+            where = frame.qualified_name if frame is not None else ""
             print(f"  rule:     {verdict.rule} ({verdict.category}, {verdict.strength})")
             print(f"  frame:    #{verdict.frame_index} {where}".rstrip())
             print(f"  excerpt:  {verdict.excerpt}")
@@ -186,6 +188,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     from . import settings
+    from ._names import enum_name
 
     if args.check:
         # The start-up checks of the router and of the worker, in that order:
@@ -209,13 +212,14 @@ def _cmd_config(args: argparse.Namespace) -> int:
             print(f"rules: OK, {checked['rules']} rule(s)")
         return EXIT_OK
     if args.json:
-        _print_json([v.to_json() for v in settings.variables()])
+        _print_json([settings.variable_json(v) for v in settings.variables()])
     elif args.markdown:
         print(settings.markdown_tables(), end="")
     else:
         for v in settings.variables():
-            default = repr(v.default) if v.default else "unset"
-            print(f"{v.name} ({v.component}; default {default}; {v.allowed}): {v.meaning}")
+            default = repr(v.default_value) if v.default_value else "unset"
+            component = enum_name(v.component)
+            print(f"{v.name} ({component}; default {default}; {v.allowed}): {v.meaning}")
     return EXIT_OK
 
 

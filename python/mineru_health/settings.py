@@ -1,8 +1,9 @@
 """The router's and the worker's configuration, as views over the native structs.
 
-Every variable (name, type, default, bounds, help, preset values) is defined
-once, in the C++ table of ``config.h``; this module derives its field lists
-and the README's tables from that table and never repeats a name.
+Every variable (name, field, type, default, bounds, help, preset values) is
+defined once, as one row of ``cpp/include/mineru_health/config_variables.def``;
+this module derives its field lists and the README's tables from the native
+table built from it and never repeats a name.
 
     router = HealthSettings.from_env()    # MINERU_ROUTER_HEALTH_*; raises ConfigError
     worker = WorkerSettings.from_env()    # MINERU_HEALTH_*; raises ConfigError
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from . import _native
@@ -32,6 +32,7 @@ __all__ = [
     "Variable",
     "WorkerSettings",
     "markdown_tables",
+    "variable_json",
     "variables",
 ]
 
@@ -43,60 +44,37 @@ WORKER_ENV_PREFIX: str = _native.env_prefix(ConfigComponent.WORKER)
 ENV_PREFIX = ROUTER_ENV_PREFIX  # the name this module's predecessor exported
 
 
-@dataclass(frozen=True, slots=True)
-class Variable:
-    """One environment variable of the native table."""
+#: One environment variable of the native table (read-only): ``name``, ``field``
+#: (attribute of HealthSettings / WorkerSettings; ``""`` when none), ``component`` and
+#: ``type`` (native enums), ``default_value`` (as an operator writes it; ``""`` = unset),
+#: ``min_value``/``max_value``, ``allowed`` (the accepted values, in words), ``meaning``,
+#: ``test_only`` and ``preset_values`` (router: ``(preset, value)`` pairs).
+Variable = _native.ConfigVariable
 
-    name: str
-    field: str  # attribute of HealthSettings / WorkerSettings; "" when none
-    component: str  # "router", "worker" or "tooling"
-    type: str  # "seconds", "integer", "flag", "path"...
-    default: str  # as an operator writes it; "" = unset
-    allowed: str  # the accepted values, in words
-    meaning: str
-    test_only: bool
-    min_value: float | None
-    max_value: float | None
-    presets: tuple[tuple[str, str], ...]  # router: (preset, value) pairs
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "field": self.field,
-            "component": self.component,
-            "type": self.type,
-            "default": self.default,
-            "allowed": self.allowed,
-            "meaning": self.meaning,
-            "test_only": self.test_only,
-            "min": self.min_value,
-            "max": self.max_value,
-            "presets": dict(self.presets),
-        }
+_VARIABLES: tuple[Variable, ...] = tuple(_native.config_variables())
 
 
-def _variable(native: Any) -> Variable:
-    return Variable(
-        name=native.name,
-        field=native.field,
-        component=enum_name(native.component),
-        type=enum_name(native.type),
-        default=native.default_value,
-        allowed=native.allowed,
-        meaning=native.meaning,
-        test_only=native.test_only,
-        min_value=native.min_value,
-        max_value=native.max_value,
-        presets=tuple((preset, value) for preset, value in native.preset_values),
-    )
-
-
-_VARIABLES: tuple[Variable, ...] = tuple(_variable(v) for v in _native.config_variables())
+def variable_json(v: Variable) -> dict[str, Any]:
+    """One variable as ``mineru-health config --json`` lists it."""
+    return {
+        "name": v.name,
+        "field": v.field,
+        "component": enum_name(v.component),
+        "type": enum_name(v.type),
+        "default": v.default_value,
+        "allowed": v.allowed,
+        "meaning": v.meaning,
+        "test_only": v.test_only,
+        "min": v.min_value,
+        "max": v.max_value,
+        "presets": dict(v.preset_values),
+    }
 
 
 def variables(component: str | None = None) -> tuple[Variable, ...]:
     """Every variable of the native table, or those of one component ("router"...)."""
-    return tuple(v for v in _VARIABLES if component is None or v.component == component)
+    return tuple(v for v in _VARIABLES
+                 if component is None or enum_name(v.component) == component)
 
 
 def _fields(component: str) -> tuple[str, ...]:
@@ -252,8 +230,10 @@ def markdown_tables() -> str:
         "| --- | --- | --- | --- |",
     ]
     for v in (*variables("worker"), *variables("tooling")):
-        meaning = v.meaning if v.component == "worker" else f"*tooling*: {v.meaning}"
-        lines.append(f"| `{v.name}` | {_code(v.default)} | {_cell(v.allowed)} | {_cell(meaning)} |")
+        tooling = v.component is ConfigComponent.TOOLING
+        meaning = f"*tooling*: {v.meaning}" if tooling else v.meaning
+        lines.append(
+            f"| `{v.name}` | {_code(v.default_value)} | {_cell(v.allowed)} | {_cell(meaning)} |")
     lines += [
         "",
         "Router (`mineru-router`, `MINERU_ROUTER_HEALTH_*`; the default is the `production`",
@@ -263,10 +243,10 @@ def markdown_tables() -> str:
         "| --- | --- | " + " | ".join("---" for _ in others) + " | --- | --- |",
     ]
     for v in variables("router"):
-        by_preset = dict(v.presets)
+        by_preset = dict(v.preset_values)
         cells = [_code(by_preset[p]) if p in by_preset else "" for p in others]
         lines.append(
-            f"| `{v.name}` | {_code(v.default)} | "
+            f"| `{v.name}` | {_code(v.default_value)} | "
             + " | ".join(cells)
             + f" | {_cell(v.allowed)} | {_cell(v.meaning)} |"
         )

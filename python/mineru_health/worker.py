@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
 from . import _native
+from ._names import enum_name
 from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
 
@@ -35,12 +35,14 @@ __all__ = [
     "REFUSAL_ERROR_PREFIX",
     "FatalInfo",
     "HealthEndpoint",
+    "HealthPhase",
     "HealthSnapshot",
     "Recorded",
     "WorkerHealth",
     "configure_worker_health",
     "describe_exception",
     "exception_type_name",
+    "fatal_cause",
     "worker_health",
 ]
 
@@ -79,53 +81,21 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-@dataclass(frozen=True, slots=True)
-class FatalInfo:
-    """One recorded fatal failure. ``error`` may quote a user's document."""
+#: One recorded fatal failure: ``error`` (may quote a user's document), ``rule``,
+#: ``category``, ``unix_time``, ``exception_type``, and from the native core ``since``
+#: (ISO 8601 UTC) and ``cause`` (``"engine_dead, rule vllm.engine_dead"``). Read-only.
+FatalInfo = _native.FatalRecord
 
-    error: str
-    rule: str
-    category: str
-    unix_time: float
-    exception_type: str = ""
-
-    @property
-    def since(self) -> str:
-        """ISO 8601 UTC time of the failure."""
-        return datetime.fromtimestamp(self.unix_time, tz=UTC).isoformat()
-
-    @staticmethod
-    def cause(fatal: FatalInfo | None) -> str:
-        """``"engine_dead, rule vllm.engine_dead"``: the cause, safe to show anyone."""
-        return f"{fatal.category}, rule {fatal.rule}" if fatal else "unknown cause"
-
-    @classmethod
-    def _from_native(cls, record: _native.FatalRecord | None) -> FatalInfo | None:
-        if record is None:
-            return None
-        return cls(record.error, record.rule_id, record.category, record.unix_time,
-                   record.exception_type)
+#: A consistent copy of the worker state, evaluated at one instant. ``phase`` is a
+#: ``HealthPhase``: ``STARTING``, ``HEALTHY`` (busy included), ``UNHEALTHY`` (MinerU's own
+#: task manager says so), ``LOOP_HUNG`` or ``FATAL``. Read-only.
+HealthSnapshot = _native.WorkerSnapshot
+HealthPhase = _native.HealthPhase
 
 
-@dataclass(frozen=True, slots=True)
-class HealthSnapshot:
-    """A consistent copy of the worker state, evaluated at one instant.
-
-    ``phase`` is ``starting``, ``healthy`` (busy included), ``unhealthy``
-    (MinerU's own task manager says so), ``loop_hung`` or ``fatal``.
-    """
-
-    phase: str
-    healthy: bool
-    fatal_count: int
-    task_local_count: int
-    ambiguous_count: int
-    first_fatal: FatalInfo | None
-    last_fatal: FatalInfo | None
-    loop_lag_s: float | None
-    loop_hung: bool
-    engine_calls_in_flight: int
-    seconds_since_progress: float | None
+def fatal_cause(fatal: FatalInfo | None) -> str:
+    """``fatal.cause`` (safe to show anyone), or ``"unknown cause"`` when there is none."""
+    return fatal.cause if fatal is not None else "unknown cause"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,20 +157,7 @@ class WorkerHealth:
         return self._state.healthy()
 
     def snapshot(self) -> HealthSnapshot:
-        snap = self._state.snapshot()
-        return HealthSnapshot(
-            phase=_native.to_string(snap.phase),
-            healthy=snap.healthy,
-            fatal_count=snap.fatal_count,
-            task_local_count=snap.task_local_count,
-            ambiguous_count=snap.ambiguous_count,
-            first_fatal=FatalInfo._from_native(snap.first_fatal),
-            last_fatal=FatalInfo._from_native(snap.last_fatal),
-            loop_lag_s=snap.loop_lag_s,
-            loop_hung=snap.loop_hung,
-            engine_calls_in_flight=snap.engine_calls_in_flight,
-            seconds_since_progress=snap.seconds_since_progress,
-        )
+        return self._state.snapshot()
 
     def answer(self, path: str = "/health", *, expose_errors: bool = False) -> tuple[int, bytes]:
         """(status, JSON body) exactly as the native endpoint answers ``path`` now."""
@@ -235,7 +192,7 @@ class WorkerHealth:
         if self._state.record_ambiguous(record):  # ambiguous: counts against the budget
             budget = self._state.snapshot().first_fatal
             assert budget is not None
-            return Recorded(verdict, True, True, budget.rule_id, budget.category)
+            return Recorded(verdict, True, True, budget.rule, budget.category)
         return Recorded(verdict, False, False, verdict.rule, verdict.category)
 
     def record_fatal(
@@ -310,7 +267,7 @@ class WorkerHealth:
     def __repr__(self) -> str:
         snap = self.snapshot()
         if snap.healthy:
-            return (f"WorkerHealth({snap.phase}, loop_lag_s={snap.loop_lag_s}, "
+            return (f"WorkerHealth({enum_name(snap.phase)}, loop_lag_s={snap.loop_lag_s}, "
                     f"task_local_failures={snap.task_local_count})")
         first = snap.first_fatal
         assert first is not None

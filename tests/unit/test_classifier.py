@@ -38,12 +38,14 @@ def _no_rules_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_engine_dead_error_is_fatal() -> None:
-    verdict = classify(_vllm_class("EngineDeadError")(ENGINE_DEAD_MESSAGE))
+    exc = _vllm_class("EngineDeadError")(ENGINE_DEAD_MESSAGE)
+    verdict = classify(exc)
     assert isinstance(verdict, Verdict)
     assert verdict.fatal and verdict.matched and verdict.kind == "fatal"
     assert verdict.category
-    assert verdict.frame is not None and verdict.frame.type_name == "EngineDeadError"
+    assert frames_from_exception(exc)[verdict.frame_index].type_name == "EngineDeadError"
     assert "EngineDeadError" in repr(verdict)
+    assert verdict == classify(exc) and verdict != classify(ValueError("x"))
 
 
 def test_fault_injector_error_is_fatal() -> None:
@@ -82,7 +84,7 @@ def test_fatal_member_of_a_group() -> None:
     group = ExceptionGroup("tasks", [ValueError("x"), _vllm_class("EngineDeadError")("dead")])
     verdict = classify(group)
     assert verdict.fatal
-    assert verdict.frame is not None and verdict.frame.type_name == "EngineDeadError"
+    assert frames_from_exception(group)[verdict.frame_index].type_name == "EngineDeadError"
 
 
 def test_cyclic_chain() -> None:
@@ -271,8 +273,9 @@ def test_task_group_of_engine_deaths_and_cancelled_siblings() -> None:
     group = BaseExceptionGroup("unhandled errors in a TaskGroup", [
         asyncio.CancelledError(), dead(ENGINE_DEAD_MESSAGE), asyncio.CancelledError()])
     verdict = classify(group)
-    assert verdict.fatal and verdict.frame is not None
-    assert verdict.frame.via == Via.GROUP and verdict.frame.type_name == "EngineDeadError"
+    frame = frames_from_exception(group)[verdict.frame_index]
+    assert verdict.fatal
+    assert frame.via == Via.GROUP and frame.type_name == "EngineDeadError"
 
 
 def test_real_task_group() -> None:

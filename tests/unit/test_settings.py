@@ -145,13 +145,14 @@ def test_every_struct_field_has_exactly_one_variable(
 def test_every_variable_has_finite_bounds_and_help() -> None:
     for v in variables():
         assert v.meaning and v.allowed, v.name
-        if v.type in ("seconds", "number", "integer", "port"):
+        if enum_name(v.type) in ("seconds", "number", "integer", "port"):
             assert v.min_value is not None and v.max_value is not None, v.name
             assert math.isfinite(v.min_value) and math.isfinite(v.max_value), v.name
-        if v.type == "seconds":
+        if enum_name(v.type) == "seconds":
             assert v.min_value == 0 or v.min_value >= 0.001, v.name
             assert v.max_value <= 86400, v.name
-    assert {v.component for v in variables()} == set(enum_names(_native.ConfigComponent))
+    components = {enum_name(v.component) for v in variables()}
+    assert components == set(enum_names(_native.ConfigComponent))
 
 
 # --- the worker -----------------------------------------------------------------------------

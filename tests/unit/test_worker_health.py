@@ -10,7 +10,16 @@ from datetime import datetime
 import pytest
 from mineru_health.errors import HealthEndpointError
 from mineru_health.testing.faults import make_engine_dead_error
-from mineru_health.worker import HealthEndpoint, WorkerHealth, describe_exception, worker_health
+from mineru_health.worker import (
+    FatalInfo,
+    HealthEndpoint,
+    HealthPhase,
+    HealthSnapshot,
+    WorkerHealth,
+    describe_exception,
+    fatal_cause,
+    worker_health,
+)
 
 
 def test_starts_healthy() -> None:
@@ -18,7 +27,8 @@ def test_starts_healthy() -> None:
     assert health.healthy
     snap = health.snapshot()
     assert snap.healthy and snap.fatal_count == 0 and snap.first_fatal is None
-    assert snap.phase == "starting"  # MinerU has not reported its service yet
+    assert isinstance(snap, HealthSnapshot)
+    assert snap.phase == HealthPhase.STARTING  # MinerU has not reported its service yet
     assert "starting" in repr(health)
 
 
@@ -41,8 +51,11 @@ def test_fatal_failure_is_recorded_with_time() -> None:
     assert first is not None
     assert first.error.startswith("EngineDeadError: EngineCore encountered an issue")
     assert first.rule == verdict.rule and first.category == verdict.category
-    assert first.since == "2023-11-14T22:13:20+00:00"
+    assert isinstance(first, FatalInfo)
+    assert first.since == "2023-11-14T22:13:20.000000+00:00"
     assert datetime.fromisoformat(first.since).tzinfo is not None
+    assert first.cause == fatal_cause(first) == f"{first.category}, rule {first.rule}"
+    assert fatal_cause(None) == "unknown cause"
     assert "unhealthy since" in repr(health)
 
 
@@ -84,7 +97,7 @@ def test_answers_are_mineru_bodies_plus_our_fields() -> None:
     status, _ = health.answer("/health")
     assert status == 503  # starting
     _serving(health)
-    assert health.snapshot().phase == "healthy"
+    assert health.snapshot().phase == HealthPhase.HEALTHY
     body = health.body("/health")
     assert body["status"] == "healthy"
     assert (body["queued_tasks"], body["processing_tasks"], body["completed_tasks"],

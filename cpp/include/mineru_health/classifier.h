@@ -126,6 +126,9 @@ struct Rule {
   // From the operator's rules file: operator rules are consulted first and
   // any match among them decides, whatever the built-in rules say.
   bool from_operator = false;
+
+  // The rule as one line of a rules file (see parse_rules_text).
+  std::string to_line() const;
 };
 
 // Why a rule could not be compiled, parsed or read. `line` is 0 when not
@@ -198,7 +201,6 @@ class RuleSet {
 
 // The worst-case cost class of a pattern: the longest bounded run of
 // character classes, counted repetitions multiplied out (0 for literals).
-// Exposed for tests and `mineru-health rules --check`.
 int pattern_class_run(const std::string& pattern);
 
 struct ClassifyOptions {
@@ -216,12 +218,17 @@ struct Verdict {
   bool fatal = false;
   bool matched = false;    // false: no rule matched; the default is task-local
   bool ambiguous = false;  // an ambiguous device error (never fatal itself)
-  bool remote_engine = false;          // the failure belongs to a remote engine
-  RuleKind kind = RuleKind::kGeneric;  // the deciding rule's; see matched
-  std::string rule_id;                 // "" when nothing matched
-  std::string category;                // "" when nothing matched
+  bool remote_engine = false;  // the failure belongs to a remote engine
+  RuleKind rule_kind = RuleKind::kGeneric;  // the deciding rule's; see matched
+  std::string rule;                         // its id; "" when nothing matched
+  std::string category;                     // "" when nothing matched
   int frame_index = -1;  // index into the frames given, -1 when nothing matched
   std::string excerpt;   // a short, valid-UTF-8 piece of the deciding frame
+
+  // "fatal", "ambiguous" or "task_local" (an unmatched failure included).
+  const char* kind() const;
+  // The deciding rule's strength_name(); "" when nothing matched.
+  const char* strength() const;
 };
 
 class Classifier {
@@ -287,7 +294,7 @@ struct ParseRulesResult {
 // devices and directories are refused without blocking).
 [[nodiscard]] ParseRulesResult read_rules_file(const std::string& path);
 
-// Normalized text forms used for matching, exposed for tests and tools.
+// Normalized text forms used for matching, exposed for tests.
 std::string sanitize_utf8(const std::string& text);  // invalid bytes -> U+FFFD
 std::string compact_form(
     const std::string& text);  // ASCII alnum + non-ASCII, lower-cased

@@ -1,6 +1,6 @@
 // Router and worker configuration: one table of every environment variable
-// (name, type, default, bounds, help, preset values), parsed and validated
-// once at start-up.
+// (config_variables.def: name, field, type, default, bounds, help, preset
+// values), parsed and validated once at start-up.
 //
 //   auto router = mineru_health::health_config_from_env(env);  // ConfigError
 //   auto worker = mineru_health::worker_config_from_env(env);  // ConfigError
@@ -33,68 +33,22 @@ class ConfigError : public std::invalid_argument {
   std::string variable_;
 };
 
-// MINERU_ROUTER_HEALTH_*: what mineru-router reads. Defaults are the
-// "production" preset.
+// MINERU_ROUTER_HEALTH_*: what mineru-router reads. Members and defaults
+// come from config_variables.def; the defaults are the "production" preset.
 struct HealthConfig {
-  double interval_s = 2.0;         // between probes of one worker
-  double probe_timeout_s = 1.5;    // whole request; must be < interval_s
-  double connect_timeout_s = 0.5;  // <= probe_timeout_s
-  int failure_threshold = 3;       // consecutive failures before `failed`
-  int healthy_threshold = 1;       // consecutive successes to re-admit
-  double backoff_base_s = 1.0;     // first restart delay, doubling
-  double backoff_max_s = 60.0;
-  int max_attempts = 5;           // restarts before `gave_up`
-  double boot_timeout_s = 300.0;  // a restarted worker must be healthy by then
-  int concurrency = 10000;        // probes in flight at once
-  double jitter = 0.1;            // +-fraction of interval, per probe
-  std::string expected_status = "healthy";
-  std::size_t max_body_bytes = 64 * 1024;
-  std::string audit_path;  // "" = stderr
-  std::string ca_file;     // PEM CAs for HTTPS workers; "" = the system store
-  // Whole-request timeout of a probe of a worker's main-port /health (no
-  // native endpoint known). MinerU blocks its own event loop for seconds
-  // under load, so this is generous; it may exceed interval_s (a worker has
-  // one probe in flight at most). Native endpoints use probe_timeout_s.
-  double main_port_timeout_s = 60.0;
-  // A restart counts as successful only once the worker stayed healthy this
-  // long (Kubernetes resets CrashLoopBackOff after 10 minutes); 0 = at the
-  // first healthy answer.
-  double stable_window_s = 600.0;
-  // Most workers that non-definitive failures (timeouts, passive failures)
-  // may hold out of rotation at once, as a percentage (Envoy's
-  // max_ejection_percent); at least one worker always stays in rotation.
-  int max_ejection_percent = 50;
-  int task_retries = 2;                // resubmissions of one task
-  double retry_budget_percent = 20.0;  // resubmissions / tasks in flight, %
-  int retry_budget_min = 3;            // resubmissions always allowed
-  int max_kept_tasks = 1000;           // uploads kept for resubmission, at most
-  int max_kept_mb = 8192;              // their size on disk, at most (MiB)
-  // Probe local workers' native health endpoints and switch to the one a
-  // remote worker advertises; false probes every main-port /health with
-  // probe_timeout_s, as mineru-health 0.1 did (busy workers then time out).
-  bool native_probes = true;
+#define MINERU_HEALTH_ROUTER_FIELD(suffix, field, cpp_type, default_value, \
+                                   ...)                                    \
+  cpp_type field = default_value;
+#include "mineru_health/config_variables.def"
 };
 
-// MINERU_HEALTH_*: what a patched mineru-api worker reads.
+// MINERU_HEALTH_*: what a patched mineru-api worker reads (members and
+// defaults from config_variables.def).
 struct WorkerConfig {
-  std::optional<int> port;         // native /health port; nullopt = none
-  std::string bind = "127.0.0.1";  // IP literal the native endpoint binds
-  double loop_hang_s = 60.0;       // event loop silent this long = hung
-  double stall_s = 300.0;          // no engine progress this long; 0 = off
-  double task_hang_s = 900.0;      // a task with no progress this long; 0 = off
-  double verify_s = 2.0;           // asking the engine after a failure; 0 = off
-  bool exit_on_fatal = false;      // exit 75 after an engine death
-  double exit_grace_s = 5.0;       // 503s served before that exit
-  int retry_after_s = 30;          // Retry-After on refused submissions
-  bool expose_errors = false;      // /health shows exception messages
-  int error_budget = 3;            // ambiguous device errors per window
-  double error_budget_window_s = 60.0;
-  int parent_pid = 0;  // set by the router: exit with that process; 0 = none
-  std::string rules_path;        // extra rules file; "" = built-in only
-  bool task_store = true;        // terminal tasks kept on disk (SQLite)
-  std::string state_dir;         // task store's directory; "" = output root
-  std::string fault_plan_path;   // tests only: fault injection plan
-  double fault_hang_s = 3600.0;  // tests only: how long a "hang" fault lasts
+#define MINERU_HEALTH_WORKER_FIELD(suffix, field, cpp_type, default_value, \
+                                   ...)                                    \
+  cpp_type field = default_value;
+#include "mineru_health/config_variables.def"
 };
 
 // Who reads a variable. kTooling: names under MINERU_HEALTH_ that the CLI,

@@ -33,10 +33,16 @@ namespace mineru_health {
 // opted in (see health_server.h).
 struct FatalRecord {
   std::string error;           // "Type: message", or why (stall, budget)
-  std::string rule_id;         // e.g. "vllm.engine_dead", "watchdog.stall"
+  std::string rule;            // e.g. "vllm.engine_dead", "watchdog.stall"
   std::string category;        // e.g. "engine_dead", "engine_stalled"
   double unix_time = 0;        // seconds since the epoch
   std::string exception_type;  // "module.Type", "" when not an exception
+
+  // unix_time in ISO 8601, UTC, to the microsecond:
+  // "2023-11-14T22:13:20.250000+00:00".
+  std::string since() const;
+  // "engine_dead, rule vllm.engine_dead": the cause, safe to show anyone.
+  std::string cause() const;
 };
 
 // MinerU's task figures, pushed from the event loop.

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ...worker import REFUSAL_ERROR_PREFIX, FatalInfo
+from ...worker import REFUSAL_ERROR_PREFIX, fatal_cause
 from .context import GATED_POSTS, ASGIApp, current_health, runtime
 from .loop_watch import on_started, stop_watcher
 
@@ -134,7 +134,7 @@ class HealthGate:
                 data = json.loads(body)
                 # The body already names the first fatal's rule and category.
                 what = (f"{data['category']}, rule {data['rule']}" if data.get("rule")
-                        else FatalInfo.cause(None))
+                        else fatal_cause(None))
                 data["error"] = f"{REFUSAL_ERROR_PREFIX} {what}"
                 data["message"] = (
                     "The inference engine of this worker is unusable; the request was not "

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ... import metrics, verification
-from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception
+from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception, fatal_cause
 from .. import task_store
 from ..task_store import VERDICT_ATTR
 from .context import (
@@ -82,7 +82,7 @@ def _collateral_error(fatal: FatalInfo | None) -> str:
                "resubmit it to a healthy worker"
     return (
         f"Task failed because the inference engine of this worker became unusable "
-        f"({fatal.category}, rule {fatal.rule}) while it was queued or running; "
+        f"({fatal.cause}) while it was queued or running; "
         "resubmit it to a healthy worker"
     )
 
@@ -182,7 +182,7 @@ def on_engine_dead(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -
     """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
     if manager is None:
         return
-    what = FatalInfo.cause(fatal)
+    what = fatal_cause(fatal)
     manager.last_worker_error = f"inference engine unusable ({what})"
     count = fail_outstanding_tasks(manager, fatal, keep=keep)
     log("ERROR", f"inference engine unusable ({what}); failed {count} other task(s)")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _native, liveness, metrics
-from ...worker import FatalInfo, WorkerHealth, describe_exception
+from ...worker import WorkerHealth, describe_exception, fatal_cause
 from .context import EXIT_CODE, LIVENESS_INTERVAL_S, log
 
 
@@ -45,7 +45,7 @@ def exit_after_fatal(health: WorkerHealth, grace_s: float) -> None:
     while not health.wait_until_unhealthy(60.0):
         pass
     first = health.snapshot().first_fatal
-    what = FatalInfo.cause(first)
+    what = fatal_cause(first)
     log("ERROR", f"exiting with status {EXIT_CODE} in {grace_s:g}s because the inference "
                   f"engine is unusable ({what}); MINERU_HEALTH_EXIT_ON_FATAL is set")
     # A plain wait: this daemon thread does nothing else, and the event loop

@@ -19,7 +19,7 @@ from ...integration import engine_calls
 from ...integration.worker.context import current_health, log, mineru_version, runtime
 from ...integration.worker.gate import HealthGate
 from ...integration.worker.loop_watch import watch_loop
-from ...worker import FatalInfo
+from ...worker import fatal_cause
 from .. import TASK_HUNG_CODE
 from . import job_store
 
@@ -169,7 +169,7 @@ def act_on_fatal() -> None:
     if health.healthy or runtime.acted_on_fatal:
         return
     runtime.acted_on_fatal = True
-    what = FatalInfo.cause(health.snapshot().first_fatal)
+    what = fatal_cause(health.snapshot().first_fatal)
     for store in job_stores():
         store.fail_engine(f"inference engine unusable ({what})")
     log("ERROR", f"inference engine unusable ({what}); unfinished jobs failed")
