@@ -177,6 +177,7 @@ time.sleep(600)
 EOF_CHILD = r"""
 import pathlib, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1]).write_text("ready")
 sys.stdin.read()
 pathlib.Path(sys.argv[1]).write_text("eof")
 """
@@ -189,6 +190,8 @@ def test_stdin_pipe_is_closed_on_stop(tmp_path: Path) -> None:
                          env=dict(os.environ), log_path=tmp_path / "parent.log", stdin_pipe=True)
     child_pid = sandbox.wait_until(lambda: parent.log().strip(), WAIT_S)
     assert child_pid, parent.log_tail()
+    # Its SIGTERM handler is in place (a slow start would otherwise die of the signal).
+    assert sandbox.wait_until(lambda: marker.exists() and marker.read_text() == "ready", WAIT_S)
     procs.stop_all(grace_s=5.0)
     assert not alive(int(child_pid))
     assert marker.read_text() == "eof"  # it left on EOF, not by a signal
