@@ -171,23 +171,34 @@ def mineru_api_factory(
 ) -> Callable[..., ManagedProcess]:
     def start(site: Path, *, env: Mapping[str, str] | None = None, name: str = "mineru-api",
               wait_healthy: bool = True) -> ManagedProcess:
-        port = free_port()
         full_env = mineru_env(site, mineru_health_path, tmp_path / f"{name}-output", env)
-        proc = process_factory(
-            [mineru_python, "-m", "mineru.cli.fast_api", "--host", "127.0.0.1",
-             "--port", str(port)],
-            env=full_env, name=name, cwd=tmp_path,
-        )
-        proc.base_url = f"http://127.0.0.1:{port}"
-        if wait_healthy:
-            def up() -> bool:
+        # A free port can be taken by another process before the worker binds
+        # it (other suites on a shared machine): then a new port, three tries.
+        for _attempt in range(3):
+            port = free_port()
+            proc = process_factory(
+                [mineru_python, "-m", "mineru.cli.fast_api", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=full_env, name=name, cwd=tmp_path,
+            )
+            proc.base_url = f"http://127.0.0.1:{port}"
+            if not wait_healthy:
+                return proc
+
+            def up(proc: ManagedProcess = proc) -> bool:
                 if proc.poll() is not None:
                     raise AssertionError(f"mineru-api exited early:\n{proc.log_tail()}")
                 response = http_get(f"{proc.base_url}/health", 2.0)
                 return response is not None and response.status_code == 200
 
-            assert wait_until(up, MINERU_START_TIMEOUT_S, 0.2), proc.log_tail()
-        return proc
+            try:
+                assert wait_until(up, MINERU_START_TIMEOUT_S, 0.2), proc.log_tail()
+            except AssertionError:
+                if "address already in use" not in proc.log_tail():
+                    raise
+                continue
+            return proc
+        raise AssertionError(f"mineru-api found no free port:\n{proc.log_tail()}")
 
     return start
 
