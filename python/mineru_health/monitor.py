@@ -132,10 +132,8 @@ class HealthMonitor:
         return list(self._poller.statuses())
 
     def status(self, worker_id: str) -> Any | None:
-        for status in self._poller.statuses():
-            if status.id == worker_id:
-                return status
-        return None
+        """One worker's state (None for an unknown id)."""
+        return self._poller.status(worker_id)
 
     def stats(self) -> Any:
         """The poller's own counters (dropped events, I/O errors, suppressed ejections...)."""
@@ -159,7 +157,7 @@ class HealthMonitor:
         if self._loop is not None:
             raise RuntimeError("HealthMonitor is already attached to a loop")
         loop = loop or asyncio.get_running_loop()
-        workers = len(self._poller.statuses())
+        workers = self._poller.stats().workers
         limit = _native.raise_fd_limit(min(workers, self.settings.concurrency))
         if limit.error:
             _log.warning("file-descriptor limit not raised (%s): large fleets are probed "
@@ -200,7 +198,7 @@ class HealthMonitor:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"HealthMonitor({state}, workers={len(self.statuses())})"
+        return f"HealthMonitor({state}, workers={self._poller.stats().workers})"
 
 
 def _base_url(url: str) -> str:
