@@ -112,7 +112,6 @@ void register_poller(py::module_& m) {
       .def_readonly("probe", &PollerEvent::probe)
       .def_readonly("audit", &PollerEvent::audit)
       .def_readonly("in_rotation", &PollerEvent::in_rotation)
-      .def_readonly("worker", &PollerEvent::worker)
       .def_readonly("error", &PollerEvent::error);
 
   py::class_<PollerStats>(m, "PollerStats",
@@ -177,6 +176,7 @@ void register_poller(py::module_& m) {
       .def("notify_fd", &Poller::notify_fd)
       .def("drain_events", &Poller::drain_events, release())
       .def("statuses", &Poller::statuses, release())
+      .def("status", &Poller::status, py::arg("id"), release())
       .def("stats", &Poller::stats, release())
       .def_static(
           "sweep",

@@ -65,6 +65,30 @@ void PollerTestPeer::inject_io_fault(Poller& poller,
   poller.impl_->wake_locked();
 }
 
+bool PollerTestPeer::sync(Poller& poller, std::chrono::milliseconds limit) {
+  Poller::Impl& s = *poller.impl_;
+  internal::MutexLock lock(s.mu);
+  if (!s.thread_running || s.stop_requested) return false;
+  const std::uint64_t before = s.clock_checks;
+  s.wake_locked();
+  s.retry_cv.notify_all();
+  // Real time: this bounds the wait for the thread, not for the clock.
+  const auto give_up = SteadyClock::now() + limit;
+  while (s.clock_checks == before) {
+    if (s.clock_checked_cv.wait_until(s.mu, give_up) ==
+        std::cv_status::timeout) {
+      return s.clock_checks != before;
+    }
+  }
+  return true;
+}
+
+std::optional<TimePoint> PollerTestPeer::probe_due(const Poller& poller,
+                                                   const std::string& id) {
+  internal::MutexLock lock(poller.impl_->mu);
+  return poller.impl_->probe_queue.due_at(id);
+}
+
 }  // namespace internal
 
 namespace {
@@ -207,7 +231,6 @@ void Poller::Impl::after_transition_locked(Worker& w, bool was_in_rotation,
   if (!in && was_in_rotation) --in_rotation;
   if (!t.events.empty() || t.restart_now) {
     const double stamp = internal::unix_now();
-    const WorkerStatus status = snapshot_locked(w, t_now);
     for (const AuditEvent& a : t.events) {
       if (a.action == AuditAction::kEjectionSuppressed)
         ++stats.ejections_suppressed;
@@ -217,7 +240,6 @@ void Poller::Impl::after_transition_locked(Worker& w, bool was_in_rotation,
       ev.unix_time = stamp;
       ev.audit = a;
       ev.in_rotation = in;
-      ev.worker = status;
       events.push(std::move(ev));
     }
     if (t.restart_now) {
@@ -226,7 +248,6 @@ void Poller::Impl::after_transition_locked(Worker& w, bool was_in_rotation,
       ev.worker_id = w.target.id;
       ev.unix_time = stamp;
       ev.in_rotation = in;
-      ev.worker = status;
       events.push(std::move(ev));
     }
   }
@@ -262,6 +283,11 @@ void Poller::Impl::record_io_error_locked(const std::string& error,
   ev.unix_time = internal::unix_now();
   ev.error = error;
   events.push(std::move(ev));
+}
+
+void Poller::Impl::clock_checked_locked() {
+  ++clock_checks;
+  clock_checked_cv.notify_all();
 }
 
 template <typename Call>
@@ -445,6 +471,13 @@ std::vector<WorkerStatus> Poller::statuses() const {
     out.push_back(impl_->snapshot_locked(w, t_now));
   }
   return out;
+}
+
+std::optional<WorkerStatus> Poller::status(const std::string& id) const {
+  MutexLock lock(impl_->mu);
+  auto it = impl_->workers.find(id);
+  if (it == impl_->workers.end()) return std::nullopt;
+  return impl_->snapshot_locked(it->second, impl_->now());
 }
 
 PollerStats Poller::stats() const {

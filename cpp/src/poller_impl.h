@@ -11,6 +11,7 @@
 #ifndef MINERU_HEALTH_SRC_POLLER_IMPL_H_
 #define MINERU_HEALTH_SRC_POLLER_IMPL_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,17 @@ struct PollerTestPeer {
   // as an I/O error of the transfer driver. Pass nullptr to stop.
   static void inject_io_fault(Poller& poller,
                               std::function<std::string()> fault);
+  // For tests on an injected clock, which moves without the poller thread
+  // noticing: wakes the thread and returns once it has read the clock again
+  // and acted on that time: policy deadlines run and due probes taken off
+  // the schedule, or, while its own I/O fails, the retry backoff checked
+  // (and the retry made, if it was due). False when the thread is not
+  // running or did not get there within `limit` (real time).
+  static bool sync(Poller& poller, std::chrono::milliseconds limit);
+  // When `id`'s next probe is due; nullopt while none is scheduled (one is
+  // in flight, the worker has no URL, or there is no such worker).
+  static std::optional<TimePoint> probe_due(const Poller& poller,
+                                            const std::string& id);
 };
 
 // Loop pacing shared by the poller thread and sweep().
@@ -122,6 +134,8 @@ struct Poller::Impl {
                                bool after_tick) REQUIRES(mu);
   void record_io_error_locked(const std::string& error, TimePoint t_now)
       REQUIRES(mu);
+  // The poller thread read the clock and acted on it (PollerTestPeer::sync).
+  void clock_checked_locked() REQUIRES(mu);
   template <typename Call>
   void report_locked(const std::string& id, Call call) REQUIRES(mu);
 
@@ -143,7 +157,8 @@ struct Poller::Impl {
   // to wait before rebuilding the driver.
   Duration drop_in_flight_locked(const Transfers& transfers, TimePoint t_now)
       REQUIRES(mu);
-  // Waits `delay` or until stop(); false when stopping.
+  // Waits `delay` on the poller's clock, or until stop(); false when
+  // stopping.
   bool wait_before_retry(Duration delay) EXCLUDES(mu);
 
   const HealthConfig config;
@@ -170,6 +185,10 @@ struct Poller::Impl {
   std::optional<TimePoint> last_error_event GUARDED_BY(mu);
   std::function<std::string()> fault GUARDED_BY(mu);
   std::condition_variable_any retry_cv;  // stop() ends a retry wait early
+  // Times the poller thread has read the clock and acted on it; signalled
+  // on clock_checked_cv (what PollerTestPeer::sync waits for).
+  std::uint64_t clock_checks GUARDED_BY(mu) = 0;
+  std::condition_variable_any clock_checked_cv;
 
   Mutex lifecycle_mu;  // serializes start() and stop()
   std::thread thread GUARDED_BY(lifecycle_mu);

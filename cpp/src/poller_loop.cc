@@ -134,6 +134,7 @@ std::string Poller::Impl::iterate(TransferDriver& driver,
         std::min(kMaxStartsPerIteration, busy < cap ? cap - busy : 0);
     to_start = select_due_locked(t_now, slots);
     wait_ms = wait_ms_locked(t_now, busy + to_start.size() < cap);
+    clock_checked_locked();
   }
 
   if (max_connects) {
@@ -280,7 +281,6 @@ void Poller::Impl::apply_locked(std::vector<Finished>& finished,
     ev.unix_time = internal::unix_now();
     ev.probe = std::move(f.result);
     ev.in_rotation = w.policy.in_rotation();
-    ev.worker = snapshot_locked(w, t_now);
     events.push(std::move(ev));
     after_transition_locked(w, was, t, t_now, false);
     // One probe in flight at most: the next is due an interval after this
@@ -322,9 +322,15 @@ Duration Poller::Impl::drop_in_flight_locked(const Transfers& transfers,
 
 bool Poller::Impl::wait_before_retry(Duration delay) {
   MutexLock lock(mu);
-  const auto until = SteadyClock::now() + delay;
-  while (!stop_requested) {
-    if (retry_cv.wait_until(mu, until) == std::cv_status::timeout) break;
+  // On the poller's clock, like every other deadline. The real-time wait
+  // below ends when the time is up on a steady clock; an injected one is
+  // read again whenever the thread is woken.
+  const TimePoint until = now() + delay;
+  for (;;) {
+    const TimePoint t_now = now();
+    if (stop_requested || t_now >= until) break;
+    clock_checked_locked();  // not due yet: waits on
+    retry_cv.wait_for(mu, until - t_now);
   }
   return !stop_requested;
 }

@@ -1,6 +1,17 @@
-// Poller against real loopback servers. The servers are plain POSIX sockets
-// in test threads; every wait is bounded and only waits for events (no
-// assertion is about how long something took).
+// Poller against real loopback servers, on a fake clock.
+//
+// The poller's own time (the probe schedule and its jitter, restart backoff,
+// boot deadlines, the stability window, the retry backoff after its own I/O
+// fails) moves only when a test moves it (Harness::advance, set_time), and
+// each move returns once the poller thread has acted on the new time
+// (PollerTestPeer::sync). So tests assert exact deadlines, "not a moment
+// early" included, and never sleep.
+//
+// What stays real, waited for as events with a bound (EventLog::wait_for):
+// the loopback servers' answers and curl's own timeouts (probe_timeout_s and
+// friends, which curl measures in real time). One test runs the default
+// steady clock, to check what production runs. The servers are plain POSIX
+// sockets in test threads; nothing is asserted about how long anything took.
 #include "mineru_health/poller.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +25,9 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "loopback_server.h"
@@ -24,12 +36,13 @@
 namespace mineru_health {
 namespace {
 
+using internal::PollerTestPeer;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
 using test_support::kHealthyBody;
 using test_support::Mode;
 using test_support::refused_url;
 using test_support::TestServer;
-
-using Clock = std::chrono::steady_clock;
 
 HealthConfig test_config() {
   HealthConfig c;
@@ -52,76 +65,228 @@ ProbeExpectations mineru_expect() {
   return e;
 }
 
-// Collects events until `done` holds or 10 s pass (a generous bound for a
-// loaded CI machine; nothing is asserted about the time taken).
+// Bounds every real-time wait: for the poller thread, a loopback answer or a
+// curl timeout, never for the poller's own schedule. Generous for a loaded
+// CI machine.
+constexpr milliseconds kWaitLimit = seconds(10);
+
+// --- events ------------------------------------------------------------------
+
+using Events = std::vector<PollerEvent>;
+using EventTest = std::function<bool(const PollerEvent&)>;
+
+EventTest probe_of(const std::string& id) {
+  return [id](const PollerEvent& e) {
+    return e.kind == PollerEventKind::kProbe && e.worker_id == id && e.probe;
+  };
+}
+
+EventTest probe_of(const std::string& id, ProbeStatus status) {
+  return [id, status](const PollerEvent& e) {
+    return probe_of(id)(e) && e.probe->status == status;
+  };
+}
+
+// id "" = any worker.
+EventTest audit_of(const std::string& id, AuditAction action) {
+  return [id, action](const PollerEvent& e) {
+    return e.kind == PollerEventKind::kAudit && e.audit &&
+           (id.empty() || e.worker_id == id) && e.audit->action == action;
+  };
+}
+
+EventTest restart_of(const std::string& id) {
+  return [id](const PollerEvent& e) {
+    return e.kind == PollerEventKind::kRestartRequested && e.worker_id == id;
+  };
+}
+
+bool is_error(const PollerEvent& e) {
+  return e.kind == PollerEventKind::kError;
+}
+
+std::size_t count_of(const Events& events, const EventTest& test,
+                     std::size_t from = 0) {
+  return static_cast<std::size_t>(std::count_if(
+      events.begin() + static_cast<std::ptrdiff_t>(from), events.end(), test));
+}
+
+bool has(const Events& events, const EventTest& test) {
+  return count_of(events, test) > 0;
+}
+
+const ProbeResult* first_probe(const Events& events, const std::string& id) {
+  auto it = std::find_if(events.begin(), events.end(), probe_of(id));
+  return it == events.end() ? nullptr : &*it->probe;
+}
+
+const ProbeResult* last_probe(const Events& events, const std::string& id) {
+  auto it = std::find_if(events.rbegin(), events.rend(), probe_of(id));
+  return it == events.rend() ? nullptr : &*it->probe;
+}
+
+// The events drained from a poller, in order.
 class EventLog {
  public:
   explicit EventLog(Poller& poller) : poller_(poller) {}
 
-  bool wait_until(
-      const std::function<bool(const std::vector<PollerEvent>&)>& done,
-      std::chrono::milliseconds limit = std::chrono::seconds(10)) {
-    const auto deadline = Clock::now() + limit;
-    for (int i = 0; i < 10000; ++i) {
-      if (done(events_)) return true;
-      if (Clock::now() >= deadline) return false;
-      pollfd p{poller_.notify_fd(), POLLIN, 0};
-      poll(&p, 1, 50);
-      for (PollerEvent& e : poller_.drain_events())
-        events_.push_back(std::move(e));
-    }
-    return done(events_);
+  // Takes what is queued now.
+  void collect() {
+    for (PollerEvent& e : poller_.drain_events())
+      events_.push_back(std::move(e));
   }
 
-  const std::vector<PollerEvent>& events() const { return events_; }
+  // Collects until `n` events pass `test`, woken by the notify fd: for what
+  // only real I/O brings (a loopback answer, a curl timeout). False after
+  // kWaitLimit.
+  bool wait_for(const EventTest& test, std::size_t n = 1) {
+    const auto give_up = std::chrono::steady_clock::now() + kWaitLimit;
+    for (int i = 0; i < 100000; ++i) {
+      collect();
+      if (count_of(events_, test) >= n) return true;
+      const auto left = std::chrono::ceil<milliseconds>(
+          give_up - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{poller_.notify_fd(), POLLIN, 0};
+      poll(&p, 1, static_cast<int>(left.count()));
+    }
+    return false;
+  }
+
+  const Events& events() const { return events_; }
 
  private:
   Poller& poller_;
-  std::vector<PollerEvent> events_;
+  Events events_;
 };
 
-auto has_probe(const std::string& id, ProbeStatus status) {
-  return [id, status](const std::vector<PollerEvent>& events) {
-    return std::any_of(events.begin(), events.end(), [&](const PollerEvent& e) {
-      return e.kind == PollerEventKind::kProbe && e.worker_id == id &&
-             e.probe && e.probe->status == status;
-    });
-  };
-}
+// --- the harness -------------------------------------------------------------
 
-auto has_audit(const std::string& id, AuditAction action) {
-  return [id, action](const std::vector<PollerEvent>& events) {
-    return std::any_of(events.begin(), events.end(), [&](const PollerEvent& e) {
-      return e.kind == PollerEventKind::kAudit && e.worker_id == id &&
-             e.audit && e.audit->action == action;
-    });
-  };
-}
-
-auto has_restart_request(const std::string& id) {
-  return [id](const std::vector<PollerEvent>& events) {
-    return std::any_of(events.begin(), events.end(), [&](const PollerEvent& e) {
-      return e.kind == PollerEventKind::kRestartRequested && e.worker_id == id;
-    });
-  };
-}
-
-const ProbeResult* first_probe(const std::vector<PollerEvent>& events,
-                               const std::string& id) {
-  for (const PollerEvent& e : events) {
-    if (e.kind == PollerEventKind::kProbe && e.worker_id == id && e.probe)
-      return &*e.probe;
+// A steady clock that moves only when the test moves it. The poller thread
+// reads it too, hence the lock.
+class FakeClock {
+ public:
+  TimePoint now() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return now_;
   }
-  return nullptr;
+  void set(TimePoint t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ = std::max(now_, t);  // steady: never back
+  }
+  void advance(Duration d) { set(now() + d); }
+
+ private:
+  mutable std::mutex mu_;
+  TimePoint now_ = TimePoint{} + std::chrono::hours(1);
+};
+
+// A Poller on a FakeClock and the log of its events. Declare it after the
+// servers it probes, so that it stops first.
+struct Harness {
+  explicit Harness(HealthConfig c = test_config(), std::uint64_t seed = 1)
+      : config(c),
+        poller(
+            std::move(c), mineru_expect(), [this] { return clock.now(); },
+            seed),
+        log(poller) {}
+
+  // Adds `targets` and starts the poller thread.
+  void start(const std::vector<Target>& targets) {
+    for (const Target& t : targets) poller.add_worker(t);
+    poller.start();
+  }
+
+  TimePoint now() const { return clock.now(); }
+  Duration interval() const { return internal::to_duration(config.interval_s); }
+
+  // Moves the clock and returns once the poller thread has acted on the
+  // new time, with the events that produced collected.
+  void set_time(TimePoint t) {
+    clock.set(t);
+    EXPECT_TRUE(PollerTestPeer::sync(poller, kWaitLimit));
+    log.collect();
+  }
+  void advance(Duration d) { set_time(now() + d); }
+
+  std::optional<TimePoint> probe_due(const std::string& id) const {
+    return PollerTestPeer::probe_due(poller, id);
+  }
+
+  // Moves the clock to when every one of `ids` is due for its next probe
+  // (or leaves it, for a probe already in flight) and waits for a result of
+  // each: real I/O on loopback. Returns with the events of their policy
+  // calls collected too.
+  void probe_round(const std::vector<std::string>& ids) {
+    log.collect();
+    TimePoint due = now();
+    std::vector<std::size_t> before;
+    for (const std::string& id : ids) {
+      before.push_back(count_of(log.events(), probe_of(id)));
+      if (std::optional<TimePoint> at = probe_due(id)) due = std::max(due, *at);
+    }
+    set_time(due);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_TRUE(log.wait_for(probe_of(ids[i]), before[i] + 1)) << ids[i];
+    }
+    // A probe's audit events are queued under the poller's lock along with
+    // it: once a call has had that lock, they are all there.
+    (void)poller.stats();
+    log.collect();
+  }
+
+  // One probe_round for `id`; its result.
+  ProbeResult next_probe(const std::string& id) {
+    probe_round({id});
+    const ProbeResult* p = last_probe(log.events(), id);
+    if (p == nullptr) {
+      ADD_FAILURE() << "no probe of " << id;
+      return {};
+    }
+    return *p;
+  }
+
+  // `id` has a restart due `backoff` from now: not asked for a moment
+  // before, asked for then.
+  void expect_restart_after(const std::string& id, milliseconds backoff) {
+    const std::optional<double> in_s = status(id).next_restart_in_s;
+    ASSERT_TRUE(in_s.has_value()) << id;
+    EXPECT_DOUBLE_EQ(*in_s, std::chrono::duration<double>(backoff).count());
+    const std::size_t before = count(restart_of(id));
+    advance(backoff - milliseconds(1));
+    EXPECT_EQ(count(restart_of(id)), before);
+    advance(milliseconds(1));
+    EXPECT_EQ(count(restart_of(id)), before + 1);
+  }
+
+  // Over the events collected so far.
+  bool saw(const EventTest& test) const { return has(log.events(), test); }
+  std::size_t count(const EventTest& test) const {
+    return count_of(log.events(), test);
+  }
+
+  WorkerStatus status(const std::string& id) const {
+    std::optional<WorkerStatus> s = poller.status(id);
+    if (!s) {
+      ADD_FAILURE() << "no worker " << id;
+      return {};
+    }
+    return *s;
+  }
+
+  const HealthConfig config;
+  FakeClock clock;  // before the poller, which reads it until it stops
+  Poller poller;
+  EventLog log;
+};
+
+std::vector<std::string> ids(const std::string& prefix, int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i));
+  return out;
 }
 
-WorkerStatus status_of(const Poller& poller, const std::string& id) {
-  for (const WorkerStatus& s : poller.statuses()) {
-    if (s.id == id) return s;
-  }
-  ADD_FAILURE() << "no worker " << id;
-  return {};
-}
+// --- the poller's schedule and policy ----------------------------------------
 
 TEST(PollerTest, RejectsBadConfig) {
   HealthConfig c = test_config();
@@ -131,60 +296,83 @@ TEST(PollerTest, RejectsBadConfig) {
 
 TEST(PollerTest, HealthyWorkerEntersRotationOverKeptAliveConnection) {
   TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 42);
-  poller.add_worker({"w0", server.url(), false});
-  poller.start();
-  EXPECT_TRUE(poller.running());
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::count_if(events.begin(), events.end(),
-                         [](const PollerEvent& e) {
-                           return e.kind == PollerEventKind::kProbe;
-                         }) >= 3;
-  }));
-  const ProbeResult* p = first_probe(log.events(), "w0");
+  Harness h(test_config(), 42);
+  h.start({{"w0", server.url(), false}});
+  EXPECT_TRUE(h.poller.running());
+  for (int i = 0; i < 3; ++i) h.probe_round({"w0"});
+  const ProbeResult* p = first_probe(h.log.events(), "w0");
   ASSERT_NE(p, nullptr);
   EXPECT_TRUE(p->healthy()) << p->detail;
   EXPECT_EQ(p->http_status, 200);
   EXPECT_EQ(p->load.max_concurrent_requests, 2);
   EXPECT_EQ(p->worker_id, "w0");
-  EXPECT_GT(log.events().back().unix_time, 1.6e9);
+  EXPECT_GT(h.log.events().back().unix_time, 1.6e9);
 
-  WorkerStatus s = status_of(poller, "w0");
+  WorkerStatus s = h.status("w0");
   EXPECT_TRUE(s.in_rotation);
   EXPECT_EQ(s.phase, WorkerPhase::kHealthy);
   EXPECT_GE(s.probes, 3u);
   EXPECT_TRUE(s.last_latency_s.has_value());
-  poller.stop();
-  EXPECT_FALSE(poller.running());
-  poller.stop();  // idempotent
+  h.poller.stop();
+  EXPECT_FALSE(h.poller.running());
+  h.poller.stop();  // idempotent
   // Probes reused the connection instead of opening one each.
   EXPECT_GE(server.requests(), 3);
   EXPECT_LT(server.connections(), server.requests());
 }
 
+TEST(PollerTest, ProbesFollowTheJitteredInterval) {
+  TestServer server(Mode::kHealthy);
+  Harness h(test_config(), 3);
+  h.poller.add_worker({"w", server.url(), false});
+  // The first probe falls within one interval of add_worker, so a fleet
+  // added at once is not probed in lock-step.
+  std::optional<TimePoint> due = h.probe_due("w");
+  ASSERT_TRUE(due.has_value());
+  EXPECT_GE(*due, h.now());
+  EXPECT_LT(*due, h.now() + h.interval());
+  h.poller.start();
+  const Duration shortest = internal::to_duration(0.4 * 0.9);
+  const Duration longest = internal::to_duration(0.4 * 1.1);
+  std::vector<Duration> gaps;
+  for (int i = 0; i < 5; ++i) {
+    due = h.probe_due("w");
+    ASSERT_TRUE(due.has_value());
+    // Not a moment early...
+    h.set_time(*due - Duration(1));
+    EXPECT_EQ(h.probe_due("w"), due);
+    EXPECT_EQ(h.count(probe_of("w")), std::size_t(i));
+    // ...and at once when due.
+    EXPECT_TRUE(h.next_probe("w").healthy());
+    // The next one is due a jittered interval after this one started.
+    std::optional<TimePoint> next = h.probe_due("w");
+    ASSERT_TRUE(next.has_value());
+    gaps.push_back(*next - *due);
+    EXPECT_GE(gaps.back(), shortest);
+    EXPECT_LE(gaps.back(), longest);
+  }
+  EXPECT_NE(*std::min_element(gaps.begin(), gaps.end()),
+            *std::max_element(gaps.begin(), gaps.end()));
+}
+
 TEST(PollerTest, EngineDeadRestartsThenRecoversOnNewUrl) {
   TestServer dying(Mode::kEngineDead);
   TestServer replacement(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 7);
-  poller.add_worker({"local-0", dying.url(), true});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_restart_request("local-0")));
-  EXPECT_TRUE(has_probe("local-0", ProbeStatus::kEngineDead)(log.events()));
-  EXPECT_TRUE(has_audit("local-0", AuditAction::kHealthFailed)(log.events()));
-  EXPECT_TRUE(
-      has_audit("local-0", AuditAction::kRestartScheduled)(log.events()));
-  EXPECT_FALSE(status_of(poller, "local-0").in_rotation);
-
-  EXPECT_EQ(status_of(poller, "local-0").phase, WorkerPhase::kRestarting);
-  EXPECT_TRUE(status_of(poller, "local-0").awaiting_process);
+  Harness h(test_config(), 7);
+  h.start({{"local-0", dying.url(), true}});
+  EXPECT_EQ(h.next_probe("local-0").status, ProbeStatus::kEngineDead);
+  EXPECT_TRUE(h.saw(audit_of("local-0", AuditAction::kHealthFailed)));
+  EXPECT_TRUE(h.saw(audit_of("local-0", AuditAction::kRestartScheduled)));
+  h.expect_restart_after("local-0", milliseconds(50));  // backoff_base_s
+  EXPECT_FALSE(h.status("local-0").in_rotation);
+  EXPECT_EQ(h.status("local-0").phase, WorkerPhase::kRestarting);
+  EXPECT_TRUE(h.status("local-0").awaiting_process);
 
   // The owner restarts the process and tells the poller where it listens.
-  poller.set_url("local-0", replacement.url());
-  EXPECT_FALSE(status_of(poller, "local-0").awaiting_process);
-  ASSERT_TRUE(log.wait_until(has_audit("local-0", AuditAction::kAdmitted)));
-  WorkerStatus s = status_of(poller, "local-0");
+  h.poller.set_url("local-0", replacement.url());
+  EXPECT_FALSE(h.status("local-0").awaiting_process);
+  ASSERT_TRUE(h.log.wait_for(audit_of("local-0", AuditAction::kAdmitted)));
+  WorkerStatus s = h.status("local-0");
   EXPECT_EQ(s.phase, WorkerPhase::kHealthy);
   EXPECT_TRUE(s.in_rotation);
   EXPECT_EQ(s.url, replacement.url());
@@ -192,88 +380,114 @@ TEST(PollerTest, EngineDeadRestartsThenRecoversOnNewUrl) {
   EXPECT_EQ(s.endpoint, ProbeEndpoint::kMain);
   EXPECT_EQ(s.attempt, 0);
   EXPECT_EQ(s.last_cause, "engine_dead");
-  // Counted as a success only after the stability window.
+  // Counted as a success only after the stability window (600 s by
+  // default), which runs from the admission: the clock has not moved since.
   ASSERT_TRUE(s.stable_in_s.has_value());
-  EXPECT_GT(*s.stable_in_s, 500.0);
-  EXPECT_FALSE(
-      has_audit("local-0", AuditAction::kRestartSucceeded)(log.events()));
+  EXPECT_DOUBLE_EQ(*s.stable_in_s, 600.0);
+  EXPECT_FALSE(h.saw(audit_of("local-0", AuditAction::kRestartSucceeded)));
 }
 
 TEST(PollerTest, RestartSucceedsAfterTheStabilityWindow) {
   TestServer dying(Mode::kEngineDead);
   TestServer replacement(Mode::kHealthy);
-  HealthConfig c = test_config();
-  c.stable_window_s = 0.5;
-  Poller poller(c, mineru_expect(), SteadyClock::now, 8);
-  poller.add_worker({"local-0", dying.url(), true});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_restart_request("local-0")));
-  poller.set_url("local-0", replacement.url());
-  ASSERT_TRUE(
-      log.wait_until(has_audit("local-0", AuditAction::kRestartSucceeded)));
-  WorkerStatus s = status_of(poller, "local-0");
+  Harness h(test_config(), 8);  // the default window: 600 s
+  h.start({{"local-0", dying.url(), true}});
+  h.next_probe("local-0");
+  h.expect_restart_after("local-0", milliseconds(50));
+  h.poller.set_url("local-0", replacement.url());
+  ASSERT_TRUE(h.log.wait_for(audit_of("local-0", AuditAction::kAdmitted)));
+  h.advance(seconds(600) - milliseconds(1));
+  EXPECT_FALSE(h.saw(audit_of("local-0", AuditAction::kRestartSucceeded)));
+  EXPECT_TRUE(h.status("local-0").stable_in_s.has_value());
+  h.advance(milliseconds(1));
+  ASSERT_TRUE(h.saw(audit_of("local-0", AuditAction::kRestartSucceeded)));
+  WorkerStatus s = h.status("local-0");
   EXPECT_TRUE(s.in_rotation);
   EXPECT_FALSE(s.stable_in_s.has_value());
-  // Every event carries the worker's state after the transition it belongs
-  // to, which the last audit event of a transition ends in.
-  const std::vector<PollerEvent>& events = log.events();
+  // Every event carries the worker's rotation after the policy call it
+  // belongs to: the phase the last audit event of that call ends in.
+  const Events& events = h.log.events();
   for (std::size_t i = 0; i < events.size(); ++i) {
     const PollerEvent& e = events[i];
-    ASSERT_TRUE(e.worker.has_value());
-    EXPECT_EQ(e.worker->id, "local-0");
-    EXPECT_EQ(e.worker->in_rotation, e.in_rotation);
+    EXPECT_EQ(e.worker_id, "local-0");
     const bool last_of_run =
         i + 1 == events.size() || events[i + 1].kind != PollerEventKind::kAudit;
     if (e.audit && last_of_run) {
-      EXPECT_EQ(e.worker->phase, e.audit->to);
+      EXPECT_EQ(e.in_rotation, e.audit->to == WorkerPhase::kHealthy)
+          << to_string(e.audit->action);
     }
   }
+}
+
+TEST(PollerTest, ReplacementThatNeverAnswersFailsAtItsBootDeadline) {
+  TestServer dying(Mode::kEngineDead);
+  Harness h(test_config(), 83);  // boot_timeout_s = 5
+  h.start({{"local-0", dying.url(), true}});
+  h.next_probe("local-0");
+  h.expect_restart_after("local-0", milliseconds(50));
+  // The owner takes a second to start the new process, which never
+  // listens: refused probes do not fail it, the boot deadline does, counted
+  // from set_url (not from the request).
+  h.advance(seconds(1));
+  h.poller.set_url("local-0", refused_url());
+  ASSERT_TRUE(h.status("local-0").boot_deadline_in_s.has_value());
+  EXPECT_DOUBLE_EQ(*h.status("local-0").boot_deadline_in_s, 5.0);
+  h.advance(seconds(5) - milliseconds(1));
+  EXPECT_FALSE(h.saw(audit_of("local-0", AuditAction::kRestartFailed)));
+  EXPECT_EQ(h.status("local-0").phase, WorkerPhase::kRestarting);
+  h.advance(milliseconds(1));
+  const auto failed =
+      std::find_if(h.log.events().begin(), h.log.events().end(),
+                   audit_of("local-0", AuditAction::kRestartFailed));
+  ASSERT_NE(failed, h.log.events().end());
+  EXPECT_EQ(failed->audit->cause, kCauseBootTimeout);
+  EXPECT_EQ(h.status("local-0").phase, WorkerPhase::kRestartScheduled);
+  EXPECT_EQ(h.status("local-0").attempt, 1);
+  // The second attempt waits twice the base backoff. (last_cause may be a
+  // refused probe's by now: probes go on while the restart waits.)
+  h.expect_restart_after("local-0", milliseconds(100));
 }
 
 TEST(PollerTest, PlainUnavailableNeedsTheThreshold) {
   TestServer server(Mode::kHealthy);
   TestServer other(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 1);
-  poller.add_worker({"remote", server.url(), false});
+  Harness h(test_config(), 1);
   // A second worker: the mass-ejection guard never ejects the last one in
   // rotation for non-definitive failures.
-  poller.add_worker({"other", other.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("remote", ProbeStatus::kHealthy)));
+  h.start({{"remote", server.url(), false}, {"other", other.url(), false}});
+  h.probe_round({"remote", "other"});
+  ASSERT_TRUE(h.saw(probe_of("remote", ProbeStatus::kHealthy)));
   server.set_mode(Mode::kUnavailable);
-  ASSERT_TRUE(log.wait_until(has_audit("remote", AuditAction::kHealthFailed)));
+  h.next_probe("remote");
+  h.next_probe("remote");
+  ASSERT_TRUE(h.saw(audit_of("remote", AuditAction::kHealthFailed)));
   // Ejected on the first 503, failed on the second; never restarted.
   int ejected_at = -1;
   int failed_at = -1;
   int unavailable_probes = 0;
-  for (std::size_t i = 0; i < log.events().size(); ++i) {
-    const PollerEvent& e = log.events()[i];
+  for (const PollerEvent& e : h.log.events()) {
     if (e.worker_id != "remote") continue;
-    if (e.kind == PollerEventKind::kProbe &&
-        e.probe->status == ProbeStatus::kHttpStatus) {
+    if (probe_of("remote", ProbeStatus::kHttpStatus)(e)) {
       ++unavailable_probes;
       EXPECT_EQ(e.probe->http_status, 503);
       EXPECT_NE(e.probe->detail.find("dispatcher down"), std::string::npos);
     }
-    if (e.kind == PollerEventKind::kAudit &&
-        e.audit->action == AuditAction::kEjected) {
+    if (audit_of("remote", AuditAction::kEjected)(e)) {
       ejected_at = unavailable_probes;
     }
-    if (e.kind == PollerEventKind::kAudit &&
-        e.audit->action == AuditAction::kHealthFailed) {
+    if (audit_of("remote", AuditAction::kHealthFailed)(e)) {
       failed_at = unavailable_probes;
     }
     EXPECT_NE(e.kind, PollerEventKind::kRestartRequested);
   }
   EXPECT_EQ(ejected_at, 1);
   EXPECT_EQ(failed_at, 2);
-  EXPECT_EQ(status_of(poller, "remote").phase, WorkerPhase::kFailed);
+  EXPECT_EQ(h.status("remote").phase, WorkerPhase::kFailed);
 
   server.set_mode(Mode::kHealthy);
-  ASSERT_TRUE(log.wait_until(has_audit("remote", AuditAction::kRecovered)));
-  EXPECT_TRUE(status_of(poller, "remote").in_rotation);
+  h.next_probe("remote");
+  ASSERT_TRUE(h.saw(audit_of("remote", AuditAction::kRecovered)));
+  EXPECT_TRUE(h.status("remote").in_rotation);
 }
 
 struct FailureCase {
@@ -284,20 +498,16 @@ struct FailureCase {
 
 class PollerFailureTest : public ::testing::TestWithParam<FailureCase> {};
 
+// hang and slow_drip end on curl's timeout, in real time.
 TEST_P(PollerFailureTest, ProbeFailsWithTheRightStatus) {
   const FailureCase& c = GetParam();
   TestServer server(c.mode);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 3);
-  poller.add_worker({"w", server.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return first_probe(events, "w") != nullptr;
-  }));
-  const ProbeResult* p = first_probe(log.events(), "w");
-  EXPECT_EQ(to_string(p->status), std::string(to_string(c.want))) << p->detail;
-  EXPECT_FALSE(p->detail.empty());
-  poller.stop();  // must not wait for the hung or dripping server
+  Harness h(test_config(), 3);
+  h.start({{"w", server.url(), false}});
+  const ProbeResult p = h.next_probe("w");
+  EXPECT_EQ(to_string(p.status), std::string(to_string(c.want))) << p.detail;
+  EXPECT_FALSE(p.detail.empty());
+  h.poller.stop();  // must not wait for the hung or dripping server
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -317,33 +527,27 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(PollerTest, RefusedPortIsAConnectError) {
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 5);
-  poller.add_worker({"gone", refused_url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("gone", ProbeStatus::kConnectError)));
+  Harness h(test_config(), 5);
+  h.start({{"gone", refused_url(), false}});
+  EXPECT_EQ(h.next_probe("gone").status, ProbeStatus::kConnectError);
 }
 
 TEST(PollerTest, EmptyUrlIsNotProbedUntilSet) {
   TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 9);
-  poller.add_worker({"later", "", true});
-  poller.add_worker({"marker", server.url(), false});
-  poller.start();
-  EventLog log(poller);
-  // Wait for a few probes of another worker; "later" must have none.
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::count_if(events.begin(), events.end(),
-                         [](const PollerEvent& e) {
-                           return e.kind == PollerEventKind::kProbe &&
-                                  e.worker_id == "marker";
-                         }) >= 2;
-  }));
-  EXPECT_EQ(first_probe(log.events(), "later"), nullptr);
-  EXPECT_EQ(status_of(poller, "later").probes, 0u);
-  poller.set_url("later", server.url());
-  ASSERT_TRUE(log.wait_until(has_probe("later", ProbeStatus::kHealthy)));
-  EXPECT_TRUE(status_of(poller, "later").in_rotation);
+  Harness h(test_config(), 9);
+  h.start({{"later", "", true}, {"marker", server.url(), false}});
+  // Past every first probe, and a few probes of another worker: "later"
+  // has none and none is scheduled.
+  h.advance(h.interval());
+  h.next_probe("marker");
+  h.next_probe("marker");
+  EXPECT_EQ(first_probe(h.log.events(), "later"), nullptr);
+  EXPECT_EQ(h.status("later").probes, 0u);
+  EXPECT_FALSE(h.probe_due("later").has_value());
+  // set_url probes it at once.
+  h.poller.set_url("later", server.url());
+  ASSERT_TRUE(h.log.wait_for(probe_of("later", ProbeStatus::kHealthy)));
+  EXPECT_TRUE(h.status("later").in_rotation);
 }
 
 TEST(PollerTest, ReportsDriveThePolicy) {
@@ -352,134 +556,129 @@ TEST(PollerTest, ReportsDriveThePolicy) {
   HealthConfig c = test_config();
   c.backoff_base_s = 0.1;
   c.max_attempts = 1;
-  Poller poller(c, mineru_expect(), SteadyClock::now, 11);
-  poller.add_worker({"local-1", server.url(), true});
-  poller.add_worker({"other", other.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("local-1", ProbeStatus::kHealthy)));
-  ASSERT_TRUE(status_of(poller, "local-1").in_rotation);
+  Harness h(c, 11);
+  h.start({{"local-1", server.url(), true}, {"other", other.url(), false}});
+  h.probe_round({"local-1", "other"});
+  ASSERT_TRUE(h.saw(probe_of("local-1", ProbeStatus::kHealthy)));
+  ASSERT_TRUE(h.status("local-1").in_rotation);
 
   // The process died: its port answers 503 (never healthy) until further
   // notice, so no probe can end the restart before the owner reports on it.
+  // Reports act at once: their events are queued when the call returns.
   server.set_mode(Mode::kUnavailable);
-  poller.report_process_exit("local-1", "exit code -9", -9);
-  ASSERT_TRUE(log.wait_until(has_audit("local-1", AuditAction::kEjected)));
-  EXPECT_FALSE(status_of(poller, "local-1").in_rotation);
-  EXPECT_EQ(status_of(poller, "local-1").last_exit_code, -9);
-  EXPECT_EQ(status_of(poller, "local-1").last_cause, kCauseProcessExit);
-  ASSERT_TRUE(log.wait_until(has_restart_request("local-1")));
-  poller.report_restart_failed("local-1", "spawn: no such file");
-  ASSERT_TRUE(log.wait_until(has_audit("local-1", AuditAction::kGaveUp)));
-  EXPECT_EQ(status_of(poller, "local-1").phase, WorkerPhase::kGaveUp);
-  EXPECT_EQ(status_of(poller, "local-1").last_cause, kCauseRestartFailed);
+  h.poller.report_process_exit("local-1", "exit code -9", -9);
+  h.log.collect();
+  ASSERT_TRUE(h.saw(audit_of("local-1", AuditAction::kEjected)));
+  EXPECT_FALSE(h.status("local-1").in_rotation);
+  EXPECT_EQ(h.status("local-1").last_exit_code, -9);
+  EXPECT_EQ(h.status("local-1").last_cause, kCauseProcessExit);
+  h.expect_restart_after("local-1", milliseconds(100));
+  h.poller.report_restart_failed("local-1", "spawn: no such file");
+  h.log.collect();
+  ASSERT_TRUE(h.saw(audit_of("local-1", AuditAction::kGaveUp)));
+  EXPECT_EQ(h.status("local-1").phase, WorkerPhase::kGaveUp);
+  EXPECT_EQ(h.status("local-1").last_cause, kCauseRestartFailed);
   // Still probed while given up: a healthy answer brings it back.
   server.set_mode(Mode::kHealthy);
-  ASSERT_TRUE(log.wait_until(has_audit("local-1", AuditAction::kRecovered)));
-  EXPECT_TRUE(status_of(poller, "local-1").in_rotation);
+  h.next_probe("local-1");
+  ASSERT_TRUE(h.saw(audit_of("local-1", AuditAction::kRecovered)));
+  EXPECT_TRUE(h.status("local-1").in_rotation);
 
-  poller.report_passive_failure("local-1", "EngineDeadError in task");
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::count_if(events.begin(), events.end(),
-                         [](const PollerEvent& e) {
-                           return e.kind == PollerEventKind::kAudit &&
-                                  e.worker_id == "local-1" &&
-                                  e.audit->action == AuditAction::kEjected;
-                         }) >= 2;
-  }));
-  EXPECT_EQ(status_of(poller, "local-1").last_cause, kCausePassiveFailure);
+  h.poller.report_passive_failure("local-1", "EngineDeadError in task");
+  h.log.collect();
+  EXPECT_EQ(h.count(audit_of("local-1", AuditAction::kEjected)), 2u);
+  EXPECT_EQ(h.status("local-1").last_cause, kCausePassiveFailure);
   // Unknown ids are ignored.
-  poller.report_process_exit("nobody", "x");
+  h.poller.report_process_exit("nobody", "x");
+  EXPECT_FALSE(h.poller.status("nobody").has_value());
 }
 
 TEST(PollerTest, RemovedWorkerStopsProducingEvents) {
   TestServer hung(Mode::kHang);
   TestServer healthy(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 13);
-  poller.add_worker({"hung", hung.url(), false});
-  poller.add_worker({"ok", healthy.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("ok", ProbeStatus::kHealthy)));
-  poller.remove_worker("hung");
-  const std::size_t seen = log.events().size();
-  ASSERT_TRUE(log.wait_until([seen](const std::vector<PollerEvent>& events) {
-    return std::count_if(
-               events.begin() + static_cast<std::ptrdiff_t>(seen), events.end(),
-               [](const PollerEvent& e) { return e.worker_id == "ok"; }) >= 3;
-  }));
-  for (std::size_t i = seen; i < log.events().size(); ++i) {
-    EXPECT_NE(log.events()[i].worker_id, "hung");
+  HealthConfig c = test_config();
+  // Long enough that the hung probe is surely still in flight when its
+  // worker goes: removing the worker must drop it, not let it time out.
+  c.main_port_timeout_s = 5;
+  Harness h(c, 13);
+  h.start({{"hung", hung.url(), false}, {"ok", healthy.url(), false}});
+  h.advance(h.interval());  // both first probes start
+  ASSERT_TRUE(h.log.wait_for(probe_of("ok", ProbeStatus::kHealthy)));
+  h.poller.remove_worker("hung");
+  const std::size_t seen = h.log.events().size();
+  for (int i = 0; i < 3; ++i) h.next_probe("ok");
+  for (std::size_t i = seen; i < h.log.events().size(); ++i) {
+    EXPECT_NE(h.log.events()[i].worker_id, "hung");
   }
-  std::vector<WorkerStatus> all = poller.statuses();
+  EXPECT_EQ(h.poller.stats().in_flight, 0u);
+  std::vector<WorkerStatus> all = h.poller.statuses();
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].id, "ok");
+  EXPECT_FALSE(h.poller.status("hung").has_value());
 }
 
 TEST(PollerTest, ReplacingAWorkerStartsItsPolicyAfresh) {
   TestServer dead(Mode::kUnavailable);
   TestServer healthy(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 17);
-  poller.add_worker({"w", dead.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_audit("w", AuditAction::kHealthFailed)));
-  poller.add_worker({"w", healthy.url(), false});
-  EXPECT_EQ(status_of(poller, "w").phase, WorkerPhase::kStarting);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return !events.empty() && events.back().kind == PollerEventKind::kProbe &&
-           events.back().probe->healthy();
-  }));
-  EXPECT_TRUE(status_of(poller, "w").in_rotation);
+  Harness h(test_config(), 17);
+  h.start({{"w", dead.url(), false}});
+  h.next_probe("w");
+  h.next_probe("w");
+  ASSERT_TRUE(h.saw(audit_of("w", AuditAction::kHealthFailed)));
+  h.poller.add_worker({"w", healthy.url(), false});
+  EXPECT_EQ(h.status("w").phase, WorkerPhase::kStarting);
+  EXPECT_TRUE(h.next_probe("w").healthy());
+  EXPECT_TRUE(h.status("w").in_rotation);
 }
 
 TEST(PollerTest, StopAndStartAgain) {
   TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 19);
-  poller.add_worker({"w", server.url(), false});
-  poller.start();
-  poller.start();  // no second thread
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("w", ProbeStatus::kHealthy)));
-  poller.stop();
-  const std::uint64_t before = status_of(poller, "w").probes;
-  poller.start();
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return status_of(poller, "w").probes > before;
-  }));
+  Harness h(test_config(), 19);
+  h.start({{"w", server.url(), false}});
+  h.poller.start();  // no second thread
+  EXPECT_TRUE(h.next_probe("w").healthy());
+  h.poller.stop();
+  const std::uint64_t before = h.status("w").probes;
+  h.poller.start();
+  h.next_probe("w");
+  EXPECT_GT(h.status("w").probes, before);
 }
 
 TEST(PollerTest, NotifyFdIsReadableOnlyWithEvents) {
   TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 23);
-  pollfd p{poller.notify_fd(), POLLIN, 0};
+  Harness h(test_config(), 23);
+  pollfd p{h.poller.notify_fd(), POLLIN, 0};
   EXPECT_EQ(poll(&p, 1, 0), 0);
-  poller.add_worker({"w", server.url(), false});
-  poller.start();
+  h.start({{"w", server.url(), false}});
+  // Past the first probe, without draining (Harness::advance would).
+  h.clock.advance(h.interval());
+  ASSERT_TRUE(PollerTestPeer::sync(h.poller, kWaitLimit));
   p.revents = 0;
-  ASSERT_EQ(poll(&p, 1, 10000), 1);
-  EXPECT_FALSE(poller.drain_events().empty());
-  poller.stop();
+  ASSERT_EQ(poll(&p, 1, static_cast<int>(kWaitLimit.count())), 1);
+  EXPECT_FALSE(h.poller.drain_events().empty());
+  h.poller.stop();
   p.revents = 0;
   // Whatever arrived between the drain and stop() is drained here; after that
   // the fd must be quiet.
-  poller.drain_events();
+  h.poller.drain_events();
   EXPECT_EQ(poll(&p, 1, 0), 0);
 }
 
+// The hung probes end on curl's timeout, in real time.
 TEST(PollerTest, ConcurrencyCapStillProbesEveryone) {
   TestServer hung(Mode::kHang);
   TestServer healthy(Mode::kHealthy);
   HealthConfig c = test_config();
   c.concurrency = 1;
-  Poller poller(c, mineru_expect(), SteadyClock::now, 29);
-  for (int i = 0; i < 3; ++i)
-    poller.add_worker({"hung" + std::to_string(i), hung.url(), false});
-  poller.add_worker({"ok", healthy.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("ok", ProbeStatus::kHealthy)));
+  Harness h(c, 29);
+  for (const std::string& id : ids("hung", 3))
+    h.poller.add_worker({id, hung.url(), false});
+  h.start({{"ok", healthy.url(), false}});
+  h.advance(h.interval());  // every first probe is due
+  ASSERT_TRUE(h.log.wait_for(probe_of("ok", ProbeStatus::kHealthy)));
 }
+
+// --- sweep (no clock: one round of real transfers) ---------------------------
 
 TEST(SweepTest, ProbesEveryTargetInOrder) {
   TestServer healthy(Mode::kHealthy);
@@ -521,8 +720,8 @@ TEST(SweepTest, SmallCapAndManyTargets) {
   HealthConfig c = test_config();
   c.concurrency = 3;
   std::vector<Target> targets;
-  for (int i = 0; i < 40; ++i)
-    targets.push_back({"w" + std::to_string(i), healthy.url(), false});
+  for (const std::string& id : ids("w", 40))
+    targets.push_back({id, healthy.url(), false});
   SweepStats stats;
   std::vector<ProbeResult> results =
       Poller::sweep(targets, c, mineru_expect(), &stats);
@@ -538,6 +737,8 @@ TEST(SweepTest, ConfigExpectedStatusWins) {
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].status, ProbeStatus::kUnexpectedStatus);
 }
+
+// --- configuration -----------------------------------------------------------
 
 struct BadConfigCase {
   const char* name;
@@ -623,23 +824,26 @@ std::string advertising_body(int port) {
          R"(,"native_health_port":)" + std::to_string(port) + "}";
 }
 
+EventTest probe_on(const std::string& id, ProbeEndpoint endpoint) {
+  return [id, endpoint](const PollerEvent& e) {
+    return probe_of(id)(e) && e.probe->endpoint == endpoint;
+  };
+}
+
 TEST(PollerEndpointTest, ExplicitHealthUrlIsProbedWithItsFigures) {
   TestServer main_port(Mode::kHang);  // never asked
   TestServer native(Mode::kHealthy);
   native.set_custom(200, native_body(""));
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 31);
-  poller.add_worker(
-      {"local-0", main_port.url(), true, native.url() + "/health"});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("local-0", ProbeStatus::kHealthy)));
-  const ProbeResult* p = first_probe(log.events(), "local-0");
-  EXPECT_EQ(p->endpoint, ProbeEndpoint::kNative);
-  EXPECT_EQ(p->url, native.url() + "/health");
-  EXPECT_EQ(p->loop_lag_s, 3.5);
-  EXPECT_EQ(p->engine_calls_in_flight, 2);
-  EXPECT_EQ(p->seconds_since_progress, 0.25);
-  WorkerStatus s = status_of(poller, "local-0");
+  Harness h(test_config(), 31);
+  h.start({{"local-0", main_port.url(), true, native.url() + "/health"}});
+  const ProbeResult p = h.next_probe("local-0");
+  EXPECT_TRUE(p.healthy()) << p.detail;
+  EXPECT_EQ(p.endpoint, ProbeEndpoint::kNative);
+  EXPECT_EQ(p.url, native.url() + "/health");
+  EXPECT_EQ(p.loop_lag_s, 3.5);
+  EXPECT_EQ(p.engine_calls_in_flight, 2);
+  EXPECT_EQ(p.seconds_since_progress, 0.25);
+  WorkerStatus s = h.status("local-0");
   EXPECT_EQ(s.probe_url, native.url() + "/health");
   EXPECT_EQ(s.health_url, native.url() + "/health");
   EXPECT_EQ(s.endpoint, ProbeEndpoint::kNative);
@@ -655,51 +859,39 @@ TEST(PollerEndpointTest, LoopHungIsDefinitive) {
            R"("loop_lag_s":90.0,"engine_dead":false,"rule":"loop_hang",)"
            R"("category":"loop_hung"})");
   HealthConfig c = test_config();
-  c.failure_threshold = 10;  // only a definitive answer can fail it this fast
-  Poller poller(c, mineru_expect(), SteadyClock::now, 37);
-  poller.add_worker({"local-0", "", true, native.url() + "/health"});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_restart_request("local-0")));
-  const ProbeResult* p = first_probe(log.events(), "local-0");
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(p->status, ProbeStatus::kLoopHung);
-  EXPECT_EQ(p->loop_lag_s, 90.0);
-  EXPECT_EQ(status_of(poller, "local-0").last_cause, "loop_hung");
+  c.failure_threshold = 10;  // only a definitive answer fails it at once
+  Harness h(c, 37);
+  h.start({{"local-0", "", true, native.url() + "/health"}});
+  const ProbeResult p = h.next_probe("local-0");
+  EXPECT_EQ(p.status, ProbeStatus::kLoopHung);
+  EXPECT_EQ(p.loop_lag_s, 90.0);
+  EXPECT_EQ(h.status("local-0").last_cause, "loop_hung");
+  EXPECT_EQ(h.status("local-0").phase, WorkerPhase::kRestartScheduled);
+  h.expect_restart_after("local-0", milliseconds(50));
 }
 
+// The native endpoint's misses end on curl's timeout, in real time.
 TEST(PollerEndpointTest, AdvertisedPortIsDiscoveredThenFallsBackToMain) {
   TestServer native(Mode::kHealthy);
   native.set_custom(200, native_body(""));
   TestServer main_port(Mode::kHealthy);
   main_port.set_custom(200, advertising_body(native.port()));
   TestServer other(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 41);
-  poller.add_worker({"remote", main_port.url(), false});
-  poller.add_worker({"other", other.url(), false});
-  poller.start();
-  EventLog log(poller);
-  auto probes_of = [](const std::string& id, ProbeEndpoint endpoint) {
-    return [id, endpoint](const std::vector<PollerEvent>& events) {
-      return std::count_if(
-          events.begin(), events.end(), [&](const PollerEvent& e) {
-            return e.kind == PollerEventKind::kProbe && e.worker_id == id &&
-                   e.probe->endpoint == endpoint;
-          });
-    };
-  };
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>& events) {
-    return probes_of("remote", ProbeEndpoint::kNative)(events) >= 2;
-  }));
+  Harness h(test_config(), 41);
+  h.start({{"remote", main_port.url(), false}, {"other", other.url(), false}});
+  h.probe_round({"remote", "other"});
+  h.next_probe("remote");
+  h.next_probe("remote");
+  ASSERT_EQ(h.count(probe_on("remote", ProbeEndpoint::kNative)), 2u);
   const std::string native_url =
       "http://127.0.0.1:" + std::to_string(native.port()) + "/health";
-  WorkerStatus s = status_of(poller, "remote");
+  WorkerStatus s = h.status("remote");
   EXPECT_EQ(s.endpoint, ProbeEndpoint::kNative);
   EXPECT_EQ(s.probe_url, native_url);
   EXPECT_EQ(s.health_url, "");
   EXPECT_TRUE(s.in_rotation);
   // The first probe went to the main port, which advertised the port.
-  const ProbeResult* first = first_probe(log.events(), "remote");
+  const ProbeResult* first = first_probe(h.log.events(), "remote");
   EXPECT_EQ(first->endpoint, ProbeEndpoint::kMain);
   EXPECT_EQ(first->native_health_port, native.port());
 
@@ -707,14 +899,12 @@ TEST(PollerEndpointTest, AdvertisedPortIsDiscoveredThenFallsBackToMain) {
   // the worker is probed on its main port again, which rediscovers it.
   const int main_before = main_port.requests();
   native.set_mode(Mode::kHang);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return main_port.requests() > main_before;
-  }));
-  const std::size_t misses = static_cast<std::size_t>(std::count_if(
-      log.events().begin(), log.events().end(), [](const PollerEvent& e) {
-        return e.kind == PollerEventKind::kProbe && e.worker_id == "remote" &&
-               e.probe->status == ProbeStatus::kTimeout;
-      }));
+  EXPECT_EQ(h.next_probe("remote").status, ProbeStatus::kTimeout);
+  EXPECT_EQ(h.next_probe("remote").status, ProbeStatus::kTimeout);
+  EXPECT_EQ(main_port.requests(), main_before);
+  EXPECT_EQ(h.next_probe("remote").endpoint, ProbeEndpoint::kMain);
+  EXPECT_GT(main_port.requests(), main_before);
+  const std::size_t misses = h.count(probe_of("remote", ProbeStatus::kTimeout));
   EXPECT_EQ(misses, 2u);  // failure_threshold
 }
 
@@ -724,109 +914,106 @@ TEST(PollerEndpointTest, AnAnswerThatIsNotHealthyKeepsTheNativeEndpoint) {
   TestServer main_port(Mode::kHealthy);
   main_port.set_custom(200, advertising_body(native.port()));
   TestServer other(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 43);
-  poller.add_worker({"remote", main_port.url(), false});
-  poller.add_worker({"other", other.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return status_of(poller, "remote").endpoint == ProbeEndpoint::kNative;
-  }));
+  Harness h(test_config(), 43);
+  h.start({{"remote", main_port.url(), false}, {"other", other.url(), false}});
+  h.probe_round({"remote", "other"});
+  ASSERT_EQ(h.status("remote").endpoint, ProbeEndpoint::kNative);
   const int main_before = main_port.requests();
   native.set_custom(503, R"({"status":"starting","endpoint":"native"})");
-  ASSERT_TRUE(log.wait_until(has_audit("remote", AuditAction::kHealthFailed)));
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::count_if(
-               events.begin(), events.end(), [](const PollerEvent& e) {
-                 return e.kind == PollerEventKind::kProbe &&
-                        e.worker_id == "remote" && !e.probe->healthy();
-               }) >= 4;
-  }));
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(h.next_probe("remote").healthy());
+  EXPECT_TRUE(h.saw(audit_of("remote", AuditAction::kHealthFailed)));
   EXPECT_EQ(main_port.requests(), main_before);
-  EXPECT_EQ(status_of(poller, "remote").endpoint, ProbeEndpoint::kNative);
+  EXPECT_EQ(h.status("remote").endpoint, ProbeEndpoint::kNative);
 }
 
+// The server answers after 500 ms of real time.
 TEST(PollerEndpointTest, SlowMainPortGetsItsOwnTimeoutAndOneProbeInFlight) {
-  TestServer slow(Mode::kSlowHealthy);  // 500 ms, interval 400 ms
+  TestServer slow(Mode::kSlowHealthy);
   HealthConfig c = test_config();
   c.main_port_timeout_s = 5;  // above interval_s: allowed
-  Poller poller(c, mineru_expect(), SteadyClock::now, 47);
-  poller.add_worker({"busy", slow.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::count_if(events.begin(), events.end(),
-                         [](const PollerEvent& e) {
-                           return e.kind == PollerEventKind::kProbe;
-                         }) >= 3;
-  }));
-  for (const PollerEvent& e : log.events()) {
+  Harness h(c, 47);
+  h.start({{"busy", slow.url(), false}});
+  h.advance(h.interval());  // the first probe starts
+  // Its next one falls due while it is in flight: not started beside it,
+  // but as soon as it ends (the clock does not move meanwhile).
+  h.advance(3 * h.interval());
+  EXPECT_FALSE(h.probe_due("busy").has_value());
+  ASSERT_TRUE(h.log.wait_for(probe_of("busy"), 2));
+  h.next_probe("busy");
+  EXPECT_EQ(h.count(probe_of("busy")), 3u);
+  for (const PollerEvent& e : h.log.events()) {
     if (e.kind != PollerEventKind::kProbe) continue;
     EXPECT_TRUE(e.probe->healthy()) << e.probe->detail;
     EXPECT_EQ(e.probe->endpoint, ProbeEndpoint::kMain);
   }
   EXPECT_EQ(slow.max_concurrent(), 1);
-  EXPECT_TRUE(status_of(poller, "busy").in_rotation);
+  EXPECT_TRUE(h.status("busy").in_rotation);
 }
 
 TEST(PollerEndpointTest, SetUrlReplacesBothUrls) {
   TestServer native(Mode::kHealthy);
   native.set_custom(200, native_body(""));
   TestServer main_port(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 53);
-  poller.add_worker({"local-0", "", true});
-  poller.set_url("local-0", main_port.url(), native.url() + "/health");
-  WorkerStatus s = status_of(poller, "local-0");
+  Harness h(test_config(), 53);
+  h.poller.add_worker({"local-0", "", true});
+  h.poller.set_url("local-0", main_port.url(), native.url() + "/health");
+  WorkerStatus s = h.status("local-0");
   EXPECT_EQ(s.probe_url, native.url() + "/health");
   EXPECT_EQ(s.endpoint, ProbeEndpoint::kNative);
-  poller.set_url("local-0", main_port.url());
-  s = status_of(poller, "local-0");
+  h.poller.set_url("local-0", main_port.url());
+  s = h.status("local-0");
   EXPECT_EQ(s.probe_url, main_port.url() + "/health");
   EXPECT_EQ(s.endpoint, ProbeEndpoint::kMain);
   EXPECT_EQ(s.health_url, "");
-  poller.set_url("local-0", "");
-  EXPECT_EQ(status_of(poller, "local-0").probe_url, "");
+  h.poller.set_url("local-0", "");
+  EXPECT_EQ(h.status("local-0").probe_url, "");
 }
 
-// --- mass-ejection guard
-// -------------------------------------------------------
+// --- mass-ejection guard -----------------------------------------------------
 
-int count_audits(const std::vector<PollerEvent>& events, AuditAction action) {
-  return static_cast<int>(
-      std::count_if(events.begin(), events.end(), [&](const PollerEvent& e) {
-        return e.kind == PollerEventKind::kAudit && e.audit->action == action;
-      }));
-}
-
-TEST(PollerGuardTest, HungFleetKeepsHalfInRotation) {
-  std::vector<std::unique_ptr<TestServer>> servers;
-  HealthConfig c = test_config();
-  Poller poller(c, mineru_expect(), SteadyClock::now, 59);
-  for (int i = 0; i < 4; ++i) {
-    servers.push_back(std::make_unique<TestServer>(Mode::kHealthy));
-    poller.add_worker({"w" + std::to_string(i), servers.back()->url(), true});
+// A fleet of `n` restartable workers, each on its own healthy server, all
+// probed once and in rotation.
+struct Fleet {
+  Fleet(int n, std::uint64_t seed) : names(ids("w", n)) {
+    for (int i = 0; i < n; ++i)
+      servers.push_back(std::make_unique<TestServer>(Mode::kHealthy));
+    harness = std::make_unique<Harness>(test_config(), seed);
+    for (int i = 0; i < n; ++i)
+      harness->poller.add_worker({names[i], servers[i]->url(), true});
+    harness->poller.start();
+    harness->probe_round(names);
+    EXPECT_EQ(harness->poller.stats().in_rotation, names.size());
   }
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return poller.stats().in_rotation == 4;
-  }));
-  for (auto& server : servers) server->set_mode(Mode::kHang);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return count_audits(events, AuditAction::kEjected) >= 2 &&
-           count_audits(events, AuditAction::kEjectionSuppressed) >= 2;
-  }));
-  // Let more timeouts come in: the guard holds (50 % of 4 = 2 out).
-  const std::size_t seen = log.events().size();
-  ASSERT_TRUE(log.wait_until([seen](const std::vector<PollerEvent>& events) {
-    return events.size() >= seen + 12;
-  }));
-  EXPECT_EQ(count_audits(log.events(), AuditAction::kEjected), 2);
-  const PollerStats stats = poller.stats();
+  // Every server answers as `mode` from now on; one probe of each.
+  void turn(Mode mode) {
+    for (auto& server : servers) server->set_mode(mode);
+    harness->probe_round(names);
+  }
+  std::size_t audits(AuditAction action) const {
+    return harness->count(audit_of("", action));
+  }
+
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<TestServer>> servers;
+  std::unique_ptr<Harness> harness;  // declared last: stops first
+};
+
+// The timeouts are curl's, in real time (all four at once).
+TEST(PollerGuardTest, HungFleetKeepsHalfInRotation) {
+  Fleet fleet(4, 59);
+  fleet.turn(Mode::kHang);
+  EXPECT_EQ(fleet.audits(AuditAction::kEjected), 2u);
+  EXPECT_EQ(fleet.audits(AuditAction::kEjectionSuppressed), 2u);
+  // More timeouts: the guard holds (50 % of 4 = 2 out).
+  fleet.turn(Mode::kHang);
+  fleet.turn(Mode::kHang);
+  EXPECT_EQ(fleet.audits(AuditAction::kEjected), 2u);
+  Harness& h = *fleet.harness;
+  const PollerStats stats = h.poller.stats();
   EXPECT_EQ(stats.in_rotation, 2u);
   EXPECT_EQ(stats.ejections_suppressed, 2u);  // once per failure streak
   int held = 0;
-  for (const WorkerStatus& s : poller.statuses()) {
+  for (const WorkerStatus& s : h.poller.statuses()) {
     if (s.in_rotation) {
       EXPECT_TRUE(s.ejection_suppressed);
       EXPECT_GE(s.consecutive_failures, 1);
@@ -834,9 +1021,8 @@ TEST(PollerGuardTest, HungFleetKeepsHalfInRotation) {
     }
   }
   EXPECT_EQ(held, 2);
-  for (const PollerEvent& e : log.events()) {
-    if (e.kind == PollerEventKind::kAudit &&
-        e.audit->action == AuditAction::kEjectionSuppressed) {
+  for (const PollerEvent& e : h.log.events()) {
+    if (audit_of("", AuditAction::kEjectionSuppressed)(e)) {
       EXPECT_NE(e.audit->reason.find("max_ejection_percent=50"),
                 std::string::npos)
           << e.audit->reason;
@@ -846,110 +1032,120 @@ TEST(PollerGuardTest, HungFleetKeepsHalfInRotation) {
 }
 
 TEST(PollerGuardTest, DefinitiveFailuresAreNeverHeldBack) {
-  std::vector<std::unique_ptr<TestServer>> servers;
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 61);
-  for (int i = 0; i < 2; ++i) {
-    servers.push_back(std::make_unique<TestServer>(Mode::kHealthy));
-    poller.add_worker({"w" + std::to_string(i), servers.back()->url(), true});
-  }
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return poller.stats().in_rotation == 2;
-  }));
-  for (auto& server : servers) server->set_mode(Mode::kEngineDead);
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return count_audits(events, AuditAction::kEjected) >= 2;
-  }));
-  EXPECT_EQ(count_audits(log.events(), AuditAction::kEjectionSuppressed), 0);
-  EXPECT_EQ(poller.stats().in_rotation, 0u);
+  Fleet fleet(2, 61);
+  fleet.turn(Mode::kEngineDead);
+  EXPECT_EQ(fleet.audits(AuditAction::kEjected), 2u);
+  EXPECT_EQ(fleet.audits(AuditAction::kEjectionSuppressed), 0u);
+  EXPECT_EQ(fleet.harness->poller.stats().in_rotation, 0u);
 }
 
 TEST(PollerGuardTest, PassiveFailureOfTheLastWorkerIsHeldBack) {
-  TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 67);
-  poller.add_worker({"only", server.url(), true});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("only", ProbeStatus::kHealthy)));
-  poller.report_passive_failure("only", "task failed: EngineDeadError?");
-  ASSERT_TRUE(
-      log.wait_until(has_audit("only", AuditAction::kEjectionSuppressed)));
-  EXPECT_TRUE(status_of(poller, "only").in_rotation);
+  Fleet fleet(1, 67);
+  Harness& h = *fleet.harness;
+  EXPECT_TRUE(h.saw(probe_of("w0", ProbeStatus::kHealthy)));
+  h.poller.report_passive_failure("w0", "task failed: EngineDeadError?");
+  h.log.collect();
+  ASSERT_TRUE(h.saw(audit_of("w0", AuditAction::kEjectionSuppressed)));
+  EXPECT_TRUE(h.status("w0").in_rotation);
   // A process exit is definitive: not held back.
-  poller.report_process_exit("only", "exit code 1", 1);
-  ASSERT_TRUE(log.wait_until(has_audit("only", AuditAction::kEjected)));
-  EXPECT_FALSE(status_of(poller, "only").in_rotation);
+  h.poller.report_process_exit("w0", "exit code 1", 1);
+  h.log.collect();
+  ASSERT_TRUE(h.saw(audit_of("w0", AuditAction::kEjected)));
+  EXPECT_FALSE(h.status("w0").in_rotation);
 }
 
-// --- the poller's own I/O
-// --------------------------------------------------------
+// --- the poller's own I/O ----------------------------------------------------
 
 TEST(PollerIoTest, PersistentLoopErrorIsReportedAndDoesNotSpin) {
   TestServer server(Mode::kHealthy);
-  Poller poller(test_config(), mineru_expect(), SteadyClock::now, 71);
-  poller.add_worker({"w", server.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until(has_probe("w", ProbeStatus::kHealthy)));
-  std::atomic<int> calls{0};
-  internal::PollerTestPeer::inject_io_fault(poller, [&calls]() {
-    ++calls;
-    return std::string("epoll_wait: Bad file descriptor");
+  // When the fault hook ran: each time, one try of the loop. (Declared
+  // before the poller, whose thread calls the hook until it stops.)
+  std::mutex mu;
+  std::vector<TimePoint> tries;
+  const std::string fault = "epoll_wait: Bad file descriptor";
+  Harness h(test_config(), 71);
+  h.start({{"w", server.url(), false}});
+  EXPECT_TRUE(h.next_probe("w").healthy());
+  auto tried = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return tries;
+  };
+  internal::PollerTestPeer::inject_io_fault(h.poller, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    tries.push_back(h.now());
+    return fault;
   });
-  ASSERT_TRUE(log.wait_until([](const std::vector<PollerEvent>& events) {
-    return std::any_of(events.begin(), events.end(), [](const PollerEvent& e) {
-      return e.kind == PollerEventKind::kError;
-    });
-  }));
-  const std::size_t probes_seen = static_cast<std::size_t>(std::count_if(
-      log.events().begin(), log.events().end(),
-      [](const PollerEvent& e) { return e.kind == PollerEventKind::kProbe; }));
-  // Half a second of a persistent failure: a busy loop would call the
-  // fault hook thousands of times; the backoff (100, 200, 400 ms...) a few.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_LE(calls.load(), 5);
-  PollerStats stats = poller.stats();
+  const TimePoint failed_at = h.now();
+  h.advance(Duration(0));
+  ASSERT_EQ(tried().size(), 1u);
+  EXPECT_EQ(tried()[0], failed_at);
+  // Woken again and again, it tries nothing until its backoff is up: a busy
+  // loop would call the hook at every wake-up.
+  h.advance(Duration(0));
+  h.advance(Duration(0));
+  EXPECT_EQ(tried().size(), 1u);
+  // Retries after 100 ms, doubling to 5 s, each not a moment early.
+  TimePoint at = failed_at;
+  for (int ms : {100, 200, 400, 800, 1600, 3200, 5000, 5000}) {
+    const std::size_t n = tried().size();
+    h.advance(milliseconds(ms - 1));
+    EXPECT_EQ(tried().size(), n) << ms;
+    h.advance(milliseconds(1));
+    at += milliseconds(ms);
+    ASSERT_EQ(tried().size(), n + 1) << ms;
+    EXPECT_EQ(tried().back(), at) << ms;
+  }
+  PollerStats stats = h.poller.stats();
   EXPECT_TRUE(stats.io_failing);
-  EXPECT_GE(stats.io_errors, 1u);
-  EXPECT_EQ(stats.last_io_error, "epoll_wait: Bad file descriptor");
-  const PollerEvent& error = *std::find_if(
-      log.events().begin(), log.events().end(),
-      [](const PollerEvent& e) { return e.kind == PollerEventKind::kError; });
-  EXPECT_EQ(error.error, "epoll_wait: Bad file descriptor");
+  EXPECT_EQ(stats.io_errors, 9u);
+  EXPECT_EQ(stats.consecutive_io_errors, 9u);
+  EXPECT_EQ(stats.last_io_error, fault);
+  // Never hidden, never a flood: one event a second at most (the errors at
+  // 0, 1.5, 3.1, 6.3, 11.3 and 16.3 s of the 9).
+  EXPECT_EQ(h.count(is_error), 6u);
+  const PollerEvent& error =
+      *std::find_if(h.log.events().begin(), h.log.events().end(), is_error);
+  EXPECT_EQ(error.error, fault);
   EXPECT_EQ(error.worker_id, "");
-  EXPECT_FALSE(error.worker.has_value());
+  EXPECT_FALSE(error.probe.has_value());
+  EXPECT_FALSE(error.audit.has_value());
   // Not the worker's fault: still in rotation, no failure counted.
-  EXPECT_TRUE(status_of(poller, "w").in_rotation);
-  EXPECT_EQ(status_of(poller, "w").consecutive_failures, 0);
+  EXPECT_TRUE(h.status("w").in_rotation);
+  EXPECT_EQ(h.status("w").consecutive_failures, 0);
 
-  internal::PollerTestPeer::inject_io_fault(poller, nullptr);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>& events) {
-    return static_cast<std::size_t>(std::count_if(
-               events.begin(), events.end(), [](const PollerEvent& e) {
-                 return e.kind == PollerEventKind::kProbe;
-               })) >= probes_seen + 2;
-  }));
-  stats = poller.stats();
+  // Mended: the next retry (5 s on) rebuilds the driver and probing resumes.
+  const std::size_t probes_seen = h.count(probe_of("w"));
+  internal::PollerTestPeer::inject_io_fault(h.poller, nullptr);
+  h.advance(seconds(5));
+  h.next_probe("w");
+  h.next_probe("w");
+  EXPECT_GE(h.count(probe_of("w")), probes_seen + 2);
+  stats = h.poller.stats();
   EXPECT_FALSE(stats.io_failing);
   EXPECT_EQ(stats.consecutive_io_errors, 0u);
-  EXPECT_GE(stats.driver_rebuilds, 1u);
-  poller.stop();  // ends a retry wait at once too
+  EXPECT_EQ(stats.driver_rebuilds, 9u);
+
+  // stop() ends a retry wait at once (this clock would never end it).
+  internal::PollerTestPeer::inject_io_fault(h.poller, [&] { return fault; });
+  h.advance(Duration(0));
+  EXPECT_TRUE(h.poller.stats().io_failing);
+  h.poller.stop();
+  EXPECT_FALSE(h.poller.running());
 }
 
 TEST(PollerIoTest, StatsCountProbesAndCap) {
   TestServer server(Mode::kHealthy);
   HealthConfig c = test_config();
   c.concurrency = 3;
-  Poller poller(c, mineru_expect(), SteadyClock::now, 73);
-  for (int i = 0; i < 5; ++i)
-    poller.add_worker({"w" + std::to_string(i), server.url(), false});
-  poller.start();
-  EventLog log(poller);
-  ASSERT_TRUE(log.wait_until([&](const std::vector<PollerEvent>&) {
-    return poller.stats().probes_finished >= 10;
-  }));
-  PollerStats stats = poller.stats();
+  Harness h(c, 73);
+  const std::vector<std::string> names = ids("w", 5);
+  for (const std::string& id : names)
+    h.poller.add_worker({id, server.url(), false});
+  h.poller.start();
+  h.probe_round(names);
+  h.probe_round(names);
+  PollerStats stats = h.poller.stats();
+  EXPECT_GE(stats.probes_finished, 10u);
   EXPECT_EQ(stats.workers, 5u);
   EXPECT_EQ(stats.concurrency_cap, 3u);
   EXPECT_GE(stats.probes_started, stats.probes_finished);
@@ -958,18 +1154,44 @@ TEST(PollerIoTest, StatsCountProbesAndCap) {
   EXPECT_FALSE(stats.io_failing);
 }
 
+// The default clock, which nothing moves but time: the poller probes on its
+// own and retries its own I/O after a real backoff. The one test on wall
+// time (two intervals of 0.2 s and one retry of 0.1 s), for what
+// production runs.
+TEST(PollerRealClockTest, ProbesAndRetriesOnTheSteadyClock) {
+  TestServer server(Mode::kHealthy);
+  HealthConfig c = test_config();
+  c.interval_s = 0.2;
+  c.probe_timeout_s = 0.15;
+  c.main_port_timeout_s = 0.15;
+  c.connect_timeout_s = 0.1;
+  std::atomic<bool> failed{false};  // outlives the poller thread
+  Poller poller(c, mineru_expect());
+  poller.add_worker({"w", server.url(), false});
+  poller.start();
+  EventLog log(poller);
+  ASSERT_TRUE(log.wait_for(probe_of("w", ProbeStatus::kHealthy), 2));
+  internal::PollerTestPeer::inject_io_fault(poller, [&failed] {
+    return failed.exchange(true)
+               ? std::string()
+               : std::string("epoll_wait: Bad file descriptor");
+  });
+  const std::size_t probes = count_of(log.events(), probe_of("w"));
+  ASSERT_TRUE(log.wait_for(is_error));
+  ASSERT_TRUE(log.wait_for(probe_of("w"), probes + 2));
+  EXPECT_EQ(poller.stats().driver_rebuilds, 1u);
+}
+
 TEST(FdLimitTest, PollerNeverChangesTheLimitAndRaiseDoes) {
   rlimit before{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
   {
     TestServer server(Mode::kHealthy);
-    HealthConfig c = test_config();
-    Poller poller(c, mineru_expect(), SteadyClock::now, 79);
-    for (int i = 0; i < 50; ++i)
-      poller.add_worker({"w" + std::to_string(i), server.url(), false});
-    poller.start();
-    EventLog log(poller);
-    ASSERT_TRUE(log.wait_until(has_probe("w0", ProbeStatus::kHealthy)));
+    Harness h(test_config(), 79);
+    for (const std::string& id : ids("w", 50))
+      h.poller.add_worker({id, server.url(), false});
+    h.poller.start();
+    EXPECT_TRUE(h.next_probe("w0").healthy());
   }
   rlimit after{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &after), 0);

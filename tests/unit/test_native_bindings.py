@@ -205,6 +205,9 @@ def test_router_core_bindings() -> None:
     poller.report_process_exit("w", "exit code 75", 75)
     (status,) = poller.statuses()
     assert status.last_exit_code == 75 and status.last_cause == "process_exit"
+    one = poller.status("w")
+    assert one is not None and (one.id, one.last_exit_code) == ("w", 75)
+    assert poller.status("nobody") is None
     assert status.probe_url == "http://127.0.0.1:2/health"
     assert status.endpoint == _native.ProbeEndpoint.NATIVE
     poller.set_url("w", "http://127.0.0.1:3")
@@ -213,7 +216,9 @@ def test_router_core_bindings() -> None:
     stats = poller.stats()
     assert stats.workers == 1 and stats.dropped_events == 0 and not stats.io_failing
     events = poller.drain_events()
-    assert events and all(e.worker is not None for e in events)
+    # An event carries the rotation, not a copy of the status (poller.status() has it).
+    assert events and all(e.worker_id == "w" and not e.in_rotation for e in events)
+    assert not hasattr(events[0], "worker")
 
     limit = _native.raise_fd_limit(0)  # nothing to raise
     assert not limit.raised and limit.error == "" and limit.soft == limit.soft_before

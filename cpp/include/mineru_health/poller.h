@@ -123,11 +123,10 @@ struct PollerEvent {
   double unix_time = 0;
   std::optional<ProbeResult> probe;
   std::optional<AuditEvent> audit;
-  bool in_rotation = false;  // the worker's rotation state after this event
-  // The worker's whole state after the policy call that produced this event
-  // (one call may produce several audit events; they all carry the state
-  // the last one ends in). Absent for kError. The owner needs no copy.
-  std::optional<WorkerStatus> worker;
+  // The worker's rotation state after the policy call that produced this
+  // event (one call may produce several audit events; they all carry the
+  // state the last one ends in). The rest of its state: Poller::status().
+  bool in_rotation = false;
   std::string error;  // kError: what failed
 };
 
@@ -225,6 +224,8 @@ class Poller {
   int notify_fd() const;
   std::vector<PollerEvent> drain_events();
   std::vector<WorkerStatus> statuses() const;
+  // One worker's state; nullopt for an unknown id.
+  std::optional<WorkerStatus> status(const std::string& id) const;
   PollerStats stats() const;
 
   // One synchronous sweep of `targets`, all concurrent up to

@@ -219,10 +219,7 @@ class Fleet:
     # -- the policy's view ----------------------------------------------------------------
     def status(self, worker_id: str) -> Any | None:
         """The policy's status of one worker (None for an unknown one)."""
-        for status in self._poller.statuses():
-            if status.id == worker_id:
-                return status
-        return None
+        return self._poller.status(worker_id)
 
     def statuses(self) -> list[Any]:
         return list(self._poller.statuses())
