@@ -89,9 +89,7 @@ void register_config(py::module_& m) {
       .def_readwrite("parent_pid", &WorkerConfig::parent_pid)
       .def_readwrite("rules_path", &WorkerConfig::rules_path)
       .def_readwrite("task_store", &WorkerConfig::task_store)
-      .def_readwrite("state_dir", &WorkerConfig::state_dir)
-      .def_readwrite("fault_plan_path", &WorkerConfig::fault_plan_path)
-      .def_readwrite("fault_hang_s", &WorkerConfig::fault_hang_s);
+      .def_readwrite("state_dir", &WorkerConfig::state_dir);
 
   py::class_<ConfigVariable>(m, "ConfigVariable",
                              "One documented environment variable.")

@@ -250,14 +250,15 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
        "output root (MINERU_API_OUTPUT_ROOT). mineru-router gives each local "
        "worker one that outlives its restarts.",
        PathCheck::kNone, kW},
-      {"FAULT_PLAN", "fault_plan_path", &C::fault_plan_path, T::kPath, {},
-       "Tests and the demo only: fault injection plan file "
-       "(python/mineru_health/testing/faults.py); `{port}` in it is replaced "
-       "by the worker's port.",
-       PathCheck::kNone, kW, true},
-      {"FAULT_HANG_S", "fault_hang_s", &C::fault_hang_s, T::kSeconds,
-       {0, kDay}, "Tests and the demo only: how long a `hang` fault blocks.",
-       PathCheck::kNone, kW, true},
+      {"FAULT_PLAN", "", {}, T::kPath, {},
+       "Tests and the demo only: fault injection plan file, read by the "
+       "sandbox's plugin (python/mineru_health/testing/faults.py); `{port}` "
+       "in it is replaced by the worker's port; workers ignore it.",
+       PathCheck::kNone, kTool, true},
+      {"FAULT_HANG_S", "", {}, T::kSeconds, {0, kDay},
+       "Tests and the demo only: how long a `hang` fault blocks (default "
+       "3600); workers ignore it.",
+       PathCheck::kNone, kTool, true},
       {"MINERU_PYTHON", "", {}, T::kPath, {},
        "Tests and the demo only: the Python that runs MinerU (default: the "
        "current one); workers ignore it.",

@@ -108,7 +108,8 @@ def _verdict_json(verdict: Any) -> dict[str, Any]:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
-    from .classifier import classify_text, load_rules
+    from .classifier import load_rules
+    from .tracebacks import classify_text
 
     text = _read_input(args.file)
     rules = load_rules(args.rules) if args.rules else None

@@ -90,11 +90,9 @@ struct WorkerConfig {
   int error_budget = 3;            // ambiguous device errors per window
   double error_budget_window_s = 60.0;
   int parent_pid = 0;  // set by the router: exit with that process; 0 = none
-  std::string rules_path;        // extra rules file; "" = built-in only
-  bool task_store = true;        // terminal tasks kept on disk (SQLite)
-  std::string state_dir;         // task store's directory; "" = output root
-  std::string fault_plan_path;   // tests only: fault injection plan
-  double fault_hang_s = 3600.0;  // tests only: how long a "hang" fault lasts
+  std::string rules_path;  // extra rules file; "" = built-in only
+  bool task_store = true;  // terminal tasks kept on disk (SQLite)
+  std::string state_dir;   // task store's directory; "" = output root
 };
 
 // Who reads a variable. kTooling: names under MINERU_HEALTH_ that the CLI,
