@@ -5,12 +5,9 @@ of the test corpus (``tests/data/errors``); a worker classifies live
 exceptions (:func:`~mineru_health.frames.frames_from_exception`) and never
 imports this.
 
-    >>> [f.type_name for f in frames_from_text(
-    ...     "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
-    ...     "ValueError: root\n\nThe above exception was the direct cause of the "
-    ...     "following exception:\n\nTraceback (most recent call last):\n"
-    ...     "  File \"x.py\", line 3, in g\nRuntimeError: wrapper")]
-    ['RuntimeError', 'ValueError']
+    >>> frame, = frames_from_text("vllm.v1.engine.exceptions.EngineDeadError: gone")
+    >>> frame.module, frame.type_name, frame.message
+    ('vllm.v1.engine.exceptions', 'EngineDeadError', 'gone')
 
 Bounded like :mod:`.frames`: at most ``max_frames`` frames, messages capped.
 """

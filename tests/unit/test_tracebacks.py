@@ -11,10 +11,7 @@ from mineru_health.tracebacks import frames_from_text
 
 def test_traceback_text_chain_is_outermost_first() -> None:
     try:
-        try:
-            raise ValueError("root cause")
-        except ValueError as inner:
-            raise RuntimeError("wrapper") from inner
+        raise RuntimeError("wrapper") from ValueError("root cause")
     except RuntimeError as outer:
         text = "".join(traceback.format_exception(outer))
     frames = frames_from_text(text)
