@@ -68,19 +68,6 @@ def is_engine_fatal_text(text: str) -> bool:
     return "unrecoverable" in text and ("engine" in text or "vllm" in text)
 
 
-class _NoHealth:
-    """Following a task reports its start and end; upstream MinerU has nobody to tell."""
-
-    def task_started(self, task_id: str) -> None:
-        pass
-
-    def task_finished(self, task_id: str) -> None:
-        pass
-
-
-_NO_HEALTH = _NoHealth()
-
-
 class _FollowTasks:
     """ASGI middleware: puts the task's upload names in context (the plan's ``poison`` word)."""
 
@@ -88,12 +75,12 @@ class _FollowTasks:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from mineru_health.integration import engine_calls
+        from mineru_health.testing import fault_plugin
 
         state = getattr(scope.get("app"), "state", None)
         manager = getattr(state, "task_manager", None)
         if manager is not None:
-            engine_calls.follow_tasks(manager, lambda: _NO_HEALTH)  # type: ignore  # idempotent
+            fault_plugin.follow_uploads(manager)  # idempotent
         await self.app(scope, receive, send)
 
 

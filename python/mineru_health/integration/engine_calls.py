@@ -15,7 +15,7 @@ Two kinds of call site are wrapped, each once per process:
   the concrete ``mineru_vl_utils`` VLM clients. Their end is progress too, so a
   long window on a slow device is not mistaken for a stall.
 
-The upload names of the task being parsed are kept in a context variable
+The id of the task being parsed is kept in a context variable
 (``follow_tasks(manager)`` wraps MinerU's ``AsyncTaskManager._run_task``; the
 engine calls run in that task's context, directly or through
 ``asyncio.to_thread``, which copies it), so that an engine call's end is
@@ -37,7 +37,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -47,13 +47,12 @@ __all__ = [
     "ENGINE_CALL_SITES",
     "REQUEST_SITES",
     "current_task_id",
-    "current_upload_names",
     "follow_tasks",
     "install",
     "local_engine_call",
     "on_import",
     "raised_by_local_engine",
-    "upload_names",
+    "task_context",
 ]
 
 #: (module, class, methods) whose calls are engine calls.
@@ -92,21 +91,16 @@ _LOCAL_ENGINE_ATTR = "__mineru_health_local_engine__"
 #: Exceptions of a chain looked at by :func:`raised_by_local_engine`.
 _MAX_CHAIN = 16
 
-#: (task id, upload names) of the MinerU task whose processing runs in this context.
-_current_task: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars.ContextVar(
-    "mineru_health_current_task", default=("", ())
+#: The id of the MinerU task whose processing runs in this context.
+_current_task: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "mineru_health_current_task", default=""
 )
 
 
-def current_upload_names() -> tuple[str, ...]:
-    """The upload names of the task being processed in this context (empty outside one)."""
-    return _current_task.get()[1]
-
-
 @contextlib.contextmanager
-def upload_names(names: Iterable[str], task_id: str = "") -> Iterator[None]:
-    """Puts ``names`` (and ``task_id``) in context for the work done inside the block."""
-    token = _current_task.set((task_id, tuple(str(name) for name in names)))
+def task_context(task_id: str) -> Iterator[None]:
+    """Puts ``task_id`` in context for the work done inside the block."""
+    token = _current_task.set(task_id)
     try:
         yield
     finally:
@@ -115,7 +109,7 @@ def upload_names(names: Iterable[str], task_id: str = "") -> Iterator[None]:
 
 def current_task_id() -> str:
     """The id of the task being processed in this context ("" outside one)."""
-    return _current_task.get()[0]
+    return _current_task.get()
 
 
 def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
@@ -132,8 +126,7 @@ def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
     @functools.wraps(run_task)
     async def run_task_in_context(task: Any, *args: Any, **kwargs: Any) -> Any:
         task_id = str(getattr(task, "task_id", "") or "")
-        names = getattr(task, "upload_names", None) or ()
-        token = _current_task.set((task_id, tuple(str(name) for name in names)))
+        token = _current_task.set(task_id)
         state = health()
         state.task_started(task_id)
         try:

@@ -21,21 +21,26 @@ imports:
   blocks that loop), for as long as the worker's loop watcher runs
   (``loop_watch.watch_loop``, which both lines start once MinerU's start-up
   is over); engine and parse calls read it too.
+* **The task's upload names** are kept in context for ``poison``
+  (:func:`current_uploads`): 3.x's task manager's ``_run_task`` is wrapped
+  when the watcher starts (:func:`follow_uploads`; its module may be
+  ``__main__``), 4.0's ``_run_job`` when ``mineru.parser.api_server`` is
+  imported.
 
-The words are those of :mod:`.faults`; ``poison`` reads the upload names the
-worker hooks keep in context (``engine_calls.current_upload_names``).
-``engine_dead_idle`` and ``unknown_error_*`` act on 3.x's structures.
+The words are those of :mod:`.faults`; ``engine_dead_idle`` and
+``unknown_error_*`` act on 3.x's structures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
 from typing import Any
 
@@ -43,7 +48,7 @@ from ..integration import engine_calls
 from ..worker import WorkerHealth, worker_health
 from .faults import FaultInjector, hang_s_from_env
 
-__all__ = ["faulted", "injector", "load"]
+__all__ = ["current_uploads", "faulted", "follow_uploads", "injector", "load"]
 
 #: MinerU 3.x: the module defining the parse functions, and their names.
 PARSE_MODULE = "mineru.cli.common"
@@ -52,6 +57,8 @@ PARSE_FUNCTIONS = ("do_parse", "aio_do_parse")
 PARSER_MODULE = "mineru.parser.mineru_parser"
 PARSER_CLASS = "MinerUParser"
 PARSER_CALLS = ("_arun_analysis", "_run_analysis")
+#: MinerU 4.0: the module whose ``_run_job`` runs one job (its files in ``record.files``).
+JOBS_MODULE = "mineru.parser.api_server"
 #: The worker's event-loop watcher (both lines), which the plan's reads follow.
 WATCHER_MODULE = "mineru_health.integration.worker.loop_watch"
 POLL_S = 0.1
@@ -60,6 +67,9 @@ _MARK = "__mineru_health_faults__"
 _log = logging.getLogger("mineru_health.faults")
 _lock = threading.Lock()
 _injector: FaultInjector | None = None
+#: The upload names of the task (3.x) or job (4.0) whose work runs in this context.
+_uploads: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "mineru_health_fault_plan_uploads", default=())
 
 Plan = Callable[[], FaultInjector | None]
 
@@ -73,6 +83,43 @@ def injector() -> FaultInjector | None:
             if _injector is not None:
                 _log.warning("fault injection enabled, plan file %s", _injector.plan_path)
         return _injector
+
+
+def current_uploads() -> tuple[str, ...]:
+    """The upload names of the task being parsed in this context (empty outside one)."""
+    return _uploads.get()
+
+
+def _with_uploads(run: Callable[..., Awaitable[Any]],
+                  names_of: Callable[[Any], Iterable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``run(item, ...)`` with ``names_of(item)`` in context, for the work it does."""
+
+    @functools.wraps(run)
+    async def run_with_uploads(item: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _uploads.set(tuple(str(name) for name in names_of(item)))
+        try:
+            return await run(item, *args, **kwargs)
+        finally:
+            _uploads.reset(token)
+
+    setattr(run_with_uploads, _MARK, True)
+    return run_with_uploads
+
+
+def follow_uploads(manager: Any) -> None:
+    """MinerU 3.x: ``manager._run_task`` with its task's upload names in context (idempotent).
+
+    The engine calls run in that context, directly or through
+    ``asyncio.to_thread``, which copies it.
+    """
+    run_task = getattr(manager, "_run_task", None)
+    if run_task is not None and not getattr(run_task, _MARK, False):
+        manager._run_task = _with_uploads(
+            run_task, lambda task: getattr(task, "upload_names", None) or ())
+
+
+def _job_file_names(record: Any) -> list[Any]:
+    return [getattr(file, "name", "") for file in getattr(record, "files", None) or ()]
 
 
 def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Plan = injector,
@@ -92,8 +139,7 @@ def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Pl
                     await asyncio.sleep(planned.hang_s)
                 if engine:
                     with engine_calls.local_engine_call(health()):
-                        await planned.before_engine_call_async(
-                            engine_calls.current_upload_names())
+                        await planned.before_engine_call_async(current_uploads())
             return await original(*args, **kwargs)
 
         setattr(faulted_async, _MARK, True)
@@ -107,7 +153,7 @@ def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Pl
                 threading.Event().wait(planned.hang_s)
             if engine:
                 with engine_calls.local_engine_call(health()):
-                    planned.before_engine_call(engine_calls.current_upload_names())
+                    planned.before_engine_call(current_uploads())
         return original(*args, **kwargs)
 
     setattr(faulted_sync, _MARK, True)
@@ -127,6 +173,10 @@ async def _read_plan(planned: FaultInjector) -> None:
 def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(watch_loop)
     async def watch_loop_and_plan(*args: Any, **kwargs: Any) -> Any:
+        from ..integration.worker.context import task_managers
+
+        for manager in task_managers():  # 3.x's; 4.0's jobs are followed at import
+            follow_uploads(manager)
         planned = injector()
         reads = None if planned is None else asyncio.get_running_loop().create_task(
             _read_plan(planned), name="mineru-health-fault-plan")
@@ -157,7 +207,7 @@ def _wrap_functions(module: ModuleType, names: tuple[str, ...],
         if original is None or getattr(original, _MARK, False):
             continue
         wrapped = make(original)
-        for holder in list(sys.modules.values()):
+        for holder in [module, *sys.modules.values()]:
             if getattr(holder, "__dict__", {}).get(name) is original:
                 setattr(holder, name, wrapped)
 
@@ -178,5 +228,8 @@ def load() -> None:
     engine_calls.on_import(PARSER_MODULE, functools.partial(
         _wrap_methods, class_name=PARSER_CLASS, names=PARSER_CALLS,
         make=functools.partial(faulted, parse=True, engine=True)))
+    engine_calls.on_import(JOBS_MODULE, functools.partial(
+        _wrap_functions, names=("_run_job",),
+        make=functools.partial(_with_uploads, names_of=_job_file_names)))
     engine_calls.on_import(WATCHER_MODULE, functools.partial(
         _wrap_functions, names=("watch_loop",), make=_reading_the_plan))

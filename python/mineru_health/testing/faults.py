@@ -55,7 +55,7 @@ behaves as follows:
     on every engine call in that process does too (as ``engine_dead``). This
     word is *not* consumed: it stays in the file, so every worker that reads
     the plan (restarted ones included) is armed; writing another plan replaces
-    it. The task's upload names come from ``engine_calls.current_upload_names``.
+    it. The task's upload names come from ``fault_plugin.current_uploads``.
 
 Engine calls are the call sites :mod:`mineru_health.integration.engine_calls`
 tracks (``MinerUClient.aio_batch_two_step_extract`` and its siblings, the
