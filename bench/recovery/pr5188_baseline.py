@@ -8,11 +8,12 @@ or "vllm". On a match the task manager's ``last_worker_error`` is set (so
 MinerU's ``/health`` answers 503) and waiters are woken; anything else stays
 task-local. Only the exception itself is examined, not its cause chain.
 
-``install(app)`` enables the same fault injection the real tests use
-(``MINERU_HEALTH_FAULT_PLAN``, through the same engine-call wrappers), so
-both sides of the bench die the same way. The PR's behaviour is on only
-with ``BENCH_PR5188_MARKERS=1``; without it the worker is upstream 3.4.4
-plus fault injection.
+Both sides get the same fault injection as the real tests: the sandbox's
+fault plugin (``MINERU_HEALTH_FAULT_PLAN``, loaded by the ``sitecustomize.py``
+``run.py`` adds to each site), so both sides of the bench die the same way;
+``install(app)`` only keeps each task's upload names in context for its
+``poison`` word. The PR's behaviour is on only with ``BENCH_PR5188_MARKERS=1``;
+without it the worker is upstream 3.4.4 plus fault injection.
 """
 
 from __future__ import annotations
@@ -67,19 +68,6 @@ def is_engine_fatal_text(text: str) -> bool:
     return "unrecoverable" in text and ("engine" in text or "vllm" in text)
 
 
-class _NoHealth:
-    """The engine-call wrappers report progress; upstream MinerU has nobody to tell."""
-
-    def engine_call_started(self) -> None:
-        pass
-
-    def engine_call_finished(self) -> None:
-        pass
-
-    def progress(self) -> None:
-        pass
-
-
 class _FollowTasks:
     """ASGI middleware: puts the task's upload names in context (the plan's ``poison`` word)."""
 
@@ -87,26 +75,19 @@ class _FollowTasks:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from mineru_health.integration import engine_calls
+        from mineru_health.testing import fault_plugin
 
         state = getattr(scope.get("app"), "state", None)
         manager = getattr(state, "task_manager", None)
         if manager is not None:
-            engine_calls.follow_tasks(manager)  # idempotent
+            fault_plugin.follow_uploads(manager)  # idempotent
         await self.app(scope, receive, send)
 
 
 def install(app: Any) -> None:
-    """Fault injection only (the bench's faults hit both sides alike); no health logic."""
-    from mineru_health.integration import engine_calls
-    from mineru_health.testing.faults import FaultInjector
-
-    injector = FaultInjector.from_env()
-    if injector is None:
-        return
-    health = _NoHealth()
-    engine_calls.install(lambda: health, lambda: injector)  # type: ignore[arg-type, return-value]
-    app.add_middleware(_FollowTasks)
+    """The task's upload names in context, for the fault plugin; no health logic."""
+    if os.environ.get("MINERU_HEALTH_FAULT_PLAN"):
+        app.add_middleware(_FollowTasks)
 
 
 def on_task_failed(manager: Any, exc: BaseException) -> None:

@@ -71,13 +71,13 @@ def free_port() -> int:
 
 def baseline_site(dest: Path, python: str) -> Path:
     import patch_ng
-    from mineru_health.testing.sandbox import copy_mineru
+    from mineru_health.testing.sandbox import add_fault_plugin, copy_mineru
 
     site = copy_mineru(dest, python)
     patch_set = patch_ng.fromfile(str(HERE / "baseline_fast_api.patch"))
     if not patch_set or not patch_set.apply(strip=1, root=str(site / "mineru")):
         raise SystemExit("baseline_fast_api.patch does not apply to this MinerU")
-    return site
+    return add_fault_plugin(site)
 
 
 def ours_site(dest: Path, python: str) -> Path:

@@ -49,13 +49,13 @@ __all__ = [
 _LAZY = {
     "Frame": "frames",
     "frames_from_exception": "frames",
-    "frames_from_text": "frames",
+    "frames_from_text": "tracebacks",
     "Rule": "classifier",
     "RuleKind": "classifier",
     "Rules": "classifier",
     "Verdict": "classifier",
     "classify": "classifier",
-    "classify_text": "classifier",
+    "classify_text": "tracebacks",
     "default_rules": "classifier",
     "load_rules": "classifier",
     "reload_rules": "classifier",
@@ -70,12 +70,12 @@ if TYPE_CHECKING:
         Rules,
         Verdict,
         classify,
-        classify_text,
         default_rules,
         load_rules,
         reload_rules,
     )
-    from .frames import Frame, frames_from_exception, frames_from_text
+    from .frames import Frame, frames_from_exception
+    from .tracebacks import classify_text, frames_from_text
     from .worker import WorkerHealth, worker_health
 
 

@@ -416,8 +416,6 @@ class WorkerConfig(metaclass=_pybind11_type):
     rules_path: str
     task_store: bool
     state_dir: str
-    fault_plan_path: str
-    fault_hang_s: float
     @overload
     def __init__(self) -> None: ...
     @overload

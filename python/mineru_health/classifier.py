@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from . import _native
 from ._native import RuleKind, RuleScope, RuleTarget
 from .errors import RulesError
-from .frames import Frame, frames_from_exception, frames_from_text
+from .frames import Frame, frames_from_exception
 
 __all__ = [
     "MAX_RULES_FILE_BYTES",
@@ -42,7 +42,6 @@ __all__ = [
     "builtin_rules",
     "classify",
     "classify_frames",
-    "classify_text",
     "default_rules",
     "load_rules",
     "parse_rules_file",
@@ -194,17 +193,6 @@ class Rules:
         """Classifies ``exc`` and its whole chain (causes, contexts, group members)."""
         return self.classify_frames(frames_from_exception(exc), remote_engine=remote_engine)
 
-    def classify_text(self, text: str, *, remote_engine: bool = False,
-                      trust_unknown_origin: bool = True) -> Verdict:
-        """Classifies a printed traceback or a bare error message.
-
-        Text carries no class objects: a frame without a traceback line
-        (``trust_unknown_origin``) is trusted as much as whoever wrote the
-        text. Turn it off for text from untrusted sources.
-        """
-        return self.classify_frames(frames_from_text(text), remote_engine=remote_engine,
-                                    trust_unknown_origin=trust_unknown_origin)
-
 
 def load_rules(path: str | os.PathLike[str] | None = None) -> Rules:
     """Built-in rules merged with ``path`` (default: the file named by ``MINERU_HEALTH_RULES``).
@@ -266,15 +254,8 @@ def classify(exc: BaseException, *, rules: Rules | None = None,
         exc, remote_engine=remote_engine)
 
 
-def classify_text(text: str, *, rules: Rules | None = None, remote_engine: bool = False,
-                  trust_unknown_origin: bool = True) -> Verdict:
-    """Classifies a printed traceback or a bare error message (see :meth:`Rules.classify_text`)."""
-    return (rules if rules is not None else default_rules()).classify_text(
-        text, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin)
-
-
 def classify_frames(frames: Sequence[Frame], *, rules: Rules | None = None,
                     remote_engine: bool = False, trust_unknown_origin: bool = True) -> Verdict:
-    """Classifies frames built by hand or by :mod:`mineru_health.frames`."""
+    """Classifies frames built by hand, by :mod:`mineru_health.frames` or :mod:`.tracebacks`."""
     return (rules if rules is not None else default_rules()).classify_frames(
         frames, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin)

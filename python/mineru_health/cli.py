@@ -108,7 +108,7 @@ def _verdict_json(verdict: Any, frame: Any) -> dict[str, Any]:
 
 def _cmd_classify(args: argparse.Namespace) -> int:
     from .classifier import classify_frames, load_rules
-    from .frames import frames_from_text
+    from .tracebacks import frames_from_text
 
     text = _read_input(args.file)
     rules = load_rules(args.rules) if args.rules else None

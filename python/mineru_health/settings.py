@@ -186,7 +186,7 @@ class WorkerSettings(_Settings):
     ``verify_s`` (0: never ask the engine after an undecided failure),
     ``exit_on_fatal``, ``exit_grace_s``, ``retry_after_s`` (int),
     ``expose_errors``, ``error_budget``, ``error_budget_window_s``,
-    ``rules_path``, ``fault_plan_path``, ``fault_hang_s``.
+    ``rules_path``, ``task_store``, ``state_dir``, ``parent_pid``.
     """
 
     __slots__ = ()

@@ -38,6 +38,9 @@ verifier           what is asked
 ``mlx``            one tiny evaluation on MLX's default device
 =================  =========================================================
 
+Between failures, :func:`errored_engine` reads the engines' own ``errored``
+flags for the worker's liveness thread (an engine that dies while idle).
+
 Nothing is imported here: torch, MLX and the engines are looked at only when
 MinerU already imported them. Remote engines (``http-client`` backends, a
 ``server_url`` in the model key) are never checked, and a remote task is
@@ -89,6 +92,7 @@ __all__ = [
     "default_verifier",
     "device_handles",
     "engine_handles",
+    "errored_engine",
     "needs_verification",
     "set_default_verifier",
 ]
@@ -244,6 +248,23 @@ def engine_handles(models: Mapping[Any, Any] | None = None) -> list[Handle]:
             for handle in _predictor_handles(where, predictor):
                 add(handle)
     return result
+
+
+def errored_engine(models: Mapping[Any, Any] | None = None) -> Handle | None:
+    """The first local engine handle whose ``errored`` flag is set (vLLM's ``AsyncLLM``).
+
+    A read, not a check: the worker's liveness thread asks once a second, so
+    that an engine that died while no task ran turns the worker fatal
+    without a task failing first. A flag that is not ``True``, or whose read
+    raises, is no evidence.
+    """
+    for handle in engine_handles(models):
+        try:
+            if getattr(handle.obj, "errored", False) is True:
+                return handle
+        except Exception:  # noqa: BLE001, S112 - a broken property never condemns
+            continue
+    return None
 
 
 def _verifier_name(torch: Any, backend: str) -> str:

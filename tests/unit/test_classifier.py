@@ -17,13 +17,13 @@ from mineru_health.classifier import (
     RuleTarget,
     Verdict,
     classify,
-    classify_text,
     load_rules,
     reload_rules,
 )
 from mineru_health.errors import ConfigError, RulesError
 from mineru_health.frames import Via, frames_from_exception
 from mineru_health.testing.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
+from mineru_health.tracebacks import classify_text
 
 
 def _vllm_class(name: str, base: type[Exception] = Exception) -> type[Exception]:

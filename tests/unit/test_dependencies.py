@@ -40,6 +40,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
     "module",
     [
         "mineru_health.integration.worker",
+        "mineru_health.mineru4.worker",
         "mineru_health.mineru3.router",
         "mineru_health.mineru4.router",
         "mineru_health.metrics",
@@ -60,6 +61,7 @@ def test_integration_imports_no_demo_dependency(module: str, tmp_path: Path) -> 
     assert not [m for m in loaded if m.split(".")[0] in ABSENT], loaded
     ours = [m for m in loaded if m.startswith("mineru_health.")]
     assert not [m for m in ours if m.startswith(("mineru_health.demo", "mineru_health.testing"))]
+    assert "mineru_health.tracebacks" not in ours  # printed tracebacks: the CLI's, the corpus's
 
 
 def test_the_demo_names_its_extra_when_a_library_is_missing(tmp_path: Path) -> None:

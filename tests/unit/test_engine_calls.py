@@ -1,4 +1,4 @@
-"""Engine call tracking: the post-import hook, in-flight counts, progress and the fault plan."""
+"""Engine call tracking: the post-import hook, in-flight counts, progress, local failures."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mineru_health.integration import engine_calls
+from mineru_health.testing import fault_plugin
 from mineru_health.testing.faults import FaultInjector, write_plan
 
 
@@ -56,7 +57,7 @@ class _Health:
         self.task_progress_for.append(task_id)
 
 
-def test_engine_calls_are_counted_and_faults_consulted(tmp_path: Path) -> None:
+def test_engine_calls_are_counted_and_the_fault_plugin_raises_in_one(tmp_path: Path) -> None:
     class Client:
         def __init__(self) -> None:
             self.seen: list[Any] = []
@@ -74,20 +75,52 @@ def test_engine_calls_are_counted_and_faults_consulted(tmp_path: Path) -> None:
     health = _Health()
     plan = tmp_path / "plan"
     injector = FaultInjector(plan)
-    make = lambda fn: engine_calls._engine_call(fn, lambda: health, lambda: injector)
+    plugin = lambda fn: fault_plugin.faulted(fn, parse=False, engine=True,
+                                             plan=lambda: injector, health=lambda: health)
+    make = lambda fn: engine_calls._engine_call(fn, lambda: health)
     methods = ("aio_batch_two_step_extract", "batch_two_step_extract", "missing")
+    # The sandbox loads the plugin first: its wrapper is the inner one.
+    fault_plugin._wrap_methods(module, "MinerUClient", methods, plugin)
     engine_calls._wrap_class(module, "MinerUClient", methods, make)
     engine_calls._wrap_class(module, "MinerUClient", methods, make)  # idempotent
+    fault_plugin._wrap_methods(module, "MinerUClient", methods, plugin)  # idempotent
     client = Client()
     assert asyncio.run(client.aio_batch_two_step_extract([1])) == ["ok"]
     assert client.batch_two_step_extract([2]) == ["sync"]
-    # Each call: the fault plan's turn (it stands in for a local engine), then the call.
+    # Each call: the engine call, and inside it the plugin's turn (a local engine call too).
     assert (health.started, health.finished) == (4, 4)
     write_plan(plan, "engine_dead")
-    with pytest.raises(Exception, match="EngineCore encountered an issue"):
+    with pytest.raises(Exception, match="EngineCore encountered an issue") as raised:
         asyncio.run(client.aio_batch_two_step_extract([3]))
     assert client.seen == [[1], [2]]
-    assert (health.started, health.finished) == (5, 5)  # a failed call still ends
+    assert (health.started, health.finished) == (6, 6)  # a failed call still ends, both of it
+    assert engine_calls.raised_by_local_engine(raised.value)  # a local engine's, for the worker
+
+
+def test_a_failure_escaping_a_local_engine_call_is_the_engines() -> None:
+    class Client:
+        def __init__(self, backend: str) -> None:
+            self.backend = backend
+
+        def batch_two_step_extract(self, images: list[Any]) -> list[Any]:
+            raise RuntimeError(f"{self.backend} failed")
+
+    module = type(sys)("fake_mineru_client_failing")
+    module.MinerUClient = Client  # type: ignore[attr-defined]
+    health = _Health()
+    engine_calls._wrap_class(module, "MinerUClient", ("batch_two_step_extract",),
+                             lambda fn: engine_calls._engine_call(fn, lambda: health))
+    with pytest.raises(RuntimeError) as local:
+        Client("vllm-async-engine").batch_two_step_extract([])
+    with pytest.raises(RuntimeError) as remote:
+        Client("http-client").batch_two_step_extract([])
+    assert engine_calls.raised_by_local_engine(local.value)
+    assert not engine_calls.raised_by_local_engine(remote.value)  # the server's, not ours
+    assert not engine_calls.raised_by_local_engine(ValueError("never in an engine call"))
+    try:
+        raise RuntimeError("the task failed") from local.value
+    except RuntimeError as wrapper:
+        assert engine_calls.raised_by_local_engine(wrapper)  # through the chain
 
 
 def test_calls_to_a_remote_server_are_never_in_flight() -> None:
@@ -106,7 +139,7 @@ def test_calls_to_a_remote_server_are_never_in_flight() -> None:
     module = type(sys)("fake_mineru_client_remote")
     module.MinerUClient = Client  # type: ignore[attr-defined]
     health = _Health()
-    make = lambda fn: engine_calls._engine_call(fn, lambda: health, lambda: None)
+    make = lambda fn: engine_calls._engine_call(fn, lambda: health)
     engine_calls._wrap_class(module, "MinerUClient",
                              ("aio_batch_two_step_extract", "batch_two_step_extract"), make)
     remote, local = Client("http-client"), Client("vllm-async-engine")
@@ -151,8 +184,7 @@ def test_progress_is_attributed_to_the_task_in_context() -> None:
     module.MinerUClient = Client  # type: ignore[attr-defined]
     health = _Health()
     engine_calls._wrap_class(module, "MinerUClient", ("aio_batch_two_step_extract",),
-                             lambda fn: engine_calls._engine_call(fn, lambda: health,
-                                                                  lambda: None))
+                             lambda fn: engine_calls._engine_call(fn, lambda: health))
 
     class Manager:
         async def _run_task(self, task: Any) -> Any:

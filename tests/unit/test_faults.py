@@ -1,4 +1,4 @@
-"""The fault plan: consumption, effects, and the wrapper around the engine call."""
+"""The fault plan: consumption, effects, and the plugin that wraps MinerU's calls."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mineru_health.testing import faults
@@ -81,10 +82,9 @@ def test_engine_dead_idle_adds_an_errored_handle(tmp_path: Path,
     assert handle.errored is True
     assert type(handle.dead_error).__name__ == "EngineDeadError"
 
-    from mineru_health import liveness
+    from mineru_health import verification
 
-    result = liveness.engine_handles_check()
-    assert result is not None and result[0] is False
+    assert verification.errored_engine() is not None  # what the liveness thread reads
 
 
 def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -136,3 +136,107 @@ def test_engine_stall_never_returns_until_its_bound(tmp_path: Path) -> None:
 
     asyncio.run(call())
     assert asyncio.run(stalled())
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "86401", "soon"])
+def test_a_bad_hang_time_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                    value: str) -> None:
+    from mineru_health.testing import fault_plugin
+
+    monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(tmp_path / "p"))
+    monkeypatch.setenv(faults.HANG_S_ENV, value)
+    with pytest.raises(ValueError, match=faults.HANG_S_ENV):
+        FaultInjector.from_env()
+    with pytest.raises(ValueError, match=faults.HANG_S_ENV):
+        fault_plugin.load()  # refused before anything is wrapped
+
+
+def test_hang_time_bounds_and_default() -> None:
+    assert faults.hang_s_from_env({}) == faults.DEFAULT_HANG_S == 3600.0
+    assert faults.hang_s_from_env({faults.HANG_S_ENV: " "}) == 3600.0
+    assert faults.hang_s_from_env({faults.HANG_S_ENV: "0"}) == 0.0
+    assert faults.hang_s_from_env({faults.HANG_S_ENV: "86400"}) == 86400.0
+
+
+# --- the plugin the sandboxes load ---------------------------------------------------------------
+
+
+class _Health:
+    def __init__(self) -> None:
+        self.started = self.finished = 0
+
+    def engine_call_started(self) -> None:
+        self.started += 1
+
+    def engine_call_finished(self) -> None:
+        self.finished += 1
+
+
+def test_plugin_wraps_3x_parse_functions_wherever_bound(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mineru_health.testing import fault_plugin
+
+    def do_parse(name: str) -> str:
+        return f"parsed {name}"
+
+    common, server = types.ModuleType("mh_fake_common"), types.ModuleType("mh_fake_server")
+    common.do_parse = server.do_parse = do_parse  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, common.__name__, common)
+    monkeypatch.setitem(sys.modules, server.__name__, server)
+    plan = tmp_path / "plan"
+    injector = FaultInjector(plan, hang_s=0.01)
+    make = lambda fn: fault_plugin.faulted(fn, parse=True, engine=False, plan=lambda: injector)
+    fault_plugin._wrap_functions(common, ("do_parse", "aio_do_parse"), make)
+    wrapped = common.do_parse  # type: ignore[attr-defined]
+    assert wrapped is not do_parse and server.do_parse is wrapped  # type: ignore[attr-defined]
+    fault_plugin._wrap_functions(common, ("do_parse",), make)  # idempotent
+    assert common.do_parse is wrapped  # type: ignore[attr-defined]
+
+    write_plan(plan, "parse_hang")
+    assert wrapped("a.pdf") == "parsed a.pdf"  # after blocking hang_s (bounded here)
+    assert injector.applied == ["parse_hang"] and injector.parse_hang_pending == 0
+    write_plan(plan, "engine_dead")
+    assert wrapped("b.pdf") == "parsed b.pdf"  # 3.x's parse call is no engine call
+
+
+def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
+    from mineru_health.integration import engine_calls
+    from mineru_health.testing import fault_plugin
+
+    class MinerUParser:
+        async def _arun_analysis(self) -> str:
+            return "parsed"
+
+    module = types.ModuleType("mh_fake_parser")
+    module.MinerUParser = MinerUParser  # type: ignore[attr-defined]
+    plan, health = tmp_path / "plan", _Health()
+    injector = FaultInjector(plan)
+    make = lambda fn: fault_plugin.faulted(fn, parse=True, engine=True, plan=lambda: injector,
+                                           health=lambda: health)  # type: ignore[arg-type,return-value]
+    fault_plugin._wrap_methods(module, "MinerUParser", fault_plugin.PARSER_CALLS, make)
+    assert asyncio.run(MinerUParser()._arun_analysis()) == "parsed"
+    write_plan(plan, "engine_dead")
+    with pytest.raises(Exception, match="EngineCore") as raised:
+        asyncio.run(MinerUParser()._arun_analysis())
+    assert (health.started, health.finished) == (2, 2)  # in flight while it ran, both times
+    assert engine_calls.raised_by_local_engine(raised.value)
+
+
+def test_plugin_reads_the_plan_on_the_loop_while_the_watcher_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mineru_health.testing import fault_plugin
+
+    plan = tmp_path / "plan"
+    injector = FaultInjector(plan)
+    monkeypatch.setattr(fault_plugin, "injector", lambda: injector)
+    write_plan(plan, "task_local")
+    reads: list[asyncio.Task[Any]] = []
+
+    async def watch_loop(report: Any) -> str:
+        await asyncio.sleep(0)  # the plan's reader runs once
+        reads.extend(t for t in asyncio.all_tasks() if t.get_name() == "mineru-health-fault-plan")
+        assert injector.task_local_pending == 1 and not plan.exists()
+        return report
+
+    assert asyncio.run(fault_plugin._reading_the_plan(watch_loop)("figures")) == "figures"
+    assert len(reads) == 1 and reads[0].cancelled()  # ended with the watcher

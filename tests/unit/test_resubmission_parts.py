@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from mineru_health.integration import engine_calls
 from mineru_health.mineru3.router.endpoints import retained_payload_class
 from mineru_health.mineru3.router.pool import RetiredOutputs
 from mineru_health.state_dirs import StateDirs
-from mineru_health.testing import faults
+from mineru_health.testing import fault_plugin, faults
 from mineru_health.testing.faults import FaultInjector, write_plan
 from mineru_health.worker import WorkerHealth
 
@@ -51,20 +53,39 @@ def test_task_upload_names_are_in_context_for_engine_calls() -> None:
     class Manager:
         async def _run_task(self, task: Any) -> str:
             await asyncio.sleep(0)
-            seen.append(engine_calls.current_upload_names())
-            seen.append(await asyncio.to_thread(engine_calls.current_upload_names))
+            seen.append(fault_plugin.current_uploads())
+            seen.append(await asyncio.to_thread(fault_plugin.current_uploads))
             return "done"
 
     manager = Manager()
     health = WorkerHealth()
-    engine_calls.follow_tasks(manager, lambda: health)
+    engine_calls.follow_tasks(manager, lambda: health)  # the worker's, then the plugin's
+    fault_plugin.follow_uploads(manager)
     wrapped = manager._run_task
-    engine_calls.follow_tasks(manager, lambda: health)  # idempotent
+    fault_plugin.follow_uploads(manager)  # idempotent
+    engine_calls.follow_tasks(manager, lambda: health)
     assert manager._run_task is wrapped
     task = type("Task", (), {"upload_names": ["a.pdf", "b.pdf"]})()
     assert asyncio.run(manager._run_task(task)) == "done"
     assert seen == [("a.pdf", "b.pdf"), ("a.pdf", "b.pdf")]
-    assert engine_calls.current_upload_names() == ()
+    assert fault_plugin.current_uploads() == ()
+
+
+def test_job_file_names_are_in_context_for_4x_engine_calls() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    async def _run_job(record: Any, *args: Any) -> str:
+        seen.append(await asyncio.to_thread(fault_plugin.current_uploads))
+        return "done"
+
+    server = type(sys)("mh_fake_api_server")
+    server._run_job = _run_job  # type: ignore[attr-defined]
+    fault_plugin._wrap_functions(server, ("_run_job",), functools.partial(
+        fault_plugin._with_uploads, names_of=fault_plugin._job_file_names))
+    files = [type("File", (), {"name": name})() for name in ("a.pdf", "b.pdf")]
+    record = type("Record", (), {"files": files})()
+    assert asyncio.run(server._run_job(record, "request")) == "done"  # type: ignore[attr-defined]
+    assert seen == [("a.pdf", "b.pdf")]
 
 
 # --- instance directories ----------------------------------------------

@@ -168,7 +168,7 @@ def test_worker_defaults() -> None:
     assert settings.exit_grace_s == 5.0
     assert settings.retry_after_s == 30 and isinstance(settings.retry_after_s, int)
     assert (settings.error_budget, settings.error_budget_window_s) == (3, 60.0)
-    assert settings.rules_path == settings.fault_plan_path == ""
+    assert settings.rules_path == ""
     assert "retry_after_s=30" in repr(settings)
 
 
@@ -185,9 +185,11 @@ def test_worker_reads_its_variables(tmp_path: Path) -> None:
             "MINERU_HEALTH_RETRY_AFTER_S": "7",
             "MINERU_HEALTH_EXPOSE_ERRORS": "1",
             "MINERU_HEALTH_RULES": str(rules),
-            # Read by the test harness and the patch command, ignored here.
+            # Read by the test harness, its fault plugin and the patch command, ignored here.
             "MINERU_HEALTH_MINERU_PYTHON": "/usr/bin/python3",
             "MINERU_HEALTH_PATCHES_DIR": str(tmp_path),
+            "MINERU_HEALTH_FAULT_PLAN": str(tmp_path / "plan-{port}"),
+            "MINERU_HEALTH_FAULT_HANG_S": "not checked by the worker",
             "MINERU_ROUTER_HEALTH_INTERVAL_S": "not the worker's",
             "UNRELATED": "x",
         }
@@ -196,6 +198,9 @@ def test_worker_reads_its_variables(tmp_path: Path) -> None:
     assert settings.exit_on_fatal is True and settings.expose_errors is True
     assert settings.exit_grace_s == 2.5 and settings.retry_after_s == 7
     assert settings.rules_path == str(rules)
+    assert not any("fault" in name for name in settings.as_dict())  # no worker field of tests
+    tooling = {v.name for v in variables("tooling")}
+    assert {"MINERU_HEALTH_FAULT_PLAN", "MINERU_HEALTH_FAULT_HANG_S"} <= tooling
 
 
 def test_worker_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -182,6 +182,48 @@ def test_engine_handles_reads_the_fault_plans_singleton(monkeypatch: pytest.Monk
     assert [h.obj for h in verification.engine_handles()] == [engine]
 
 
+# --- the liveness thread's read: errored flags ---------------------------------------------------
+
+
+class _Flag:
+    def __init__(self, errored: Any) -> None:
+        self.errored = errored
+
+
+class _BrokenFlag:
+    @property
+    def errored(self) -> bool:
+        raise RuntimeError("bug in a property")
+
+
+def test_errored_engine_without_mineru(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in verification.MODEL_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert verification.errored_engine() is None
+
+
+def test_errored_engine_alive_and_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    alive = types.SimpleNamespace(_mineru_runtime_handles={"vllm_async_llm": _Flag(False)},
+                                  client=None)
+    dead_client = types.SimpleNamespace(
+        _mineru_runtime_handles={}, client=types.SimpleNamespace(vllm_async_llm=_Flag(True)))
+    module = types.ModuleType("mineru.backend.vlm.vlm_analyze")
+    module.ModelSingleton = types.SimpleNamespace(  # type: ignore[attr-defined]
+        _models={("vllm-async-engine", None, None): alive})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert verification.errored_engine() is None
+    module.ModelSingleton._models["b"] = dead_client  # type: ignore[attr-defined]
+    found = verification.errored_engine()
+    assert found is not None and found.obj is dead_client.client.vllm_async_llm
+    assert "client.vllm_async_llm" in found.where
+
+
+def test_errored_engine_needs_a_true_flag_that_reads() -> None:
+    odd = types.SimpleNamespace(
+        _mineru_runtime_handles={"vllm_async_llm": _Flag("yes"), "vllm_llm": _BrokenFlag()})
+    assert verification.errored_engine({("vllm-async-engine", "/m", None): odd}) is None
+
+
 # --- bound, single flight --------------------------------------------------------------------------
 
 
@@ -370,10 +412,8 @@ def worker_state() -> Iterator[WorkerHealth]:
 
     worker_health().reset()
     context.runtime.acted_on_fatal = False
-    saved_faults = context.runtime.faults
     yield worker_health()
     verification.set_default_verifier(None)
-    context.runtime.faults = saved_faults
     context.runtime.acted_on_fatal = False
     worker_health().reset()
 
@@ -421,9 +461,6 @@ def test_hook_unknown_error_with_a_live_engine_stays_task_local(
 
 
 def test_hook_never_verifies_a_remote_task(worker_state: WorkerHealth) -> None:
-    from mineru_health.integration.worker import context
-
-    context.runtime.faults = None
     engine = fe.FakeAsyncLLM("dead")
     _default(engine)
     task = _HookTask("vlm-http-client")
@@ -432,18 +469,35 @@ def test_hook_never_verifies_a_remote_task(worker_state: WorkerHealth) -> None:
     assert "verification" not in task._mineru_health_verdict  # type: ignore[attr-defined]
 
 
+def test_hook_verifies_a_remote_task_whose_failure_escaped_a_local_engine_call(
+        worker_state: WorkerHealth) -> None:
+    from mineru_health.integration import engine_calls
+
+    _default(fe.FakeAsyncLLM("dead"))
+    with pytest.raises(RuntimeError) as raised, engine_calls.local_engine_call(worker_state):
+        raise RuntimeError("xq7 nobody knows this")
+    outcome = _hook(_HookTask("hybrid-http-client"), raised.value)
+    assert outcome.fatal and outcome.rule == "verify.vllm"
+    assert outcome.verification is not None and outcome.verification.outcome == "dead"
+
+
 def test_fault_plan_unknown_error_stands_in_for_a_local_engine(
         worker_state: WorkerHealth, tmp_path: Any) -> None:
     from mineru_health.classifier import classify
-    from mineru_health.integration.worker import context
+    from mineru_health.testing.fault_plugin import faulted
     from mineru_health.testing.faults import FaultInjector, make_unknown_error
 
     error = make_unknown_error()
     assert not classify(error).matched  # no rule knows it
     assert not classify(error, remote_engine=True).matched
-    context.runtime.faults = FaultInjector(tmp_path / "plan")
+    planned = FaultInjector(tmp_path / "plan")
+    planned.unknown_pending = 1  # what `unknown_error_dead` arms, without its planted engine
+    remote_call = faulted(lambda: "parsed", parse=False, engine=True, plan=lambda: planned,
+                          health=lambda: worker_state)
+    with pytest.raises(RuntimeError, match="xq7") as raised:
+        remote_call()
     _default(fe.FakeAsyncLLM("dead"))
-    outcome = _hook(_HookTask("vlm-http-client"), error)
+    outcome = _hook(_HookTask("vlm-http-client"), raised.value)
     assert outcome.fatal and outcome.rule == "verify.vllm"
 
 

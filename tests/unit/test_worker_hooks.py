@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from mineru_health import liveness
 from mineru_health.integration import worker as hooks
 from mineru_health.integration.worker import context, tasks, threads
 from mineru_health.testing.faults import make_engine_dead_error
@@ -46,13 +47,8 @@ class _Manager:
 def _fresh_state() -> Iterator[None]:
     worker_health().reset()
     context.runtime.acted_on_fatal = False
-    saved_checks = dict(liveness._checks)
-    liveness._checks.clear()
-    liveness.clear_cache()
     yield
     worker_health().reset()
-    liveness._checks.update(saved_checks)
-    liveness.clear_cache()
     context.runtime.apps.clear()
     context.runtime.acted_on_fatal = False
 
@@ -205,7 +201,17 @@ def test_gate_advertises_the_native_port() -> None:
     assert int(response.headers["content-length"]) == len(response.content)
 
 
-def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
+class _Errored:
+    errored = True  # vLLM's AsyncLLM after its engine core died
+
+
+def test_liveness_failure_turns_health_unhealthy_without_a_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    vlm = types.ModuleType("mineru.backend.vlm.vlm_analyze")
+    predictor = types.SimpleNamespace(_mineru_runtime_handles={"vllm_async_llm": _Errored()})
+    vlm.ModelSingleton = types.SimpleNamespace(  # type: ignore[attr-defined]
+        _models={("vllm-async-engine", "/m", None): predictor})
+    monkeypatch.setitem(sys.modules, vlm.__name__, vlm)
     app = _app()
 
     async def scenario() -> httpx.Response:
@@ -213,7 +219,6 @@ def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
         manager.tasks["waiting"] = _Task("waiting")
         manager.task_events["waiting"] = asyncio.Event()
         app.state.task_manager = manager
-        liveness.register("fake-engine", lambda: (False, "engine handle errored"))
         assert threads.check_liveness(worker_health())  # the liveness thread's step
         tasks.act_on_fatal()  # the loop watcher's step
         assert manager.tasks["waiting"].status == "failed"
@@ -223,7 +228,7 @@ def test_liveness_failure_turns_health_unhealthy_without_a_task() -> None:
     response = asyncio.run(scenario())
     assert response.status_code == 503
     body = response.json()
-    assert body["rule"] == "liveness:fake-engine"
+    assert body["rule"] == "liveness:mineru-engines"
     assert body["category"] == "engine_dead"
 
 

@@ -157,6 +157,7 @@ class Demo:
             report = await asyncio.to_thread(sandbox.patch_site, site)
         except sandbox.SandboxError as exc:
             raise SetupError(str(exc)) from None
+        sandbox.add_fault_plugin(site)  # the plan the scenarios write reaches MinerU through it
         patched = ", ".join(f"{f.target} ({f.state.value})" for f in report.files)
         self.timeline.add("demo", f"patched the copy for MinerU {report.mineru_version}: {patched}")
 

@@ -8,17 +8,18 @@ Two kinds of call site are wrapped, each once per process:
   Each is counted in flight while it runs; its end (success or failure) is
   progress. A call whose client is ``http-client`` talks to a remote server,
   not this worker's engine, and is never counted (issue 17: a user's
-  ``server_url`` that never answers must not make the worker stalled). The fault plan (tests, demo) is consulted here, where a real
-  engine would raise or stall.
+  ``server_url`` that never answers must not make the worker stalled).
+  A local call is a :func:`local_engine_call`: an exception escaping it is
+  marked as this worker's engine's (:func:`raised_by_local_engine`).
 * **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
   the concrete ``mineru_vl_utils`` VLM clients. Their end is progress too, so a
   long window on a slow device is not mistaken for a stall.
 
-The upload names of the task being parsed are kept in a context variable
+The id of the task being parsed is kept in a context variable
 (``follow_tasks(manager)`` wraps MinerU's ``AsyncTaskManager._run_task``; the
 engine calls run in that task's context, directly or through
-``asyncio.to_thread``, which copies it), so the fault plan's ``poison`` word
-knows which document an engine call belongs to.
+``asyncio.to_thread``, which copies it), so that an engine call's end is
+its own task's progress.
 
 Modules are wrapped when they are imported (most are imported lazily by
 MinerU, e.g. the pipeline backend only on its first task), through a small
@@ -36,7 +37,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -46,11 +47,12 @@ __all__ = [
     "ENGINE_CALL_SITES",
     "REQUEST_SITES",
     "current_task_id",
-    "current_upload_names",
     "follow_tasks",
     "install",
+    "local_engine_call",
     "on_import",
-    "upload_names",
+    "raised_by_local_engine",
+    "task_context",
 ]
 
 #: (module, class, methods) whose calls are engine calls.
@@ -84,22 +86,21 @@ REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
 )
 
 _MARK = "__mineru_health_tracked__"
+#: Set on an exception that escaped a :func:`local_engine_call`.
+_LOCAL_ENGINE_ATTR = "__mineru_health_local_engine__"
+#: Exceptions of a chain looked at by :func:`raised_by_local_engine`.
+_MAX_CHAIN = 16
 
-#: (task id, upload names) of the MinerU task whose processing runs in this context.
-_current_task: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars.ContextVar(
-    "mineru_health_current_task", default=("", ())
+#: The id of the MinerU task whose processing runs in this context.
+_current_task: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "mineru_health_current_task", default=""
 )
 
 
-def current_upload_names() -> tuple[str, ...]:
-    """The upload names of the task being processed in this context (empty outside one)."""
-    return _current_task.get()[1]
-
-
 @contextlib.contextmanager
-def upload_names(names: Iterable[str], task_id: str = "") -> Iterator[None]:
-    """Puts ``names`` (and ``task_id``) in context for the work done inside the block."""
-    token = _current_task.set((task_id, tuple(str(name) for name in names)))
+def task_context(task_id: str) -> Iterator[None]:
+    """Puts ``task_id`` in context for the work done inside the block."""
+    token = _current_task.set(task_id)
     try:
         yield
     finally:
@@ -108,7 +109,7 @@ def upload_names(names: Iterable[str], task_id: str = "") -> Iterator[None]:
 
 def current_task_id() -> str:
     """The id of the task being processed in this context ("" outside one)."""
-    return _current_task.get()[0]
+    return _current_task.get()
 
 
 def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
@@ -125,8 +126,7 @@ def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
     @functools.wraps(run_task)
     async def run_task_in_context(task: Any, *args: Any, **kwargs: Any) -> Any:
         task_id = str(getattr(task, "task_id", "") or "")
-        names = getattr(task, "upload_names", None) or ()
-        token = _current_task.set((task_id, tuple(str(name) for name in names)))
+        token = _current_task.set(task_id)
         state = health()
         state.task_started(task_id)
         try:
@@ -207,30 +207,49 @@ def _is_remote(args: tuple[Any, ...]) -> bool:
     return bool(args) and getattr(args[0], "backend", None) == "http-client"
 
 
-def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth],
-                 faults: Callable[[], Any]) -> Callable[..., Any]:
-    # The fault plan (tests, demo) stands in for a local engine: its failure
-    # or stall happens in flight, whatever transport the task uses.
+@contextlib.contextmanager
+def local_engine_call(health: WorkerHealth) -> Iterator[None]:
+    """One call into this worker's own engine: in flight while it runs, its failure the engine's.
+
+    An exception escaping the block is marked, so that the worker treats it
+    as a local engine's failure (:func:`raised_by_local_engine`) even in a
+    task whose backend is remote: what failed ran here, not on the server.
+    """
+    health.engine_call_started()
+    try:
+        yield
+    except BaseException as error:
+        with contextlib.suppress(Exception):  # an exception refusing attributes stays unmarked
+            setattr(error, _LOCAL_ENGINE_ATTR, True)
+        raise
+    finally:
+        health.engine_call_finished()
+
+
+def raised_by_local_engine(error: BaseException) -> bool:
+    """True when ``error``, or an exception it wraps, escaped a :func:`local_engine_call`."""
+    current: BaseException | None = error
+    for _ in range(_MAX_CHAIN):
+        if current is None:
+            break
+        if getattr(current, _LOCAL_ENGINE_ATTR, False) is True:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _engine_call(original: Callable[..., Any],
+                 health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
     if _is_coroutine_function(original):
 
         @functools.wraps(original)
         async def tracked_async(*args: Any, **kwargs: Any) -> Any:
             state = health()
-            injector = faults()
-            if injector is not None:
-                state.engine_call_started()
-                try:
-                    await injector.before_engine_call_async(current_upload_names())
-                finally:
-                    state.engine_call_finished()
             try:
                 if _is_remote(args):
                     return await original(*args, **kwargs)
-                state.engine_call_started()
-                try:
+                with local_engine_call(state):
                     return await original(*args, **kwargs)
-                finally:
-                    state.engine_call_finished()
             finally:
                 state.task_progress(current_task_id())
 
@@ -239,21 +258,11 @@ def _engine_call(original: Callable[..., Any], health: Callable[[], WorkerHealth
     @functools.wraps(original)
     def tracked(*args: Any, **kwargs: Any) -> Any:
         state = health()
-        injector = faults()
-        if injector is not None:
-            state.engine_call_started()
-            try:
-                injector.before_engine_call(current_upload_names())
-            finally:
-                state.engine_call_finished()
         try:
             if _is_remote(args):
                 return original(*args, **kwargs)
-            state.engine_call_started()
-            try:
+            with local_engine_call(state):
                 return original(*args, **kwargs)
-            finally:
-                state.engine_call_finished()
         finally:
             state.task_progress(current_task_id())
 
@@ -307,13 +316,13 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         setattr(cls, name, wrapped)
 
 
-def install(health: Callable[[], WorkerHealth], faults: Callable[[], Any]) -> None:
+def install(health: Callable[[], WorkerHealth]) -> None:
     """Wraps every call site above, now or when its module is imported (idempotent)."""
     for module_name, class_name, methods in ENGINE_CALL_SITES:
         on_import(
             module_name,
             functools.partial(_wrap_class, class_name=class_name, methods=methods,
-                              make=lambda fn: _engine_call(fn, health, faults)),
+                              make=lambda fn: _engine_call(fn, health)),
         )
     for module_name, class_name, methods in REQUEST_SITES:
         on_import(

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..classifier import Rules, Verdict, default_rules
-from ..frames import Frame, Via, frames_from_text
+from ..frames import Frame, Via
+from ..tracebacks import frames_from_text
 
 LABELS = ("fatal", "task_local", "ambiguous")
 _VIA = {"cause": Via.CAUSE, "context": Via.CONTEXT, "group_member": Via.GROUP}

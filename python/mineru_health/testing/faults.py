@@ -1,9 +1,11 @@
 """Fault injection for tests and demos: make a MinerU worker fail like a dead vLLM engine.
 
-No GPU or vLLM is needed. The worker integration installs this only when
-``MINERU_HEALTH_FAULT_PLAN=<path>`` is set (a literal ``{port}`` in it becomes the
-worker's listening port). The plan file holds one word, some with an argument;
-the worker consumes (deletes) it and then behaves as follows:
+No GPU or vLLM is needed, and no production code knows about it: the test
+and demo sandboxes load :mod:`.fault_plugin` (a ``sitecustomize.py`` next to
+their MinerU copy) when ``MINERU_HEALTH_FAULT_PLAN=<path>`` is set (a literal
+``{port}`` in it becomes the worker's listening port). The plan file holds
+one word, some with an argument; the worker consumes (deletes) it and then
+behaves as follows:
 
 ``engine_dead``
     from then on every engine call in this process raises vLLM's
@@ -46,21 +48,23 @@ the worker consumes (deletes) it and then behaves as follows:
     (:mod:`mineru_health.verification`) can tell the worker it is dead.
 ``unknown_error_alive``
     as ``unknown_error_dead`` with an engine whose loops still run: the
-    failure stays task-local. The errors of both words stand in for a local
-    engine's, whatever transport the task uses (``stands_in_for_local_engine``).
+    failure stays task-local.
 ``poison <file name>``
     a document that kills engines: the first engine call of a task that has
     an upload named ``<file name>`` raises ``EngineDeadError``, and from then
     on every engine call in that process does too (as ``engine_dead``). This
     word is *not* consumed: it stays in the file, so every worker that reads
     the plan (restarted ones included) is armed; writing another plan replaces
-    it. The task's upload names come from ``engine_calls.current_upload_names``.
+    it. The task's upload names come from ``fault_plugin.current_uploads``.
 
 Engine calls are the call sites :mod:`mineru_health.integration.engine_calls`
 tracks (``MinerUClient.aio_batch_two_step_extract`` and its siblings, the
-pipeline's ``BatchAnalyze``): the calls through which a real EngineDeadError
-surfaces and in which a stalled engine never returns. Write plans with
-:func:`write_plan` (atomic rename), so that the worker never reads half a word.
+pipeline's ``BatchAnalyze``) and 4.0's parse call: the calls through which a
+real EngineDeadError surfaces and in which a stalled engine never returns.
+The plugin raises every planned failure inside a local engine call, so it
+stands in for a local engine whatever transport the task uses. Write plans
+with :func:`write_plan` (atomic rename), so that the worker never reads half
+a word.
 """
 
 from __future__ import annotations
@@ -68,21 +72,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_HANG_S",
     "ENGINE_DEAD_MESSAGE",
     "FAULT_PLAN_ENV",
     "HANG_S_ENV",
     "PLAN_WORDS",
     "FaultInjector",
     "engine_dead_error_class",
+    "hang_s_from_env",
     "make_engine_dead_error",
     "make_llama_engine_error",
     "parse_plan",
@@ -92,6 +99,10 @@ __all__ = [
 
 FAULT_PLAN_ENV = "MINERU_HEALTH_FAULT_PLAN"
 HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
+#: How long ``hang``, ``engine_stall`` and ``parse_hang`` block without ``HANG_S_ENV``.
+DEFAULT_HANG_S = 3600.0
+#: The longest any of them may block (the bound the config table documents).
+MAX_HANG_S = 86400.0
 PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "remote_engine_dead",
               "device_oom", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison",
               "parse_hang")
@@ -242,9 +253,26 @@ def parse_plan(text: str) -> tuple[str, float | str | None] | None:
         seconds = float(parts[1])
     except ValueError:
         return None
-    if not 0.0 <= seconds <= 86400.0:
+    if not 0.0 <= seconds <= MAX_HANG_S:
         return None
     return parts[0], seconds
+
+
+def hang_s_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """``MINERU_HEALTH_FAULT_HANG_S`` (:data:`DEFAULT_HANG_S` when unset).
+
+    Raises ``ValueError`` unless it is a number of seconds in [0, 86400].
+    """
+    text = (os.environ if environ is None else environ).get(HANG_S_ENV, "").strip()
+    if not text:
+        return DEFAULT_HANG_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0.0 <= seconds <= MAX_HANG_S:  # nan and inf fail here too
+        raise ValueError(f"{HANG_S_ENV}={text!r}: expected seconds in [0, {MAX_HANG_S:g}]")
+    return seconds
 
 
 def write_plan(path: str | os.PathLike[str], word: str) -> None:
@@ -297,7 +325,8 @@ def _listening_port(argv: list[str]) -> int:
 class FaultInjector:
     """Reads the plan file and injects the planned fault. Thread-safe."""
 
-    def __init__(self, plan_path: str | os.PathLike[str], *, hang_s: float = 3600.0) -> None:
+    def __init__(self, plan_path: str | os.PathLike[str], *,
+                 hang_s: float = DEFAULT_HANG_S) -> None:
         self.plan_path = Path(plan_path)
         self.hang_s = hang_s
         self._lock = threading.Lock()
@@ -313,17 +342,14 @@ class FaultInjector:
 
     @classmethod
     def from_env(cls) -> FaultInjector | None:
+        """The plan ``MINERU_HEALTH_FAULT_PLAN`` names, if set; ``ValueError``: a bad hang time."""
         plan = os.environ.get(FAULT_PLAN_ENV, "").strip()
         if not plan:
             return None
         # Workers started by one router share its environment; "{port}" lets a
         # test or the demo aim a fault at one of them.
         plan = plan.replace("{port}", str(_listening_port(sys.argv)))
-        try:
-            hang_s = float(os.environ.get(HANG_S_ENV, "3600"))
-        except ValueError:
-            hang_s = 3600.0
-        return cls(plan, hang_s=hang_s)
+        return cls(plan, hang_s=hang_s_from_env())
 
     def poll(self) -> str | None:
         """Consumes the plan file if present and applies it; returns the word applied."""
@@ -418,47 +444,6 @@ class FaultInjector:
             self.parse_hang_pending -= 1
             return True
 
-    def install_parse_sites(self) -> None:
-        """Wraps MinerU's ``do_parse``/``aio_do_parse`` wherever they are bound (``parse_hang``).
-
-        The worker modules import them by name, so every module holding the
-        original function gets the wrapper.
-        """
-        common = sys.modules.get("mineru.cli.common")
-        if common is None:
-            return
-        for name in ("do_parse", "aio_do_parse"):
-            original = getattr(common, name, None)
-            if original is None or getattr(original, "__mineru_health_fault__", False):
-                continue
-            wrapped = self._parse_wrapper(original)
-            for module in list(sys.modules.values()):
-                if getattr(module, name, None) is original:
-                    setattr(module, name, wrapped)
-
-    def _parse_wrapper(self, original: Any) -> Any:
-        import functools
-        import inspect
-
-        if inspect.iscoroutinefunction(original):
-            @functools.wraps(original)
-            async def parse_async(*args: Any, **kwargs: Any) -> Any:
-                if self.take_parse_hang():
-                    await asyncio.sleep(self.hang_s)
-                return await original(*args, **kwargs)
-
-            parse_async.__mineru_health_fault__ = True  # type: ignore[attr-defined]
-            return parse_async
-
-        @functools.wraps(original)
-        def parse(*args: Any, **kwargs: Any) -> Any:
-            if self.take_parse_hang():
-                threading.Event().wait(self.hang_s)
-            return original(*args, **kwargs)
-
-        parse.__mineru_health_fault__ = True  # type: ignore[attr-defined]
-        return parse
-
     def _add_dead_engine_handle(self) -> None:
         module = sys.modules.get("mineru.backend.vlm.vlm_analyze")
         if module is None:
@@ -478,20 +463,12 @@ class FaultInjector:
             module.ModelSingleton._models[VERIFY_ENGINE_KEY] = predictor_with(
                 "lmdeploy-engine", lmdeploy_engine=engine)
 
-    @staticmethod
-    def stands_in_for_local_engine(error: BaseException) -> bool:
-        """True for the errors of ``unknown_error_*``: a local engine's failure, for the worker."""
-        return getattr(error, _LOCAL_ENGINE_ATTR, False) is True
-
 
 #: What ``unknown_error_*`` raise: no rule knows it (tests/unit/test_verification.py checks it).
 UNKNOWN_ERROR_MESSAGE = "xq7: request 17 came back without its pages (mineru-health fault plan)"
 #: Key of the engine entry ``unknown_error_*`` add to MinerU's ModelSingleton.
 VERIFY_ENGINE_KEY = ("lmdeploy-engine", "mineru-health-fault-plan-verify", None)
-_LOCAL_ENGINE_ATTR = "_mineru_health_local_engine"
 
 
 def make_unknown_error() -> Exception:
-    error = RuntimeError(UNKNOWN_ERROR_MESSAGE)
-    setattr(error, _LOCAL_ENGINE_ATTR, True)
-    return error
+    return RuntimeError(UNKNOWN_ERROR_MESSAGE)

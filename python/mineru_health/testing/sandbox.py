@@ -1,7 +1,7 @@
 """A throwaway, patched MinerU on loopback: what the demo, the integration tests and load tests share.
 
     python = mineru_python()                          # MINERU_HEALTH_MINERU_PYTHON or this one
-    site = patched_site(tmp / "site", python)         # copy of MinerU, patched; the venv's untouched
+    site = patched_site(tmp / "site", python)         # copy of MinerU, patched, fault plugin added
     env = mineru_env(site, health_path=mineru_health_path(), output_root=tmp / "out")
     with Processes() as procs:                        # every child reaped on exit, grandchildren too
         vlm = procs.start("fake-vlm", fake_vlm_command(python, port), env=env,
@@ -10,7 +10,10 @@
     pdf = make_pdf(pages=50, images_per_page=2, seed=7)   # deterministic bytes per arguments
 
 MinerU runs under ``MINERU_HEALTH_MINERU_PYTHON`` (default: this
-interpreter), with the patched copy first on ``PYTHONPATH``. Processes start
+interpreter), with the patched copy first on ``PYTHONPATH``; a
+``sitecustomize.py`` there loads the fault plan plugin
+(:mod:`.fault_plugin`) into every process that has ``MINERU_HEALTH_FAULT_PLAN``
+set: production code never loads it. Processes start
 in their own session and are always reaped, with what they started
 (``processes.py``, re-exported here). ``make_pdf`` needs reportlab and Pillow
 (the ``test`` and ``demo`` extras). Nothing here is thread-safe; use one
@@ -40,6 +43,7 @@ __all__ = [
     "ManagedProcess",
     "Processes",
     "SandboxError",
+    "add_fault_plugin",
     "copy_mineru",
     "fake_vlm_command",
     "free_port",
@@ -57,7 +61,6 @@ __all__ = [
 # MinerU 4.0 (mineru-api 4.0.x) lives in its own venv: see the end of this module.
 __all__ += [
     "MINERU4_PYTHON_ENV",
-    "add_fault_plugin",
     "health_link_dir",
     "mineru4_api_command",
     "mineru4_env",
@@ -74,6 +77,14 @@ _FIND_MINERU = (
     "print(list(s.submodule_search_locations)[0] if s else '')"
 )
 _IMPORTS_HEALTH = "import mineru_health.integration.worker"
+#: Loads the fault plan plugin in every process started from a sandbox site.
+_SITECUSTOMIZE = """\
+# Written by mineru_health.testing.sandbox: the fault plan plugin, for tests and demos only.
+import os
+if os.environ.get("MINERU_HEALTH_FAULT_PLAN"):
+    import mineru_health.testing.fault_plugin
+    mineru_health.testing.fault_plugin.load()
+"""
 
 
 class SandboxError(Exception):
@@ -170,10 +181,21 @@ def patch_site(site: Path) -> Any:
     return report
 
 
-def patched_site(dest_dir: Path, python: str | None = None) -> Path:
-    """``copy_mineru`` then ``patch_site``; returns the directory for ``PYTHONPATH``."""
+def patched_site(dest_dir: Path, python: str | None = None, *, faults: bool = True) -> Path:
+    """``copy_mineru``, ``patch_site`` and, if ``faults``, ``add_fault_plugin``.
+
+    Returns the directory for ``PYTHONPATH``.
+    """
     site = copy_mineru(dest_dir, python)
     patch_site(site)
+    if faults:
+        add_fault_plugin(site)
+    return site
+
+
+def add_fault_plugin(site: Path) -> Path:
+    """Makes every process started from ``site`` load the fault plan plugin (patched or not)."""
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     return site
 
 
@@ -320,14 +342,6 @@ def _draw_noise(
 # --- MinerU 4.0 -----------------------------------------------------------------------------
 
 MINERU4_PYTHON_ENV = "MINERU_HEALTH_MINERU4_PYTHON"
-#: Loads the fault plan plugin in every process started from a 4.0 sandbox site.
-_SITECUSTOMIZE = """\
-# Written by mineru_health.testing.sandbox: the fault plan plugin, for tests and demos only.
-import os
-if os.environ.get("MINERU_HEALTH_FAULT_PLAN"):
-    import mineru_health.testing.mineru4_faults
-    mineru_health.testing.mineru4_faults.load()
-"""
 #: The 4.0 target the sandbox insists on.
 WORKER4_TARGET = "parser/api_server.py"
 
@@ -376,12 +390,6 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
         _patch_site4(site)
     if faults:
         add_fault_plugin(site)
-    return site
-
-
-def add_fault_plugin(site: Path) -> Path:
-    """Makes every 4.0 process started from ``site`` load the fault plan plugin (patched or not)."""
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     return site
 
 

@@ -29,7 +29,6 @@ What they give the worker:
   ``POST /tasks`` and ``POST /file_parse`` get 503 with ``Retry-After``.
 * ``MINERU_HEALTH_EXIT_ON_FATAL=1``: after a fatal failure, exit with status 75
   (EX_TEMPFAIL) after ``MINERU_HEALTH_EXIT_GRACE_S`` seconds.
-* ``MINERU_HEALTH_FAULT_PLAN=<path>``: fault injection for tests and demos.
 
 Nothing here may break MinerU: every hook catches and logs its own errors,
 except :func:`install`, which refuses a bad configuration at start-up.
@@ -140,7 +139,7 @@ def begin_install(app: Any, gate: type) -> tuple[WorkerSettings, Any, bool] | No
 def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     """The second half, once per process: engine calls, threads, the start-up checks."""
     health = current_health()
-    engine_calls.install(current_health, lambda: runtime.faults)
+    engine_calls.install(current_health)
     if settings.parent_pid:
         exit_with_parent(int(settings.parent_pid))
     start_thread(liveness_loop, health, name="mineru-health-liveness")
@@ -167,12 +166,4 @@ def install(app: Any) -> None:
     if not first_install:
         return
     task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
-
-    from ...testing.faults import FaultInjector
-
-    injector = FaultInjector.from_env()
-    if injector is not None:
-        runtime.faults = injector
-        injector.install_parse_sites()
-        log("WARNING", f"fault injection enabled, plan file {injector.plan_path}")
     finish_install(settings, rules, "3.x")

@@ -60,7 +60,6 @@ class Runtime:
         self.settings = WorkerSettings()
         self.endpoint: HealthEndpoint | None = None
         self.advertised_port: int | None = None
-        self.faults: Any = None  # testing.faults.FaultInjector when a plan is set
         self.watcher: asyncio.Task[None] | None = None
         self.classify_pool: concurrent.futures.ThreadPoolExecutor | None = None
         # True once outstanding tasks were failed for the current fatal record.

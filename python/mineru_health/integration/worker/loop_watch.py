@@ -76,17 +76,15 @@ def _report_tasks() -> None:
 async def watch_loop(report: Callable[[], None], act: Callable[[], None]) -> None:
     """The watcher of either MinerU line, on the event loop until cancelled.
 
-    Ticks the loop natively every 100 ms (loop lag), polls the fault plan,
-    ``report``s MinerU's figures every 0.5 s and, every second, fails hung
-    tasks and ``act``s on a new fatal record: the line's own two steps.
+    Ticks the loop natively every 100 ms (loop lag), ``report``s MinerU's
+    figures every 0.5 s and, every second, fails hung tasks and ``act``s on
+    a new fatal record: the line's own two steps.
     """
     health = current_health()
     ticks = 0
     while True:
         try:
             health.loop_tick()
-            if runtime.faults is not None:
-                runtime.faults.poll()
             if ticks % 5 == 0:
                 report()
             if ticks % 10 == 0:
@@ -111,8 +109,7 @@ def on_started() -> None:
         if isinstance(task_class, type):
             wrap_status_payload(task_class)
         task_store.attach(manager)  # task store: restore finished tasks, record new ones
-        # The task in context: its progress for the task watchdog, its upload
-        # names for the fault plan's `poison`.
+        # The task in context (id and upload names): its progress for the task watchdog.
         engine_calls.follow_tasks(manager, current_health)
         _report_service(manager)
     if managers:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import metrics, verification
 from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception, fatal_cause
-from .. import task_store
+from .. import engine_calls, task_store
 from ..task_store import VERDICT_ATTR
 from .context import (
     FAILED,
@@ -215,8 +215,7 @@ def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
 def _record(health: WorkerHealth, exc: BaseException, remote_engine: bool) -> Recorded:
     """Classifies and records; an undecided local failure then asks the engine (issue 18)."""
     outcome = health.record(exc, remote_engine=remote_engine)
-    stands_in = getattr(runtime.faults, "stands_in_for_local_engine", None)
-    local = not remote_engine or (callable(stands_in) and stands_in(exc))  # the fault plan's
+    local = not remote_engine or engine_calls.raised_by_local_engine(exc)
     return verification.confirm(health, outcome, exc, remote_engine=not local)
 
 

@@ -1,4 +1,4 @@
-"""The worker's own daemon threads: liveness checks, exit on fatal, exit with the router."""
+"""The worker's own daemon threads: liveness, exit on fatal, exit with the router."""
 
 from __future__ import annotations
 
@@ -11,32 +11,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import _native, liveness, metrics
+from ... import _native, metrics, verification
 from ...worker import WorkerHealth, describe_exception, fatal_cause
 from .context import EXIT_CODE, LIVENESS_INTERVAL_S, log
 
+#: The rule of an engine death the liveness thread finds.
+LIVENESS_RULE = "liveness:mineru-engines"
+
 
 def check_liveness(health: WorkerHealth) -> bool:
-    """Runs the liveness checks once; records a dead engine as fatal. True if it did."""
+    """Reads MinerU's engine handles once; records an errored one as fatal. True if it did."""
     try:
-        dead = liveness.dead_results()
-    except Exception as error:  # noqa: BLE001 - a broken check must not stop the thread
-        log("WARNING", f"liveness checks failed: {describe_exception(error)}")
+        dead = verification.errored_engine()
+    except Exception as error:  # noqa: BLE001 - a broken read must not stop the thread
+        log("WARNING", f"liveness check failed: {describe_exception(error)}")
         return False
-    if not dead or not health.healthy:
+    if dead is None or not health.healthy:
         return False
-    first = dead[0]
-    rule = f"liveness:{first.name}"
-    if not health.record_fatal(f"engine died while idle: {first.detail or first.name}",
-                               rule=rule, category="engine_dead"):
+    detail = f"engine handle {dead.where} ({type(dead.obj).__name__}) reports errored"
+    if not health.record_fatal(f"engine died while idle: {detail}", rule=LIVENESS_RULE,
+                               category="engine_dead"):
         return False
-    metrics.record_worker_fatal(rule, "engine_dead")
-    log("ERROR", f"liveness check {first.name!r} failed: {first.detail}")
+    metrics.record_worker_fatal(LIVENESS_RULE, "engine_dead")
+    log("ERROR", f"liveness check: {detail}")
     return True
 
 
 def liveness_loop(health: WorkerHealth) -> None:
-    """Runs the liveness checks every second, off the event loop, until unhealthy."""
+    """Reads the engine handles every second, off the event loop, until unhealthy."""
     while not health.wait_until_unhealthy(LIVENESS_INTERVAL_S):
         check_liveness(health)
 

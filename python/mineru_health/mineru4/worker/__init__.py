@@ -21,10 +21,6 @@ What they give the worker, as on 3.4 (:mod:`mineru_health.integration.worker`):
   the engine is dead and advertises ``native_health_port``; ``POST /v1/tasks``,
   ``/v1/parse/jobs`` and ``/v1/file_parse`` get 503 with ``Retry-After``.
 * ``MINERU_HEALTH_EXIT_ON_FATAL=1`` and the router's parent watch, as on 3.4.
-
-Fault injection is no part of this package: the test and demo sandboxes load
-their plugin themselves (:mod:`mineru_health.testing.mineru4_faults`), which
-sets ``runtime.faults``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ It answers True when the native verdict is fatal (an ambiguous device error
 that exhausts the error budget included), or when MinerU's own function says
 so (never narrower than upstream), except for a remote engine
 (``server_url`` set: the http-client backend), which never condemns the worker.
+A failure that escaped a call into a local engine
+(:func:`~mineru_health.integration.engine_calls.raised_by_local_engine`) is
+verified as a local one all the same.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from ... import metrics, verification
+from ...integration import engine_calls
 from ...integration.worker.context import current_health, log, runtime
 from ...worker import describe_exception, exception_type_name
 
@@ -72,8 +76,9 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
     remote = _remote_engine()
     health = current_health()
     outcome = health.record(error, remote_engine=remote)
-    if verification.needs_verification(outcome, remote_engine=remote):
-        outcome = _verified(health, outcome, error, remote)
+    checked_as_remote = remote and not engine_calls.raised_by_local_engine(error)
+    if verification.needs_verification(outcome, remote_engine=checked_as_remote):
+        outcome = _verified(health, outcome, error, checked_as_remote)
     if outcome.fatal:
         metrics.record_worker_fatal(outcome.rule, outcome.category)
         if outcome.first:

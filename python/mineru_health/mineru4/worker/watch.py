@@ -90,9 +90,8 @@ def report_jobs() -> None:
 def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
     """Wraps 4.0's ``_run_job`` (looked up by name per job): its job tracked and in context.
 
-    The job id and its files' names are in context for the work it does (its
-    engine calls and requests are its progress); each file parsed is
-    progress too. Idempotent.
+    The job id is in context for the work it does (its engine calls and
+    requests are its progress); each file parsed is progress too. Idempotent.
     """
     run_job = namespace.get("_run_job")
     if run_job is None or getattr(run_job, _MARK, False):
@@ -102,11 +101,10 @@ def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
     @functools.wraps(run_job)
     async def run_job_followed(record: Any, *args: Any, **kwargs: Any) -> Any:
         job_id = str(getattr(record, "id", "") or "")
-        names = [str(getattr(f, "name", "")) for f in getattr(record, "files", None) or ()]
         state = current_health()
         state.task_started(job_id)
         try:
-            with engine_calls.upload_names(names, task_id=job_id):
+            with engine_calls.task_context(job_id):
                 return await run_job(record, *args, **kwargs)
         finally:
             state.task_finished(job_id)
