@@ -121,15 +121,15 @@ const std::vector<Row<WorkerConfig>>& worker_rows() {
   {#suffix,      #field,  &WorkerConfig::field,  ConfigType::type,         \
    limits range, meaning, PathCheck::path_check, ConfigComponent::kWorker, \
    test_only},
-#define MINERU_HEALTH_TOOLING_NAME(suffix, type, test_only, meaning) \
-  {#suffix,                                                          \
-   "",                                                               \
-   {},                                                               \
-   ConfigType::type,                                                 \
-   {},                                                               \
-   meaning,                                                          \
-   PathCheck::kNone,                                                 \
-   ConfigComponent::kTooling,                                        \
+#define MINERU_HEALTH_TOOLING_NAME(suffix, type, range, test_only, meaning) \
+  {#suffix,                                                                 \
+   "",                                                                      \
+   {},                                                                      \
+   ConfigType::type,                                                        \
+   limits range,                                                            \
+   meaning,                                                                 \
+   PathCheck::kNone,                                                        \
+   ConfigComponent::kTooling,                                               \
    test_only},
 #include "mineru_health/config_variables.def"
   };
