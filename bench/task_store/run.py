@@ -76,7 +76,7 @@ def time_signals(manager: Any, tasks: list[Any]) -> list[float]:
 
 
 def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) -> dict[str, Any]:
-    from mineru_health.integration import task_store
+    from mineru_health.mineru3.worker import task_store
     from mineru_health.settings import WorkerSettings
 
     task_store._store = None  # one store per measurement in this process

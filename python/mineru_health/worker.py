@@ -341,12 +341,12 @@ _process_health = WorkerHealth()
 
 
 def worker_health() -> WorkerHealth:
-    """The process-wide instance the worker integration records into."""
+    """The process-wide instance the worker runtime records into."""
     return _process_health
 
 
 def configure_worker_health(health: WorkerHealth) -> WorkerHealth:
-    """Makes ``health`` the process-wide instance (the worker integration, at start-up)."""
+    """Makes ``health`` the process-wide instance (the worker runtime, at start-up)."""
     global _process_health
     _process_health = health
     return health

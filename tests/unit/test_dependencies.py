@@ -39,7 +39,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 @pytest.mark.parametrize(
     "module",
     [
-        "mineru_health.integration.worker",
+        "mineru_health.mineru3.worker",
         "mineru_health.mineru4.worker",
         "mineru_health.mineru3.router",
         "mineru_health.mineru4.router",

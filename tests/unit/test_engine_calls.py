@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.integration import engine_calls
+from mineru_health.runtime.worker import engine_calls
 from mineru_health.testing import fault_plugin
 from mineru_health.testing.faults import FaultInjector, write_plan
 

@@ -200,7 +200,7 @@ def test_plugin_wraps_3x_parse_functions_wherever_bound(tmp_path: Path,
 
 
 def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
-    from mineru_health.integration import engine_calls
+    from mineru_health.runtime.worker import engine_calls
     from mineru_health.testing import fault_plugin
 
     class MinerUParser:

@@ -13,8 +13,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
-from mineru_health.integration.worker import context
 from mineru_health.mineru4.worker import verdicts, watch
+from mineru_health.runtime.worker import context
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 

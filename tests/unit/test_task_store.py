@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mineru_health.errors import ConfigError
-from mineru_health.integration import task_store
+from mineru_health.mineru3.worker import task_store
 from mineru_health.settings import WorkerSettings
 
 TASK_COMPLETED = "completed"

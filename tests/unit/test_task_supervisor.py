@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 from mineru_health import _native
-from mineru_health.integration import task_store
 from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
+from mineru_health.mineru3.worker import task_store
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.settings import HealthSettings

@@ -407,7 +407,7 @@ def test_to_json_for_the_task_status() -> None:
 
 @pytest.fixture
 def worker_state() -> Iterator[WorkerHealth]:
-    from mineru_health.integration.worker import context
+    from mineru_health.runtime.worker import context
     from mineru_health.worker import worker_health
 
     worker_health().reset()
@@ -428,7 +428,7 @@ class _HookTask:
 def _hook(task: _HookTask, exc: BaseException) -> Any:
     import asyncio
 
-    from mineru_health.integration.worker import tasks
+    from mineru_health.mineru3.worker import tasks
 
     return asyncio.run(tasks.on_task_failed(None, task, exc))
 
@@ -471,7 +471,7 @@ def test_hook_never_verifies_a_remote_task(worker_state: WorkerHealth) -> None:
 
 def test_hook_verifies_a_remote_task_whose_failure_escaped_a_local_engine_call(
         worker_state: WorkerHealth) -> None:
-    from mineru_health.integration import engine_calls
+    from mineru_health.runtime.worker import engine_calls
 
     _default(fe.FakeAsyncLLM("dead"))
     with pytest.raises(RuntimeError) as raised, engine_calls.local_engine_call(worker_state):

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from mineru_health.integration import worker as hooks
-from mineru_health.integration.worker import context, tasks, threads
+from mineru_health.mineru3 import worker as hooks
+from mineru_health.mineru3.worker import tasks
+from mineru_health.runtime.worker import context, threads
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
@@ -149,7 +150,7 @@ def _app() -> FastAPI:
     async def file_parse() -> dict[str, str]:
         return {"parsed": "yes"}
 
-    app.add_middleware(hooks.HealthGate)
+    app.add_middleware(hooks.Gate)
     context.runtime.apps.append(app)
     return app
 

@@ -12,7 +12,7 @@ them.
     metrics.bind_worker_healthy(lambda: health.healthy)
     metrics.record_worker_fatal(rule, category)
 
-The worker-side functions are re-exported here (the worker integration calls
+The worker-side functions are re-exported here (the worker runtime calls
 them as ``metrics.<name>``); router code uses ``metrics.router``. Every
 function is thread-safe.
 """

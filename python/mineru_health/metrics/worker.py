@@ -1,4 +1,4 @@
-"""Worker-side metrics (``mineru-api``), called by ``mineru_health.integration.worker``.
+"""Worker-side metrics (``mineru-api``), called by ``mineru_health.runtime.worker``.
 
 - ``bind_worker_healthy(fn)``            -- the healthy gauge reads ``fn()`` at
   scrape time (e.g. ``lambda: state.healthy()``); preferred over pushing.

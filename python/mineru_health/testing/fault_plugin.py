@@ -4,12 +4,12 @@ The sandbox writes a ``sitecustomize.py`` next to its MinerU copy
 (:func:`~mineru_health.testing.sandbox.add_fault_plugin`) that calls
 :func:`load` when ``MINERU_HEALTH_FAULT_PLAN`` is set. The plugin attaches
 itself from outside, through the post-import hook of
-:mod:`~mineru_health.integration.engine_calls`, to what each MinerU line
+:mod:`~mineru_health.runtime.worker.engine_calls`, to what each MinerU line
 imports:
 
 * **Engine calls** (``engine_calls.ENGINE_CALL_SITES``, both lines): the
   planned failure or stall comes first, inside a
-  :func:`~mineru_health.integration.engine_calls.local_engine_call`: in flight
+  :func:`~mineru_health.runtime.worker.engine_calls.local_engine_call`: in flight
   while it raises or stalls (a stall trips the stall watchdog), and a local
   engine's failure for the worker, whatever transport the task uses.
 * **The parse call**: ``parse_hang`` blocks the next one before it starts,
@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
 from typing import Any
 
-from ..integration import engine_calls
+from ..runtime.worker import engine_calls
 from ..worker import WorkerHealth, worker_health
 from .faults import FaultInjector, hang_s_from_env
 
@@ -60,7 +60,7 @@ PARSER_CALLS = ("_arun_analysis", "_run_analysis")
 #: MinerU 4.0: the module whose ``_run_job`` runs one job (its files in ``record.files``).
 JOBS_MODULE = "mineru.parser.api_server"
 #: The worker's event-loop watcher (both lines), which the plan's reads follow.
-WATCHER_MODULE = "mineru_health.integration.worker.loop_watch"
+WATCHER_MODULE = "mineru_health.runtime.worker.loop_watch"
 POLL_S = 0.1
 
 _MARK = "__mineru_health_faults__"
@@ -173,7 +173,7 @@ async def _read_plan(planned: FaultInjector) -> None:
 def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(watch_loop)
     async def watch_loop_and_plan(*args: Any, **kwargs: Any) -> Any:
-        from ..integration.worker.context import task_managers
+        from ..mineru3.worker.tasks import task_managers
 
         for manager in task_managers():  # 3.x's; 4.0's jobs are followed at import
             follow_uploads(manager)

@@ -57,7 +57,7 @@ behaves as follows:
     the plan (restarted ones included) is armed; writing another plan replaces
     it. The task's upload names come from ``fault_plugin.current_uploads``.
 
-Engine calls are the call sites :mod:`mineru_health.integration.engine_calls`
+Engine calls are the call sites :mod:`mineru_health.runtime.worker.engine_calls`
 tracks (``MinerUClient.aio_batch_two_step_extract`` and its siblings, the
 pipeline's ``BatchAnalyze``) and 4.0's parse call: the calls through which a
 real EngineDeadError surfaces and in which a stalled engine never returns.

@@ -76,7 +76,7 @@ _FIND_MINERU = (
     "import importlib.util as u; s = u.find_spec('mineru'); "
     "print(list(s.submodule_search_locations)[0] if s else '')"
 )
-_IMPORTS_HEALTH = "import mineru_health.integration.worker"
+_IMPORTS_HEALTH = "import mineru_health.mineru3.worker"
 #: Loads the fault plan plugin in every process started from a sandbox site.
 _SITECUSTOMIZE = """\
 # Written by mineru_health.testing.sandbox: the fault plan plugin, for tests and demos only.

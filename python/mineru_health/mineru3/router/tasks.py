@@ -158,7 +158,7 @@ class TaskLine:
         member = self._pool.fleet.member(kept.worker)
         if member is None or not member.local:
             return None
-        from mineru_health.integration import task_store
+        from mineru_health.mineru3.worker import task_store
 
         record = kept.item.record
         stored = await asyncio.to_thread(task_store.read_task,

@@ -5,7 +5,7 @@ The shipped patch adds two lines at the end of ``create_app``::
     import mineru_health.mineru4.worker as mineru_health_worker
     mineru_health_worker.install(application, globals())
 
-What they give the worker, as on 3.4 (:mod:`mineru_health.integration.worker`):
+What they give the worker, as on 3.x (the runtime: :mod:`mineru_health.runtime.worker`):
 
 * **The native classifier decides** wherever 4.0 asks ``is_fatal_engine_error``
   (:mod:`.verdicts`): a fatal verdict is recorded natively and MinerU's own
@@ -15,7 +15,7 @@ What they give the worker, as on 3.4 (:mod:`mineru_health.integration.worker`):
 * **A native health endpoint** (``MINERU_HEALTH_PORT``): ``/health``,
   ``/livez``, ``/readyz`` served off the event loop from the native state.
 * **Loop lag and engine stall watchdog** (:mod:`.watch`, and the engine calls
-  of :mod:`mineru_health.integration.engine_calls`, which 4.0's VLM path
+  of :mod:`mineru_health.runtime.worker.engine_calls`, which 4.0's VLM path
   still makes through ``mineru_vl_utils``).
 * **The main port**: ``GET /v1/health`` answers 503 with the native body once
   the engine is dead and advertises ``native_health_port``; ``POST /v1/tasks``,
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from ...integration.worker import begin_install, finish_install
-from ...integration.worker.context import EXIT_CODE
+from ...runtime.worker.context import EXIT_CODE
+from ...runtime.worker.install import begin_install, finish_install
 from .verdicts import rebind
 from .watch import Gate, follow_jobs
 

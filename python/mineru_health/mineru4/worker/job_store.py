@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...integration.worker.context import log, runtime
+from ...runtime.worker.context import log, runtime
 from ...worker import describe_exception
 
 DB_NAME = "mineru-health-jobs.sqlite3"

@@ -14,7 +14,7 @@ that exhausts the error budget included), or when MinerU's own function says
 so (never narrower than upstream), except for a remote engine
 (``server_url`` set: the http-client backend), which never condemns the worker.
 A failure that escaped a call into a local engine
-(:func:`~mineru_health.integration.engine_calls.raised_by_local_engine`) is
+(:func:`~mineru_health.runtime.worker.engine_calls.raised_by_local_engine`) is
 verified as a local one all the same.
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from ... import metrics, verification
-from ...integration import engine_calls
-from ...integration.worker.context import current_health, log, runtime
+from ...runtime.worker import engine_calls
+from ...runtime.worker.context import current_health, log, runtime
 from ...worker import describe_exception, exception_type_name
 
 NAME = "is_fatal_engine_error"

@@ -9,16 +9,15 @@ without a job failing through MinerU's own path).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
-from ...integration import engine_calls
-from ...integration.worker.context import current_health, log, mineru_version, runtime
-from ...integration.worker.gate import HealthGate
-from ...integration.worker.loop_watch import watch_loop
+from ...runtime.worker import engine_calls
+from ...runtime.worker.context import current_health, log, mineru_version, runtime
+from ...runtime.worker.gate import HealthGate
+from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
 from ...worker import fatal_cause
 from .. import TASK_HUNG_CODE
 from . import job_store
@@ -39,13 +38,6 @@ def job_stores() -> list[Any]:
     return stores
 
 
-def _int_or(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
 def report_service() -> None:
     stores = job_stores()
     if not stores:
@@ -54,10 +46,10 @@ def report_service() -> None:
     module = sys.modules.get("mineru.utils.retention")
     current_health().set_service(
         version=mineru_version(), protocol_version=0,
-        max_concurrent_requests=_int_or(getattr(store, "_concurrency", 1), 1),
+        max_concurrent_requests=int_or(getattr(store, "_concurrency", 1), 1),
         processing_window_size=1,
-        task_retention_seconds=_int_or(getattr(store, "retention_seconds", 0), 0),
-        task_cleanup_interval_seconds=_int_or(
+        task_retention_seconds=int_or(getattr(store, "retention_seconds", 0), 0),
+        task_cleanup_interval_seconds=int_or(
             getattr(module, "RETENTION_SCAN_INTERVAL_SECONDS", 0), 0),
     )
 
@@ -178,35 +170,19 @@ def _act() -> None:
     act_on_fatal()
 
 
-def on_started() -> None:
-    for app in runtime.apps:
-        job_store.attach(app)  # finished jobs of an earlier run back; new ones kept
-    report_service()
-    report_jobs()
-    if runtime.watcher is None or runtime.watcher.done():
-        runtime.watcher = asyncio.get_running_loop().create_task(
-            watch_loop(report_jobs, _act), name="mineru-health-loop-watcher")
-
-
-def stop_watcher() -> None:
-    if runtime.watcher is not None:
-        runtime.watcher.cancel()
-        runtime.watcher = None
-
-
 class Gate(HealthGate):
-    """3.4's gate on 4.0's paths: ``/v1/health`` and the submissions."""
+    """The gate on 4.0's paths (``/v1/health`` and the submissions); its watcher starts with
+    MinerU's start-up (preload included): from then on a blocked loop is hung."""
 
     health_paths = HEALTH_PATHS
     gated_posts = GATED_POSTS
 
-    def lifespan(self, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        async def wrapped(message: Any) -> None:
-            kind = message.get("type") if isinstance(message, dict) else None
-            if kind == "lifespan.startup.complete":
-                on_started()  # start-up (preload included) is over: a blocked loop is hung
-            elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                stop_watcher()
-            await send(message)
+    def started(self) -> None:
+        for app in runtime.apps:
+            job_store.attach(app)  # finished jobs of an earlier run back; new ones kept
+        report_service()
+        report_jobs()
+        start_watcher(report_jobs, _act)
 
-        return wrapped
+    def stopped(self) -> None:
+        stop_watcher()

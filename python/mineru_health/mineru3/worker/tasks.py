@@ -1,4 +1,4 @@
-"""Verdicts on MinerU's tasks, and failing every outstanding task once the engine is dead.
+"""Verdicts on MinerU 3.x's tasks, and failing every outstanding task once the engine is dead.
 
 Runs on the worker's event loop thread, except classification, which runs on
 two threads of our own (the native matcher releases the GIL).
@@ -14,19 +14,28 @@ import sys
 from typing import Any
 
 from ... import metrics, verification
+from ...runtime.worker import engine_calls
+from ...runtime.worker.context import current_health, log, runtime, utc_now_iso
 from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception, fatal_cause
-from .. import engine_calls, task_store
-from ..task_store import VERDICT_ATTR
-from .context import (
-    FAILED,
-    PENDING,
-    PROCESSING,
-    current_health,
-    log,
-    runtime,
-    task_managers,
-    utc_now_iso,
-)
+from . import task_store
+from .task_store import VERDICT_ATTR
+
+#: MinerU 3.x's task statuses this module sets or looks for.
+PENDING = "pending"
+PROCESSING = "processing"
+FAILED = "failed"
+
+
+
+def task_managers() -> list[Any]:
+    """The task manager of every app the hooks were installed on."""
+    managers = []
+    for app in runtime.apps:
+        manager = getattr(getattr(app, "state", None), "task_manager", None)
+        if manager is not None:
+            managers.append(manager)
+    return managers
+
 
 #: The verdict of a task the task watchdog failed: its parse made no progress.
 HUNG_RULE = "watchdog.task_hung"

@@ -1,8 +1,10 @@
-"""The main port's gate: ASGI middleware in front of MinerU's app.
+"""The main port's gate: ASGI middleware in front of a MinerU worker's app, either line.
 
-A dead engine answers ``GET /health`` with 503 and refuses ``POST /tasks`` and
-``/file_parse`` with a 503 whose error carries the worker's own verdict
-(``REFUSAL_ERROR_PREFIX``); a healthy ``/health`` advertises the native port.
+A dead engine answers the health path with 503 and refuses the submission
+paths with a 503 whose error carries the worker's own verdict
+(``REFUSAL_ERROR_PREFIX``); a healthy health answer advertises the native
+port. Each line's subclass names its paths and what starts once MinerU's
+start-up is over (``started``, ``stopped``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ...worker import REFUSAL_ERROR_PREFIX, fatal_cause
-from .context import GATED_POSTS, ASGIApp, current_health, runtime
-from .loop_watch import on_started, stop_watcher
+from .context import ASGIApp, current_health, runtime
 
 
 async def _send_json(
@@ -95,18 +96,33 @@ def _advertising_send(send: Callable[[Any], Awaitable[None]],
 class HealthGate:
     """ASGI middleware on the main port: a dead engine answers 503 and refuses new work.
 
-    The paths are class attributes, and ``lifespan`` wraps the lifespan
-    messages, so that each MinerU line's adapter names its own.
+    The paths are class attributes; ``started`` runs once MinerU's start-up
+    (model preload included) is over, from when a blocked loop is a hung loop,
+    and ``stopped`` at its shut-down: each MinerU line's subclass names its own.
     """
 
-    health_paths: frozenset[str] = frozenset({"/health"})
-    gated_posts: frozenset[str] = GATED_POSTS
+    health_paths: frozenset[str] = frozenset()
+    gated_posts: frozenset[str] = frozenset()
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
+    def started(self) -> None:
+        """MinerU's start-up is over (the line's watcher starts here)."""
+
+    def stopped(self) -> None:
+        """MinerU shut down."""
+
     def lifespan(self, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        return watch_lifespan(send)
+        async def wrapped(message: Any) -> None:
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind == "lifespan.startup.complete":
+                self.started()
+            elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                self.stopped()
+            await send(message)
+
+        return wrapped
 
     async def __call__(
         self,
@@ -147,17 +163,3 @@ class HealthGate:
         if is_health and runtime.advertised_port is not None:
             send = _advertising_send(send, runtime.advertised_port)
         await self.app(scope, receive, send)
-
-
-def watch_lifespan(send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-    async def wrapped(message: Any) -> None:
-        kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "lifespan.startup.complete":
-            # MinerU's start-up (model preload included) is over: from here on a
-            # blocked loop is a hung loop.
-            on_started()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            stop_watcher()
-        await send(message)
-
-    return wrapped

@@ -1,4 +1,4 @@
-"""What the worker hooks share: settings, threads and tasks set up by ``install``, and the log."""
+"""What the worker runtime shares, on either MinerU line: what ``install`` set up, and the log."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ EXIT_CODE = 75
 #: 5 ticks and acts on a newly unhealthy state every 10.
 TICK_S = 0.1
 LIVENESS_INTERVAL_S = 1.0
-
-GATED_POSTS = frozenset({"/tasks", "/file_parse"})
-PENDING = "pending"
-PROCESSING = "processing"
-FAILED = "failed"
 
 ASGIApp = Callable[
     [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -72,12 +67,3 @@ runtime = Runtime()
 
 def current_health() -> WorkerHealth:
     return worker_health()
-
-
-def task_managers() -> list[Any]:
-    managers = []
-    for app in runtime.apps:
-        manager = getattr(getattr(app, "state", None), "task_manager", None)
-        if manager is not None:
-            managers.append(manager)
-    return managers

@@ -50,9 +50,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import safe_text, state_dirs
-from ..errors import ConfigError
-from ..settings import WorkerSettings
+from ... import safe_text, state_dirs
+from ...errors import ConfigError
+from ...settings import WorkerSettings
 
 __all__ = ["DB_NAME", "VERDICT_ATTR", "TaskStore", "attach", "configure", "read_task", "record",
            "store"]

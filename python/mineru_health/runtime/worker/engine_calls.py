@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from ..worker import WorkerHealth
+from ...worker import WorkerHealth
 
 __all__ = [
     "ENGINE_CALL_SITES",

@@ -1,42 +1,13 @@
-"""Hooks for MinerU's ``mineru-api`` worker (mineru/cli/fast_api.py, MinerU 3.4).
+"""Installing the worker runtime on a MinerU worker's app, in two halves, for either line.
 
-The shipped patch adds three lines to fast_api.py::
+    started = begin_install(app, Gate)       # config, native state and endpoint, gate, /metrics
+    if started is not None:
+        settings, rules, first_install = started
+        ...                                  # the line's own hooks
+        finish_install(settings, rules, "4.0")   # engine calls, threads, start-up checks
 
-    import mineru_health.integration.worker as mineru_health_worker
-    mineru_health_worker.install(app)                            # after app = create_app()
-    await mineru_health_worker.on_task_failed(self, task, exc)   # first in _process_task's except
-
-What they give the worker:
-
-* **A native health endpoint** (``MINERU_HEALTH_PORT``): ``/health``, ``/livez`` and
-  ``/readyz`` served by a native thread from the native state, so a worker
-  whose event loop MinerU keeps busy answers at once (see
-  :class:`~mineru_health.worker.HealthEndpoint`).
-* **Loop lag**: a callback on the event loop ticks every 100 ms; a loop blocked
-  past ``MINERU_HEALTH_LOOP_HANG_S`` is hung (native ``/health`` 503,
-  ``"loop_hung": true``), shorter blocks are busy.
-* **Engine stall watchdog**: engine calls and requests are tracked
-  (:mod:`.engine_calls`); work in progress with no progress for
-  ``MINERU_HEALTH_STALL_S`` makes the worker fatal (category ``engine_stalled``).
-* **Classification off the loop**: a task failure is classified on a small
-  thread pool (the native matcher releases the GIL). A fatal one is recorded
-  natively, sets MinerU's ``last_worker_error``, fails every other pending or
-  running task at once as *collateral* with a generic error, and wakes every
-  waiter. An ambiguous device error counts against the error budget.
-  The task's status payload carries the verdict (``verdict``, ``engine_dead``).
-* **The main port**: ``GET /health`` answers 503 with the native body once the
-  engine is dead, and advertises the native port when it is reachable;
-  ``POST /tasks`` and ``POST /file_parse`` get 503 with ``Retry-After``.
-* ``MINERU_HEALTH_EXIT_ON_FATAL=1``: after a fatal failure, exit with status 75
-  (EX_TEMPFAIL) after ``MINERU_HEALTH_EXIT_GRACE_S`` seconds.
-
-Nothing here may break MinerU: every hook catches and logs its own errors,
-except :func:`install`, which refuses a bad configuration at start-up.
-
-One module per job: ``context`` (what the hooks share), ``tasks`` (verdicts,
-collateral failures), ``gate`` (the main port), ``loop_watch`` (the event-loop
-watcher), ``threads`` (liveness, exit on fatal, exit with the router); this
-module installs them.
+Nothing here knows a MinerU line: the line's adapter gives its gate class and
+installs what touches its code between the halves.
 """
 
 from __future__ import annotations
@@ -50,22 +21,11 @@ from ...classifier import default_rules
 from ...errors import ConfigError, HealthEndpointError
 from ...settings import WorkerSettings
 from ...worker import HealthEndpoint, WorkerHealth, configure_worker_health
-from .. import engine_calls, task_store
-from .context import EXIT_CODE, current_health, log, runtime
-from .gate import HealthGate
-from .tasks import fail_outstanding_tasks, on_engine_dead, on_task_failed
+from . import engine_calls
+from .context import current_health, log, runtime
 from .threads import exit_after_fatal, exit_with_parent, liveness_loop, start_thread
 
-__all__ = [
-    "EXIT_CODE",
-    "HealthGate",
-    "begin_install",
-    "fail_outstanding_tasks",
-    "finish_install",
-    "install",
-    "on_engine_dead",
-    "on_task_failed",
-]
+__all__ = ["begin_install", "finish_install"]
 
 
 def _main_host(argv: list[str]) -> str:
@@ -151,19 +111,3 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     if problem:
         log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
     log("INFO", f"worker health hooks installed on MinerU {line} ({rules!r}; {settings!r})")
-
-
-def install(app: Any) -> None:
-    """Installs the health hooks on MinerU 3.x's FastAPI ``app``. Called once, at import.
-
-    Raises :class:`~mineru_health.errors.ConfigError` (see :func:`begin_install`);
-    a bad ``MINERU_HEALTH_STATE_DIR`` too.
-    """
-    started = begin_install(app, HealthGate)
-    if started is None:
-        return
-    settings, rules, first_install = started
-    if not first_install:
-        return
-    task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
-    finish_install(settings, rules, "3.x")

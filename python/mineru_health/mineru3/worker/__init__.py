@@ -1,0 +1,77 @@
+"""Hooks for MinerU 3.x's ``mineru-api`` worker (``mineru/cli/fast_api.py``, 3.3.0-3.4.5).
+
+The shipped patch adds three lines to fast_api.py::
+
+    import mineru_health.mineru3.worker as mineru_health_worker
+    mineru_health_worker.install(app)                            # after app = create_app()
+    await mineru_health_worker.on_task_failed(self, task, exc)   # first in _process_task's except
+
+What they give the worker:
+
+* **A native health endpoint** (``MINERU_HEALTH_PORT``): ``/health``, ``/livez`` and
+  ``/readyz`` served by a native thread from the native state, so a worker
+  whose event loop MinerU keeps busy answers at once (see
+  :class:`~mineru_health.worker.HealthEndpoint`).
+* **Loop lag**: a callback on the event loop ticks every 100 ms; a loop blocked
+  past ``MINERU_HEALTH_LOOP_HANG_S`` is hung (native ``/health`` 503,
+  ``"loop_hung": true``), shorter blocks are busy.
+* **Engine stall watchdog**: engine calls and requests are tracked
+  (:mod:`mineru_health.runtime.worker.engine_calls`); work in progress with no progress for
+  ``MINERU_HEALTH_STALL_S`` makes the worker fatal (category ``engine_stalled``).
+* **Classification off the loop**: a task failure is classified on a small
+  thread pool (the native matcher releases the GIL). A fatal one is recorded
+  natively, sets MinerU's ``last_worker_error``, fails every other pending or
+  running task at once as *collateral* with a generic error, and wakes every
+  waiter. An ambiguous device error counts against the error budget.
+  The task's status payload carries the verdict (``verdict``, ``engine_dead``).
+* **The main port**: ``GET /health`` answers 503 with the native body once the
+  engine is dead, and advertises the native port when it is reachable;
+  ``POST /tasks`` and ``POST /file_parse`` get 503 with ``Retry-After``.
+* ``MINERU_HEALTH_EXIT_ON_FATAL=1``: after a fatal failure, exit with status 75
+  (EX_TEMPFAIL) after ``MINERU_HEALTH_EXIT_GRACE_S`` seconds.
+
+Nothing here may break MinerU: every hook catches and logs its own errors,
+except :func:`install`, which refuses a bad configuration at start-up.
+
+What is MinerU 3.x's own lives here: ``tasks`` (verdicts on its tasks,
+collateral failures, hung tasks), ``watch`` (its task figures, the gate on its
+paths), ``task_store`` (its finished tasks on disk); this module installs
+them. The rest is the line-agnostic runtime (:mod:`mineru_health.runtime.worker`:
+install halves, shared context, the gate, the loop watcher, threads, engine
+calls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...runtime.worker.context import EXIT_CODE
+from ...runtime.worker.install import begin_install, finish_install
+from . import task_store
+from .tasks import fail_outstanding_tasks, on_engine_dead, on_task_failed
+from .watch import Gate
+
+__all__ = [
+    "EXIT_CODE",
+    "Gate",
+    "fail_outstanding_tasks",
+    "install",
+    "on_engine_dead",
+    "on_task_failed",
+]
+
+
+def install(app: Any) -> None:
+    """Installs the health hooks on MinerU 3.x's FastAPI ``app``. Called once, at import.
+
+    Raises :class:`~mineru_health.errors.ConfigError` (see :func:`begin_install`);
+    a bad ``MINERU_HEALTH_STATE_DIR`` too.
+    """
+    started = begin_install(app, Gate)
+    if started is None:
+        return
+    settings, rules, first_install = started
+    if not first_install:
+        return
+    task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
+    finish_install(settings, rules, "3.x")
