@@ -21,14 +21,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from .verification import Verification
 
 __all__ = [
@@ -92,7 +94,7 @@ class FatalInfo:
     @property
     def since(self) -> str:
         """ISO 8601 UTC time of the failure."""
-        return datetime.fromtimestamp(self.unix_time, tz=UTC).isoformat()
+        return datetime.fromtimestamp(self.unix_time, tz=timezone.utc).isoformat()
 
     @staticmethod
     def cause(fatal: FatalInfo | None) -> str:

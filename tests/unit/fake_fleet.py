@@ -15,12 +15,15 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from mineru_health import _native
 from mineru_health.monitor import AuditAction, HealthMonitor, PollerEventKind, WorkerPhase
 from mineru_health.settings import HealthSettings
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 HEALTHY_BODY = {
     "status": "healthy",

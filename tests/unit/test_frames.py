@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 
 import pytest
+from conftest import exception_groups as groups
 from mineru_health.frames import Frame, Via, frames_from_exception, frames_from_text
 
 
@@ -54,7 +55,8 @@ def test_context_followed_unless_suppressed() -> None:
 
 
 def test_exception_group_members() -> None:
-    group = ExceptionGroup("many", [ValueError("a"), BaseExceptionGroup("inner", [KeyError("b")])])
+    group = groups.ExceptionGroup(
+        "many", [ValueError("a"), groups.BaseExceptionGroup("inner", [KeyError("b")])])
     names = [f.type_name for f in frames_from_exception(group)]
     # BaseExceptionGroup of plain Exceptions is constructed as an ExceptionGroup.
     assert names == ["ExceptionGroup", "ValueError", "ExceptionGroup", "KeyError"]
@@ -131,13 +133,13 @@ def test_traceback_text_during_handling_and_qualified_names() -> None:
 
 
 def test_traceback_text_exception_group() -> None:
-    group = ExceptionGroup("eg", [ValueError("one"), TypeError("two")])
+    group = groups.ExceptionGroup("eg", [ValueError("one"), TypeError("two")])
     text = "".join(traceback.format_exception(group))
     names = [f.type_name for f in frames_from_text(text)]
     assert names == ["ExceptionGroup", "ValueError", "TypeError"]
     try:
         raise group
-    except ExceptionGroup as raised:
+    except groups.ExceptionGroup as raised:
         text = "".join(traceback.format_exception(raised))
     frames = frames_from_text(text)
     assert [f.type_name for f in frames] == ["ExceptionGroup", "ValueError", "TypeError"]

@@ -255,7 +255,7 @@ class PoolLifecycleMixin:
         deadline = s.interval_s * (s.healthy_threshold + 1) + s.probe_timeout_s + 1.0
         assert self._first_health is not None
         self._check_first_health()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._first_health.wait(), timeout=deadline)
 
     def _check_first_health(self) -> None:

@@ -217,7 +217,7 @@ class TaskSending:
 
     async def _wait_for_worker(self, timeout_s: float) -> None:
         self._worker_back.clear()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._worker_back.wait(), timeout=timeout_s)
 
     def _resubmitted(self, tracked: TrackedTask, reason: str, server: Any,

@@ -280,7 +280,7 @@ class HealingPoolMixin:
         """Returns once every worker is routable or out of its first boot (as 4.0's start)."""
         assert self._first_health is not None
         self._check_first_health()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._first_health.wait(),
                                    timeout=float(self.health_settings.boot_timeout_s))
 
