@@ -9,11 +9,14 @@
 #   MINERU_HEALTH_WHEEL_CTEST=1 scripts/build_wheels.sh   # + the C++ tests on bullseye
 #
 # Needs root (debootstrap, chroot, bind mounts) and Debian's mirror and PyPI.
-# The extension does not link libpython, so a CPython's headers are enough:
-# they come from Debian's libpython3.X-dev of the suite that has that CPython
-# (3.11 bookworm, 3.13 trixie, 3.14 sid), unpacked into the root. No Debian
-# suite served today has 3.10 or 3.12 (see README, "Binary wheels"), and
-# mineru-health needs Python >= 3.11, so bullseye's own 3.9 is not built.
+# The extension does not link libpython, so a CPython's headers are enough.
+# Where Debian serves them they come from libpython3.X-dev of the suite that
+# has that CPython (3.11 bookworm, 3.13 trixie, 3.14 sid), unpacked into the
+# root; no Debian suite served today has 3.10 or 3.12, so theirs come from a
+# pyenv build on this machine ($PYENV_ROOT/versions/3.10.*/include, default
+# PYENV_ROOT ~/.pyenv; `pyenv install 3.10` adds one). The script says which
+# it uses and stops if a version has neither. 3.9 (bullseye's own) is not
+# built: MinerU 3.4 and 4.0 need >= 3.10, and so does mineru-health.
 # Roots are cached (scripts/roots.sh); a second run rebuilds only the wheels.
 set -euo pipefail
 
@@ -22,18 +25,19 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$repo/scripts/roots.sh"
 
 out=${MINERU_HEALTH_DIST:-$repo/dist}
-pythons=${MINERU_HEALTH_WHEEL_PYTHONS:-3.11 3.13 3.14}
+pythons=${MINERU_HEALTH_WHEEL_PYTHONS:-3.10 3.11 3.12 3.13 3.14}
+pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
 plat=${MINERU_HEALTH_WHEEL_PLAT:-manylinux_2_31_x86_64}
 jobs=${MINERU_HEALTH_JOBS:-2}
 root=$roots_dir/bullseye-build
 
-# The suite whose libpython3.X-dev carries each CPython's headers.
+# The suite whose libpython3.X-dev carries each CPython's headers, if any.
 suite_for() {
   case $1 in
     3.11) echo bookworm ;;
     3.13) echo trixie ;;
     3.14) echo sid ;;
-    *) log "no Debian suite served here has CPython $1's headers"; return 1 ;;
+    *) return 1 ;;
   esac
 }
 
@@ -58,14 +62,42 @@ if [[ ! -x $root/opt/build/bin/auditwheel ]]; then
 fi
 log "root ready in $((SECONDS - stage_start)) s"
 
-# Headers: `apt-get download` with an apt state of our own (the host's apt
-# configuration and lists are left alone), for the suites named above.
+# Headers: Debian's, fetched with `apt-get download` and an apt state of our
+# own (the host's apt configuration and lists are left alone), or pyenv's.
+# Each lands in /opt/pyheaders/X.Y/usr/include/pythonX.Y of the root, with a
+# SOURCE file that says where it came from (and keys the cache).
 apt_dir=$roots_dir/apt
 fetch_headers() {
-  local version=$1 suite
-  suite=$(suite_for "$version")
+  local version=$1 suite="" source found=""
   local dest=$root/opt/pyheaders/$version
-  [[ -f $dest/usr/include/python$version/Python.h ]] && return
+  if suite=$(suite_for "$version"); then
+    source="Debian $suite libpython$version-dev"
+  else
+    suite=""
+    found=$(ls -d "$pyenv_root/versions/$version".*/include/python"$version" 2>/dev/null |
+      sort -V | tail -1) || true
+    if [[ -z $found || ! -f $found/Python.h ]]; then
+      log "no headers for CPython $version: Debian serves no libpython$version-dev and" \
+        "$pyenv_root/versions/$version.*/include/python$version/Python.h is missing" \
+        "(pyenv install $version, or set PYENV_ROOT)"
+      return 1
+    fi
+    source="pyenv ${found%/include/*}"
+  fi
+  if [[ -f $dest/usr/include/python$version/Python.h &&
+    $(cat "$dest/SOURCE" 2>/dev/null) == "$source"* ]]; then
+    log "CPython $version headers: $(cat "$dest/SOURCE")"
+    return
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest/usr/include"
+  if [[ -z $suite ]]; then
+    # pyenv's include directory is self-contained (its pyconfig.h is x86_64's).
+    cp -a "$found" "$dest/usr/include/python$version"
+    echo "$source ($("${found%/include/*}/bin/python$version" -V 2>&1))" >"$dest/SOURCE"
+    log "CPython $version headers: $(cat "$dest/SOURCE")"
+    return
+  fi
   mkdir -p "$apt_dir"/{lists/partial,cache/archives/partial,etc/sources.list.d,etc/preferences.d}
   touch "$apt_dir/status"
   if [[ ! -f $apt_dir/apt.conf ]]; then
@@ -86,13 +118,13 @@ EOF
   fi
   (cd "$apt_dir" && rm -f "libpython$version-dev_"*.deb &&
     APT_CONFIG=$apt_dir/apt.conf apt-get download -q "libpython$version-dev/$suite" >/dev/null)
-  rm -rf "$dest"
-  mkdir -p "$dest"
   dpkg -x "$apt_dir"/libpython"$version"-dev_*.deb "$dest"
   # Debian's pyconfig.h picks a per-architecture one by <...> include; put the
   # x86_64 one in its place so that one include directory is enough.
   cp "$dest/usr/include/x86_64-linux-gnu/python$version/pyconfig.h" \
     "$dest/usr/include/python$version/pyconfig.h"
+  echo "$source $(dpkg-deb -f "$apt_dir"/libpython"$version"-dev_*.deb Version)" >"$dest/SOURCE"
+  log "CPython $version headers: $(cat "$dest/SOURCE")"
 }
 
 mount_in "$root"

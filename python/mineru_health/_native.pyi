@@ -2,7 +2,9 @@
 
 import datetime
 import enum
-from typing import Never, TypeAlias, overload
+from typing import TypeAlias, overload
+
+from typing_extensions import Never
 
 class _pybind11_type(type):
     """Stands for pybind11_builtins.pybind11_type, the metaclass of every bound class."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import IO, Any, TextIO
 
 from . import _native, safe_text
@@ -25,7 +25,7 @@ _log = safe_text.logger("mineru_health.audit")
 
 
 def iso_time(unix_time: float) -> str:
-    return datetime.fromtimestamp(unix_time, tz=UTC).isoformat()
+    return datetime.fromtimestamp(unix_time, tz=timezone.utc).isoformat()
 
 
 def audit_record(event: Any) -> dict[str, Any]:

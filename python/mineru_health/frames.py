@@ -18,7 +18,9 @@ Everything here is iterative and bounded: a 10,000-deep chain, a cycle, a
 
 from __future__ import annotations
 
+import builtins
 import functools
+import sys
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -113,6 +115,17 @@ def _raise_site(exc: BaseException) -> str:
     return name if isinstance(name, str) else ""
 
 
+def _group_classes() -> tuple[type, ...]:
+    """Exception-group classes: the builtin one (3.11+) and, on 3.10, the
+    ``exceptiongroup`` backport's (anyio and pytest use it there). A group of
+    the backport can only exist once its module is loaded, so it is looked up,
+    never imported."""
+    backport = sys.modules.get("exceptiongroup")
+    found = (getattr(builtins, "BaseExceptionGroup", None),
+             getattr(backport, "BaseExceptionGroup", None))
+    return tuple(c for c in found if isinstance(c, type))
+
+
 def frames_from_exception(
     exc: BaseException,
     *,
@@ -132,6 +145,7 @@ def frames_from_exception(
     seen: set[int] = set()
     # (exception, how it was reached, depth, the wrapper's raise site)
     stack: list[tuple[BaseException, Via, int, str]] = [(exc, Via.ROOT, 0, "")]
+    groups = _group_classes()
     while stack and len(frames) < max_frames:
         current, via, depth, parent_site = stack.pop()
         if id(current) in seen:
@@ -148,10 +162,10 @@ def frames_from_exception(
             children.append((cause, Via.CAUSE, depth + 1, site))
         elif not current.__suppress_context__ and isinstance(current.__context__, BaseException):
             children.append((current.__context__, Via.CONTEXT, depth + 1, site))
-        if isinstance(current, BaseExceptionGroup):
+        if isinstance(current, groups):
             children.extend(
                 (member, Via.GROUP, depth + 1, site)
-                for member in current.exceptions
+                for member in getattr(current, "exceptions", ())
                 if isinstance(member, BaseException)
             )
         # Pushed in reverse so the first child is visited next (pre-order).

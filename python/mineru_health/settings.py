@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import _native
 from ._names import enum_name
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "ENV_PREFIX",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._names import enum_name
@@ -29,6 +29,8 @@ from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from .verification import Verification
 
 __all__ = [

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -31,6 +31,9 @@ from conftest import (
 )
 from mineru_health.testing.faults import write_plan
 from mineru_health.testing.sandbox import make_pdf
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 pytestmark = pytest.mark.integration
 

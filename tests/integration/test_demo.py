@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -144,7 +144,7 @@ def _context(scenario: str, tmp_path: Path) -> DemoContext:
 
 
 def _audit_line(ctx: DemoContext, t: float, action: str, worker: str = "local-gpu-1") -> str:
-    when = datetime.fromtimestamp(ctx.timeline.wall0 + t, tz=UTC).isoformat()
+    when = datetime.fromtimestamp(ctx.timeline.wall0 + t, tz=timezone.utc).isoformat()
     record = {"time": when, "worker_id": worker, "action": action, "attempt": 0,
               "reason": "r", "from": "healthy", "to": "unhealthy"}
     return json.dumps(record)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -50,6 +50,9 @@ from conftest import (
 )
 from mineru_health.testing.faults import write_plan
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 pytestmark = pytest.mark.integration
 

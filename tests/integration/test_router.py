@@ -253,6 +253,10 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     # Both were admitted at start; then only the dead one changed.
     assert {r["worker_id"] for r in records if r["action"] != "admitted"} == {dead}, records
     story = [r for r in records if r["worker_id"] == dead][1:]  # after its own admission
+    # A loaded machine can take longer than the stability window (fast preset:
+    # 30 s) to finish the tasks above: then the restart was confirmed as well.
+    if story and story[-1]["action"] == "auto_restart_success":
+        story = story[:-1]
     assert [r["action"] for r in story] == [
         "ejected",
         "health_failed",

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from mineru_health import _native
@@ -23,6 +23,9 @@ from mineru_health._native import AuditAction, PollerEventKind, WorkerPhase
 from mineru_health.runtime.router.fleet import Fleet as HealthFleet
 from mineru_health.runtime.router.fleet import expectations
 from mineru_health.settings import HealthSettings
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 HEALTHY_BODY = {
     "status": "healthy",
@@ -247,7 +250,7 @@ class Recorder:
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), timeout=remaining)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 pass
 
     def summary(self) -> list[tuple[str, str, str]]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+from conftest import exception_groups as groups
 from mineru_health import classifier
 from mineru_health.classifier import (
     Rule,
@@ -81,7 +83,7 @@ def test_fatal_cause_deep_in_the_chain() -> None:
 
 
 def test_fatal_member_of_a_group() -> None:
-    group = ExceptionGroup("tasks", [ValueError("x"), _vllm_class("EngineDeadError")("dead")])
+    group = groups.ExceptionGroup("tasks", [ValueError("x"), _vllm_class("EngineDeadError")("dead")])
     verdict = classify(group)
     assert verdict.fatal
     assert frames_from_exception(group)[verdict.frame_index].type_name == "EngineDeadError"
@@ -270,7 +272,7 @@ def test_v0_engine_death_raised_from_the_timeout_that_killed_the_loop() -> None:
 
 def test_task_group_of_engine_deaths_and_cancelled_siblings() -> None:
     dead = _vllm_class("EngineDeadError")
-    group = BaseExceptionGroup("unhandled errors in a TaskGroup", [
+    group = groups.BaseExceptionGroup("unhandled errors in a TaskGroup", [
         asyncio.CancelledError(), dead(ENGINE_DEAD_MESSAGE), asyncio.CancelledError()])
     verdict = classify(group)
     frame = frames_from_exception(group)[verdict.frame_index]
@@ -278,6 +280,7 @@ def test_task_group_of_engine_deaths_and_cancelled_siblings() -> None:
     assert frame.via == Via.GROUP and frame.type_name == "EngineDeadError"
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is new in 3.11")
 def test_real_task_group() -> None:
     dead = _vllm_class("EngineDeadError")
 
@@ -290,9 +293,31 @@ def test_real_task_group() -> None:
             group.create_task(asyncio.sleep(10))
             group.create_task(failing())
 
-    with pytest.raises(BaseExceptionGroup) as info:
+    with pytest.raises(groups.BaseExceptionGroup) as info:
         asyncio.run(main())
     assert classify(info.value).fatal
+
+
+def test_real_anyio_task_group() -> None:
+    # anyio's task groups (MinerU's, through Starlette) raise the backport's
+    # exception groups on Python 3.10 and the builtin ones from 3.11.
+    anyio = pytest.importorskip("anyio")
+    dead = _vllm_class("EngineDeadError")
+
+    async def failing() -> None:
+        await anyio.sleep(0)
+        raise dead(ENGINE_DEAD_MESSAGE)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.sleep, 10)
+            group.start_soon(failing)
+
+    with pytest.raises(groups.BaseExceptionGroup) as info:
+        anyio.run(main)
+    verdict = classify(info.value)
+    assert verdict.fatal and verdict.frame is not None
+    assert verdict.frame.via == Via.GROUP and verdict.frame.type_name == "EngineDeadError"
 
 
 def test_timeout_alone_is_generic_task_local() -> None:

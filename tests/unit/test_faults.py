@@ -130,7 +130,7 @@ def test_engine_stall_never_returns_until_its_bound(tmp_path: Path) -> None:
         slow.engine_stall = True
         try:
             await asyncio.wait_for(slow.before_engine_call_async(), timeout=0.05)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return True
         return False
 

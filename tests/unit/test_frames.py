@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conftest import exception_groups as groups
 from mineru_health.frames import Via, frames_from_exception
 
 
@@ -51,7 +52,8 @@ def test_context_followed_unless_suppressed() -> None:
 
 
 def test_exception_group_members() -> None:
-    group = ExceptionGroup("many", [ValueError("a"), BaseExceptionGroup("inner", [KeyError("b")])])
+    group = groups.ExceptionGroup(
+        "many", [ValueError("a"), groups.BaseExceptionGroup("inner", [KeyError("b")])])
     names = [f.type_name for f in frames_from_exception(group)]
     # BaseExceptionGroup of plain Exceptions is constructed as an ExceptionGroup.
     assert names == ["ExceptionGroup", "ValueError", "ExceptionGroup", "KeyError"]

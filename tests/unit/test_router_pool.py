@@ -201,7 +201,7 @@ class Recorder:
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), timeout=remaining)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 pass
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 
 import pytest
+from conftest import exception_groups as groups
 from mineru_health.frames import Frame, Via
 from mineru_health.tracebacks import frames_from_text
 
@@ -43,13 +44,13 @@ def test_traceback_text_during_handling_and_qualified_names() -> None:
 
 
 def test_traceback_text_exception_group() -> None:
-    group = ExceptionGroup("eg", [ValueError("one"), TypeError("two")])
+    group = groups.ExceptionGroup("eg", [ValueError("one"), TypeError("two")])
     text = "".join(traceback.format_exception(group))
     names = [f.type_name for f in frames_from_text(text)]
     assert names == ["ExceptionGroup", "ValueError", "TypeError"]
     try:
         raise group
-    except ExceptionGroup as raised:
+    except groups.ExceptionGroup as raised:
         text = "".join(traceback.format_exception(raised))
     frames = frames_from_text(text)
     assert [f.type_name for f in frames] == ["ExceptionGroup", "ValueError", "TypeError"]

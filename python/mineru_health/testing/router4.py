@@ -23,11 +23,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from .faults import FAULT_PLAN_ENV, write_plan
 from .processes import ManagedProcess, Processes
 from .sandbox import SandboxError, free_port, make_pdf, mineru4_env, patched_site4, wait_until
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "FaultRun",

@@ -13,12 +13,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from mineru_health.testing import sandbox
 from mineru_health.testing.sandbox import ManagedProcess, Processes, free_port, wait_until
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 START_TIMEOUT_S = 180.0
 JOB_TIMEOUT_S = 300.0

@@ -21,7 +21,6 @@ id names one file. Runs on the router's event loop; not thread-safe.
 
 from __future__ import annotations
 
-import mimetypes
 import re
 import shutil
 from collections.abc import Iterable, Mapping
@@ -85,8 +84,8 @@ class RetiredOutputs:
             error = {"error": {"type": "invalid_request_error", "code": "file_not_found",
                                "message": f"File {file_id} not found"}}
             return 404, as_json, json.dumps(error).encode()
-        kind = mimetypes.guess_type(str(metadata.get("filename") or ""))[0]
-        return 200, {"content-type": kind or "application/octet-stream"}, data
+        # As the worker itself answers a file's content, whatever its name.
+        return 200, {"content-type": "application/octet-stream"}, data
 
     def transport(self, inner: Any = None) -> Any:
         """An httpx transport that answers for retired files and hands the rest to ``inner``."""

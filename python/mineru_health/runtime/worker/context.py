@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ...safe_text import printable
@@ -38,7 +38,7 @@ def log(level: str, message: str) -> None:
 
 
 def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat()
+    return datetime.now(timezone.utc).isoformat()
 
 
 def mineru_version() -> str:
