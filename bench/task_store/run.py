@@ -77,10 +77,13 @@ def time_signals(manager: Any, tasks: list[Any]) -> list[float]:
 
 def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) -> dict[str, Any]:
     from mineru_health.mineru3.worker import task_store
+    from mineru_health.runtime.worker import store as task_stores
+    from mineru_health.runtime.worker.context import runtime
     from mineru_health.settings import WorkerSettings
 
-    task_store._store = None  # one store per measurement in this process
-    store = task_store.configure(WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(state)}))
+    settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(state)})
+    runtime.store = None  # one store per measurement in this process
+    store = task_stores.configure(settings, state)
     assert store is not None
     store._db.execute(f"PRAGMA synchronous={synchronous}")
     manager = manager_with(fast_api, tasks)
@@ -89,16 +92,16 @@ def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) ->
     store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     size = sum(p.stat().st_size for p in state.iterdir() if p.is_file())
     restarted = manager_with(fast_api, [])
-    task_store._store = None
-    task_store.configure(WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(state)}))
+    runtime.store = None
+    task_stores.configure(settings, state)
     start = time.perf_counter()
     loaded = task_store.attach(restarted)
     restore_s = time.perf_counter() - start
     assert loaded == len(tasks), (loaded, len(tasks))
-    current = task_store.store()
+    current = runtime.store
     assert current is not None
     current.close()
-    task_store._store = None
+    runtime.store = None
     return {"times": times, "bytes_per_task": size / len(tasks), "restore_s": restore_s}
 
 

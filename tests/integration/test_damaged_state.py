@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ManagedProcess, http_get, wait_until
-from mineru_health.mineru3.worker.task_store import DB_NAME
+from mineru_health.runtime.worker.store import DB_NAME
 
 pytestmark = pytest.mark.integration
 

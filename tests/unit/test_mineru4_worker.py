@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
+import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,8 +16,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
-from mineru_health.mineru4.worker import verdicts, watch
-from mineru_health.runtime.worker import context
+from mineru_health.mineru4.worker import job_store, verdicts, watch
+from mineru_health.runtime.worker import context, store
+from mineru_health.settings import WorkerSettings
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
@@ -158,3 +162,111 @@ def test_act_on_fatal_fails_every_app_once() -> None:
     assert all(len(s.failed_with) == 1 and "vllm.engine_dead" in s.failed_with[0]
                for s in stores)
     watch.report_jobs()  # MinerU's own error is pushed with the figures
+
+
+class _Model:
+    """4.0's pydantic models, as far as the job store uses them."""
+
+    def __init__(self, /, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    @classmethod
+    def model_validate(cls, data: dict[str, Any]) -> Any:
+        return cls(**data)
+
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclasses.dataclass
+class _FileRecord:
+    id: str
+    sha256sum: str | None = None
+    expires_at: int | None = None
+    job_id: str | None = None
+
+
+@dataclasses.dataclass
+class _JobRecord:
+    id: str
+    status: str = "queued"
+    progress: Any = None
+    files: list[Any] = dataclasses.field(default_factory=list)
+    links: Any = None
+    input_blobs: dict[str, str] = dataclasses.field(default_factory=dict)
+    file_store: Any = None
+    usage_counted: bool = False
+
+
+class _Jobs:
+    """4.0's JobStore: ``_record_usage`` once a job is done, ``collect_expired``."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobRecord] = {}
+        self.expired: set[str] = set()
+
+    def _record_usage(self, record: _JobRecord) -> None:
+        record.usage_counted = True
+
+    def collect_expired(self) -> None:
+        for job_id in self.expired:
+            self._jobs.pop(job_id, None)
+
+
+class _Files:
+    def __init__(self, blobs: set[str]) -> None:
+        self._files: dict[str, _FileRecord] = {}
+        self.blobs = blobs
+
+    def blob_exists(self, sha256: str) -> bool:
+        return sha256 in self.blobs
+
+
+@pytest.fixture
+def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This module stands in for 4.0's api_server (the job store looks its classes up there)."""
+    monkeypatch.setattr(context.runtime, "store", None)
+    settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path)})
+    assert store.configure(settings, tmp_path) is not None
+    module = sys.modules[__name__]
+    for name in ("JobProgress", "JobFileResult", "JobLinks"):
+        monkeypatch.setattr(module, name, _Model, raising=False)
+    yield
+    if context.runtime.store is not None:
+        context.runtime.store.close()
+
+
+def _finish(jobs: _Jobs, files: _Files, job_id: str, status: str, **file: Any) -> None:
+    output = _FileRecord(f"file-{job_id}", job_id=job_id, **file)
+    files._files[output.id] = output
+    record = _JobRecord(job_id, status, _Model(total=1), [_Model(name="a.pdf", status=status)],
+                        _Model(self=f"/v1/parse/jobs/{job_id}"), file_store=files)
+    jobs._jobs[job_id] = record
+    jobs._record_usage(record)
+
+
+def test_finished_jobs_come_back_when_their_blobs_do(api_server: None) -> None:
+    jobs, files = _Jobs(), _Files(set())
+    assert job_store.attach(types.SimpleNamespace(state=types.SimpleNamespace(
+        job_store=jobs, file_store=files))) == 0
+    _finish(jobs, files, "done", "completed", sha256sum="s1")
+    _finish(jobs, files, "no-blob", "completed", sha256sum="s2")
+    _finish(jobs, files, "expired", "failed", sha256sum="s1", expires_at=int(time.time()) - 1)
+    _finish(jobs, files, "running", "running", sha256sum="s1")
+    current = context.runtime.store
+    assert current is not None and current.count() == 3  # never the running one
+
+    restarted, restarted_files = _Jobs(), _Files({"s1"})
+    app = types.SimpleNamespace(state=types.SimpleNamespace(job_store=restarted,
+                                                            file_store=restarted_files))
+    assert job_store.attach(app) == 1
+    back = restarted._jobs["done"]
+    assert back.status == "completed" and back.usage_counted and back.file_store is restarted_files
+    assert back.files[0].status == "completed" and back.links.self == "/v1/parse/jobs/done"
+    assert restarted_files._files["file-done"] == files._files["file-done"]
+    assert [row[0] for row in current.rows()] == ["done"]  # rows that cannot come back dropped
+    assert job_store.attach(app) == 0  # once per job store
+
+    restarted.expired = {"done"}
+    restarted.collect_expired()
+    assert current.count() == 0

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mineru_health.errors import ConfigError
 from mineru_health.mineru3.worker import task_store
+from mineru_health.runtime.worker import store
+from mineru_health.runtime.worker.context import runtime
 from mineru_health.settings import WorkerSettings
 
 TASK_COMPLETED = "completed"
@@ -51,13 +53,18 @@ class FakeTaskManager:
         return len(self.expire)
 
 
+def configure(settings: WorkerSettings) -> store.Store | None:
+    """What the 3.x install does."""
+    return store.configure(settings, task_store.state_dir(settings))
+
+
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setattr(task_store, "_store", None)
+    monkeypatch.setattr(runtime, "store", None)
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")})
-    assert task_store.configure(settings) is not None
+    assert configure(settings) is not None
     yield tmp_path / "state"
-    current = task_store.store()
+    current = runtime.store
     if current is not None:
         current.close()
 
@@ -84,9 +91,9 @@ def test_finished_tasks_survive_a_restart(state: Path, tmp_path: Path) -> None:
     collateral = finished(tmp_path, "collateral", TASK_FAILED)
     before.tasks["collateral"] = collateral
     task_store.record(before, collateral)  # failed by our hook, never signalled
-    current = task_store.store()
+    current = runtime.store
     assert current is not None and current.count() == 4  # never the running one
-    assert (state / task_store.DB_NAME).is_file()
+    assert (state / store.DB_NAME).is_file()
 
     Path(gone.output_dir).rmdir()  # its output is gone: it cannot be served
     after = FakeTaskManager()  # the restarted worker
@@ -108,7 +115,7 @@ def test_rows_go_with_expired_tasks(state: Path, tmp_path: Path) -> None:
         manager._signal_task_event(task_id)
     manager.expire = {"old"}
     assert manager.cleanup_expired_tasks() == 1
-    current = task_store.store()
+    current = runtime.store
     assert current is not None
     assert [row[0] for row in current.rows()] == ["new"]
 
@@ -119,31 +126,32 @@ def test_store_is_sqlite_in_wal_mode(state: Path, tmp_path: Path) -> None:
     manager.tasks["t"] = finished(tmp_path, "t")
     manager._signal_task_event("t")
     # closing(): a connection's own `with` commits but does not close it (3.13 warns).
-    with contextlib.closing(sqlite3.connect(state / task_store.DB_NAME)) as db:
+    with contextlib.closing(sqlite3.connect(state / store.DB_NAME)) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert db.execute("SELECT task_id, status FROM tasks").fetchall() == [("t", "completed")]
+        rows = db.execute("SELECT key, json_extract(record, '$.status') FROM finished")
+        assert rows.fetchall() == [("t", "completed")]
 
 
 def test_unreadable_rows_are_dropped(state: Path) -> None:
-    with contextlib.closing(sqlite3.connect(state / task_store.DB_NAME)) as db, db:
-        db.execute("INSERT INTO tasks VALUES ('bad', 'completed', '/x', '{not json', NULL, 0)")
+    with contextlib.closing(sqlite3.connect(state / store.DB_NAME)) as db, db:
+        db.execute("INSERT INTO finished VALUES ('bad', '{not json', NULL, 0)")
     manager = FakeTaskManager()
     assert task_store.attach(manager) == 0
-    current = task_store.store()
+    current = runtime.store
     assert current is not None and current.count() == 0
 
 
 def test_off_switch_and_bad_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(task_store, "_store", None)
+    monkeypatch.setattr(runtime, "store", None)
     off = WorkerSettings.from_env({"MINERU_HEALTH_TASK_STORE": "0",
                                    "MINERU_HEALTH_STATE_DIR": str(tmp_path)})
-    assert task_store.configure(off) is None
+    assert configure(off) is None
     assert task_store.attach(FakeTaskManager()) == 0
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     bad = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(blocker / "state")})
     with pytest.raises(ConfigError) as raised:
-        task_store.configure(bad)
+        configure(bad)
     assert raised.value.variable == "MINERU_HEALTH_STATE_DIR"
     assert str(blocker) in str(raised.value)
 
@@ -159,7 +167,7 @@ def test_default_directory_is_mineru_output_root(tmp_path: Path,
 def test_a_failing_disk_never_fails_the_task(state: Path, tmp_path: Path) -> None:
     manager = FakeTaskManager()
     task_store.attach(manager)
-    current = task_store.store()
+    current = runtime.store
     assert current is not None
     current.close()  # every later write raises inside the store
     manager.tasks["t"] = finished(tmp_path, "t")
@@ -176,10 +184,10 @@ def test_the_router_reads_a_dead_workers_store(state: Path, tmp_path: Path) -> N
     setattr(done, VERDICT_ATTR, {"engine_dead": False})
     manager.tasks["done"] = done
     manager._signal_task_event("done")
-    fields, verdict = task_store.read_task(state, "done") or ({}, None)
+    fields, verdict = store.read(state, "done") or ({}, None)
     assert fields["status"] == "completed" and verdict == {"engine_dead": False}
-    assert task_store.read_task(state, "unknown") is None
-    assert task_store.read_task(tmp_path / "nowhere", "done") is None
+    assert store.read(state, "unknown") is None
+    assert store.read(tmp_path / "nowhere", "done") is None
 
 
 @pytest.mark.parametrize("damage", [b"garbage, not a database" * 100, b""])
@@ -187,15 +195,15 @@ def test_a_damaged_file_is_set_aside_and_a_fresh_store_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: bytes
 ) -> None:
     """Issue 17: a store overwritten with garbage made the worker (and the router) exit."""
-    monkeypatch.setattr(task_store, "_store", None)
+    monkeypatch.setattr(runtime, "store", None)
     directory = tmp_path / "state"
     directory.mkdir()
-    (directory / task_store.DB_NAME).write_bytes(damage or b"SQLite format 3\0" + b"\xff" * 200)
+    (directory / store.DB_NAME).write_bytes(damage or b"SQLite format 3\0" + b"\xff" * 200)
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(directory)})
-    current = task_store.configure(settings)
+    current = configure(settings)
     assert current is not None and current.count() == 0
     kept = [p for p in directory.iterdir() if ".damaged-" in p.name]
     assert len(kept) == 1 and kept[0].read_bytes()[:16] == (damage or b"SQLite format 3\0")[:16]
-    current.save(finished(tmp_path, "t1"))
+    current.save("t1", {"task_id": "t1"})
     assert current.count() == 1
     current.close()

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 from mineru_health import _native
 from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
-from mineru_health.mineru3.worker import task_store
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.supervisor import Supervisor
+from mineru_health.runtime.worker import store
 from mineru_health.settings import HealthSettings
 
 P = _native.WorkerPhase
@@ -409,11 +409,11 @@ def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -
         done, _ = track(line, "t1")
         lost, _ = track(line, "t2")
         # The worker finished t1 (in its store) and died before the router saw it.
-        store = task_store.TaskStore(tmp_path / task_store.DB_NAME)
-        store.save(SimpleNamespace(task_id="first-t1", status="completed", output_dir="/o",
-                                   backend="vlm-http-client", file_names=["doc"], error=None,
-                                   started_at="s", completed_at="c"))
-        store.close()
+        kept = store.Store(tmp_path / store.DB_NAME)
+        kept.save("first-t1", {"task_id": "first-t1", "status": "completed", "output_dir": "/o",
+                               "backend": "vlm-http-client", "file_names": ["doc"],
+                               "error": None, "started_at": "s", "completed_at": "c"})
+        kept.close()
         fleet.state_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
         fleet.phase["w0"] = P.FAILED
         for record in (done, lost):

@@ -158,10 +158,10 @@ class TaskLine:
         member = self._pool.fleet.member(kept.worker)
         if member is None or not member.local:
             return None
-        from mineru_health.mineru3.worker import task_store
+        from mineru_health.runtime.worker import store
 
         record = kept.item.record
-        stored = await asyncio.to_thread(task_store.read_task,
+        stored = await asyncio.to_thread(store.read,
                                          self._pool.fleet.state_dirs.state_dir(kept.worker),
                                          record.upstream_task_id)
         if stored is None:

@@ -35,19 +35,20 @@ except :func:`install`, which refuses a bad configuration at start-up.
 
 What is MinerU 3.x's own lives here: ``tasks`` (verdicts on its tasks,
 collateral failures, hung tasks), ``watch`` (its task figures, the gate on its
-paths), ``task_store`` (its finished tasks on disk); this module installs
-them. The rest is the line-agnostic runtime (:mod:`mineru_health.runtime.worker`:
-install halves, shared context, the gate, the loop watcher, threads, engine
-calls).
+paths), ``task_store`` (its finished tasks in the task store); this module
+installs them. The rest is the line-agnostic runtime
+(:mod:`mineru_health.runtime.worker`: install halves, shared context, the gate,
+the loop watcher, threads, engine calls, the task store).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...runtime.worker import store
 from ...runtime.worker.context import EXIT_CODE
 from ...runtime.worker.install import begin_install, finish_install
-from . import task_store
+from .task_store import state_dir
 from .tasks import fail_outstanding_tasks, on_engine_dead, on_task_failed
 from .watch import Gate
 
@@ -73,5 +74,5 @@ def install(app: Any) -> None:
     settings, rules, first_install = started
     if not first_install:
         return
-    task_store.configure(settings)  # task store: a bad MINERU_HEALTH_STATE_DIR stops start-up
+    store.configure(settings, state_dir(settings))  # a bad MINERU_HEALTH_STATE_DIR stops start-up
     finish_install(settings, rules, "3.x")

@@ -214,7 +214,10 @@ class JobLine:
                                 self.supervisor.status_timeout_s, policy_payload)
 
     async def stored(self, kept: Kept) -> Answer | None:
-        return None  # 4.0's own reconciliation reads a restarted worker's job store
+        # Not read: a restarted 4.0 instance has a fresh upload directory, so neither it
+        # nor the retired outputs (the router never saw the files) can serve a job the
+        # dead instance finished unseen. The new instance's 404 sends it again.
+        return None
 
     async def apply(self, kept: Kept, answer: Answer, url: str, *, adopt: bool) -> None:
         pass  # 4.0's own reads (client requests, its reconciliation) take statuses on

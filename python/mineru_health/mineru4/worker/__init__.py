@@ -21,6 +21,8 @@ What they give the worker, as on 3.x (the runtime: :mod:`mineru_health.runtime.w
   the engine is dead and advertises ``native_health_port``; ``POST /v1/tasks``,
   ``/v1/parse/jobs`` and ``/v1/file_parse`` get 503 with ``Retry-After``.
 * ``MINERU_HEALTH_EXIT_ON_FATAL=1`` and the router's parent watch, as on 3.4.
+* **The task store**: finished jobs on disk (:mod:`.job_store`), in
+  ``MINERU_HEALTH_STATE_DIR`` or the upload directory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
+from ...runtime.worker import store
 from ...runtime.worker.context import EXIT_CODE
 from ...runtime.worker.install import begin_install, finish_install
 from .verdicts import rebind
@@ -40,8 +43,8 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
     """Installs the health hooks on the app ``create_app`` built; ``namespace``: its globals.
 
     Raises :class:`~mineru_health.errors.ConfigError` (so the worker refuses to
-    start) on a bad rules file, a bad ``MINERU_HEALTH_*`` value or a native
-    health port that cannot be served.
+    start) on a bad rules file, a bad ``MINERU_HEALTH_*`` value, a native
+    health port that cannot be served or a bad ``MINERU_HEALTH_STATE_DIR``.
     """
     started = begin_install(app, Gate)
     if started is None:
@@ -51,4 +54,6 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
     if namespace is not None:
         follow_jobs(namespace)  # the task watchdog, and the job in context
     if first_install:
+        upload_dir = getattr(getattr(app, "state", None), "upload_dir", "")
+        store.configure(settings, store.state_dir(settings, upload_dir or "."))
         finish_install(settings, rules, "4.0")

@@ -7,11 +7,14 @@ import concurrent.futures
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...safe_text import printable
 from ...settings import WorkerSettings
 from ...worker import HealthEndpoint, WorkerHealth, worker_health
+
+if TYPE_CHECKING:
+    from .store import Store
 
 #: EX_TEMPFAIL from sysexits.h: a temporary failure, worth a restart.
 EXIT_CODE = 75
@@ -57,6 +60,7 @@ class Runtime:
         self.advertised_port: int | None = None
         self.watcher: asyncio.Task[None] | None = None
         self.classify_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.store: Store | None = None  # the task store (store.py), once configured
         # True once outstanding tasks were failed for the current fatal record.
         self.acted_on_fatal = False
         self.installed = False
