@@ -1,4 +1,4 @@
-"""Shared fixtures on :mod:`mineru_health.testing.sandbox` (the demo uses the same sandbox).
+"""Shared fixtures on :mod:`mineru_health.testing.sandbox` and :mod:`~mineru_health.testing.router`.
 
 Integration tests never touch the venv's MinerU: they copy the ``mineru``
 package into a temporary directory, patch the copy and start processes with
@@ -10,22 +10,20 @@ Fixtures and helpers (for every test module):
 * ``free_port()`` / fixture ``free_port`` (a callable) — a free 127.0.0.1 port.
 * ``wait_until(predicate, timeout_s, interval_s)`` — bounded polling.
 * ``http_get(url, timeout_s)`` — one GET with httpx, ``None`` on a connection error.
-* ``ManagedProcess`` / fixture ``process_factory`` — processes in sessions of
-  their own with logs in tmp files, all reaped (their children too) at teardown.
+* fixture ``processes`` — a ``Processes``: children in sessions of their own,
+  all reaped (their children too) at teardown.
 * fixture ``mineru_python`` — the interpreter that runs MinerU (skips if MinerU
   is not importable there).
-* fixture ``mineru_health_path`` — the directory from which ``mineru_health``
-  is importable (goes on ``PYTHONPATH`` after the MinerU copy).
-* ``copy_mineru(dest_dir, mineru_python)`` / fixtures ``mineru_copy`` (fresh,
-  unpatched, per test) and ``patched_mineru_site`` (patched once per session)
-  — return the directory to put first on ``PYTHONPATH``.
-* ``mineru_env(site, mineru_health_path, output_root, extra)`` — the environment of
-  a MinerU process running that copy.
+* fixtures ``mineru_copy`` (fresh, unpatched, per test) and
+  ``patched_mineru_site`` (patched once per session) — the directory to put
+  first on ``PYTHONPATH``.
 * fixture ``fake_vlm_url`` — a session fake OpenAI-compatible server.
 * ``make_pdf(...)`` (``sandbox.make_pdf``) / fixture ``tiny_pdf`` — a one-page PDF.
-* fixture ``mineru_api_factory`` — starts ``python -m mineru.cli.fast_api`` on
-  a free port with the given site dir and env; returns a ``ManagedProcess``
-  with ``base_url``; waits until ``/health`` answers.
+* fixture ``mineru_api_factory`` — ``start_worker`` of a 3.x ``mineru-api``
+  with the given site dir and env; returns its ``ManagedProcess`` (with
+  ``base_url``), once ``/health`` answers.
+* fixture ``launch_router`` — ``start_router`` of the patched 3.x
+  ``mineru-router`` with two local workers; returns the ``Router``.
 * ``run_cli(*args)`` — ``python -m mineru_health`` with this interpreter.
 * ``exception_groups`` — where ``ExceptionGroup`` and ``BaseExceptionGroup`` live:
   the builtins from Python 3.11; on 3.10 the ``exceptiongroup`` backport (pytest's
@@ -36,7 +34,6 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +43,7 @@ from typing import Any
 import httpx
 import pytest
 from mineru_health.testing import sandbox
+from mineru_health.testing.router import LINE3, Router, start_fake_vlm, start_router, start_worker
 from mineru_health.testing.sandbox import (
     MINERU_PYTHON_ENV,
     ManagedProcess,
@@ -58,21 +56,17 @@ from mineru_health.testing.sandbox import (
 __all__ = [
     "MINERU_PYTHON_ENV",
     "ManagedProcess",
-    "copy_mineru",
+    "Router",
     "exception_groups",
     "free_port",
     "http_get",
     "make_pdf",
-    "mineru_env",
     "run_cli",
     "wait_until",
 ]
 
 exception_groups: Any = (builtins if sys.version_info >= (3, 11)
                          else importlib.import_module("exceptiongroup"))
-
-PROCESS_STOP_TIMEOUT_S = 10.0
-MINERU_START_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(name="free_port")
@@ -87,22 +81,6 @@ def http_get(url: str, timeout_s: float = 5.0) -> httpx.Response | None:
         return None
 
 
-@pytest.fixture
-def process_factory(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
-    processes = Processes()
-    count = 0
-
-    def start(args: list[str], *, env: Mapping[str, str], name: str = "proc",
-              cwd: Path | None = None) -> ManagedProcess:
-        nonlocal count
-        log_path = tmp_path / f"{name}-{count}.log"
-        count += 1
-        return processes.start(name, args, env=env, log_path=log_path, cwd=cwd)
-
-    yield start
-    processes.stop_all(PROCESS_STOP_TIMEOUT_S)
-
-
 @pytest.fixture(scope="session")
 def mineru_python() -> str:
     python = sandbox.mineru_python()
@@ -111,16 +89,6 @@ def mineru_python() -> str:
     except sandbox.SandboxError as exc:
         pytest.skip(str(exc))
     return python
-
-
-@pytest.fixture(scope="session")
-def mineru_health_path() -> str:
-    return sandbox.mineru_health_path()
-
-
-def copy_mineru(dest_dir: Path, mineru_python: str) -> Path:
-    """Copies the ``mineru`` package into ``dest_dir``; returns ``dest_dir``."""
-    return sandbox.copy_mineru(dest_dir, mineru_python)
 
 
 def run_cli(*args: str, input_text: str | None = None,
@@ -134,7 +102,7 @@ def run_cli(*args: str, input_text: str | None = None,
 
 @pytest.fixture
 def mineru_copy(tmp_path: Path, mineru_python: str) -> Path:
-    return copy_mineru(tmp_path / "site", mineru_python)
+    return sandbox.copy_mineru(tmp_path / "site", mineru_python)
 
 
 @pytest.fixture(scope="session")
@@ -143,20 +111,9 @@ def patched_mineru_site(tmp_path_factory: pytest.TempPathFactory, mineru_python:
 
 
 @pytest.fixture(scope="session")
-def fake_vlm_url(tmp_path_factory: pytest.TempPathFactory,
-                 mineru_health_path: str) -> Iterator[str]:
-    port = free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([mineru_health_path, env.get("PYTHONPATH", "")])
-    with Processes() as processes:
-        proc = processes.start(
-            "fake-vlm", sandbox.fake_vlm_command(sys.executable, port), env=env,
-            log_path=tmp_path_factory.mktemp("vlm") / "fake-vlm.log",
-        )
-        url = f"http://127.0.0.1:{port}"
-        ready = wait_until(lambda: http_get(f"{url}/v1/models", 2.0), 30.0, 0.1)
-        assert ready is not None and ready.status_code == 200, proc.log_tail()
-        yield url
+def fake_vlm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with Processes() as procs:
+        yield start_fake_vlm(procs, tmp_path_factory.mktemp("vlm"))
 
 
 @pytest.fixture(scope="session")
@@ -165,145 +122,42 @@ def tiny_pdf() -> bytes:
     return make_pdf()
 
 
-def mineru_env(site: Path, mineru_health_path: str, output_root: Path,
-               extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return sandbox.mineru_env(site, health_path=mineru_health_path, output_root=output_root,
-                              extra=extra)
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """Processes reaped at teardown, what they started included."""
+    procs = Processes()
+    yield procs
+    procs.stop_all(10.0)
 
 
 @pytest.fixture
 def mineru_api_factory(
-    process_factory: Callable[..., ManagedProcess],
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
+    processes: Processes, mineru_python: str, tmp_path: Path,
 ) -> Callable[..., ManagedProcess]:
     def start(site: Path, *, env: Mapping[str, str] | None = None, name: str = "mineru-api",
               wait_healthy: bool = True) -> ManagedProcess:
-        full_env = mineru_env(site, mineru_health_path, tmp_path / f"{name}-output", env)
-        # A free port can be taken by another process before the worker binds
-        # it (other suites on a shared machine): then a new port, three tries.
-        for _attempt in range(3):
-            port = free_port()
-            proc = process_factory(
-                [mineru_python, "-m", "mineru.cli.fast_api", "--host", "127.0.0.1",
-                 "--port", str(port)],
-                env=full_env, name=name, cwd=tmp_path,
-            )
-            proc.base_url = f"http://127.0.0.1:{port}"
-            if not wait_healthy:
-                return proc
-
-            def up(proc: ManagedProcess = proc) -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(f"mineru-api exited early:\n{proc.log_tail()}")
-                response = http_get(f"{proc.base_url}/health", 2.0)
-                return response is not None and response.status_code == 200
-
-            try:
-                assert wait_until(up, MINERU_START_TIMEOUT_S, 0.2), proc.log_tail()
-            except AssertionError:
-                if "address already in use" not in proc.log_tail():
-                    raise
-                continue
-            return proc
-        raise AssertionError(f"mineru-api found no free port:\n{proc.log_tail()}")
+        return start_worker(processes, LINE3, site, mineru_python, tmp_path / name, env=env,
+                            wait=wait_healthy, name=name).proc
 
     return start
 
 
-def worker_pids(ports: set[str]) -> set[int]:
-    """pids of the mineru-api processes listening on ``ports`` (their argv, read from /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-        except OSError:
-            continue
-        if "mineru.cli.fast_api" in args and "--port" in args:
-            index = args.index("--port") + 1
-            if index < len(args) and args[index] in ports:
-                found.add(int(entry.name))
-    return found
-
-
-# --- the router -------------------------------------------------------------------------------
-
-ROUTER_START_TIMEOUT_S = 240.0
-
-
-def start_router(
-    process_factory: Callable[..., ManagedProcess],
-    site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
-    extra_env: Mapping[str, str],
-    *,
-    local_gpus: str = "0,1",
-) -> ManagedProcess:
-    """A patched ``mineru-router`` on a free loopback port with its own local workers."""
-    port = free_port()
-    env = mineru_env(site, mineru_health_path, tmp_path / "router-output", extra_env)
-    proc = process_factory(
-        [mineru_python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
-         "--local-gpus", local_gpus],
-        env=env, name="mineru-router", cwd=tmp_path,
-    )
-    proc.base_url = f"http://127.0.0.1:{port}"
-    return proc
-
-
 @pytest.fixture
 def launch_router(
-    process_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path,
-    mineru_python: str,
-    mineru_health_path: str,
-    tmp_path: Path,
-) -> Callable[..., ManagedProcess]:
-    """``launch_router(extra_env, **kwargs)``: :func:`start_router` with this test's fixtures."""
+    processes: Processes, patched_mineru_site: Path, mineru_python: str, tmp_path: Path,
+) -> Callable[..., Router]:
+    """``launch_router(extra_env, **kwargs)``: ``start_router`` of the patched 3.x copy.
 
-    def launch(extra_env: Mapping[str, str], **kwargs: Any) -> ManagedProcess:
-        return start_router(process_factory, patched_mineru_site, mineru_python,
-                            mineru_health_path, tmp_path, extra_env, **kwargs)
+    Each router's files go in a directory of its own under tmp_path (``router``,
+    ``router-1``...); not waited for (``Router.wait_in_rotation``).
+    """
+    count = 0
+
+    def launch(extra_env: Mapping[str, str], **kwargs: Any) -> Router:
+        nonlocal count
+        scratch = tmp_path / ("router" if count == 0 else f"router-{count}")
+        count += 1
+        return start_router(processes, LINE3, patched_mineru_site, mineru_python, scratch,
+                            env=extra_env, **kwargs)
 
     return launch
-
-
-def router_servers(base: str) -> dict[str, dict[str, Any]]:
-    """The router's ``/health`` ``servers`` by id; empty while it does not answer."""
-    response = http_get(f"{base}/health", 10.0)
-    if response is None or response.status_code not in (200, 503):
-        return {}
-    return {s["server_id"]: s for s in response.json().get("servers", [])}
-
-
-def wait_both_in_rotation(proc: ManagedProcess) -> dict[str, dict[str, Any]]:
-    """Until the router's two workers are in rotation; returns its servers then."""
-
-    def both() -> dict[str, dict[str, Any]] | None:
-        if proc.poll() is not None:
-            raise AssertionError(f"router exited:\n{proc.log_tail()}")
-        servers = router_servers(proc.base_url)
-        ok = len(servers) == 2 and all(s["in_rotation"] for s in servers.values())
-        return servers if ok else None
-
-    servers = wait_until(both, ROUTER_START_TIMEOUT_S, 0.5)
-    assert servers, proc.log_tail()
-    result: dict[str, dict[str, Any]] = servers
-    return result
-
-
-def wait_restarted(proc: ManagedProcess, server_id: str, old_url: str,
-                   timeout_s: float = 180.0) -> None:
-    """Until the router's ``server_id`` is back in rotation on a new process (a new URL)."""
-
-    def restarted() -> bool:
-        entry = router_servers(proc.base_url).get(server_id, {})
-        return bool(entry.get("in_rotation")) and entry.get("base_url") != old_url
-
-    assert wait_until(restarted, timeout_s, 0.5), (router_servers(proc.base_url),
-                                                   proc.log_tail())

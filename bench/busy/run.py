@@ -1,12 +1,13 @@
 """Busy is not broken: /health under real load, main port versus native endpoint, and the router.
 
-Part 1, one patched ``mineru-api`` worker (``vlm-http-client`` backend, the fake
-VLM server): large multi-page PDFs with images, several tasks in flight. Two
-probers ask ``GET /health`` every 100 ms, one on MinerU's main port (served on
-the event loop that MinerU blocks while it copies and hashes page bitmaps), one
-on the native endpoint (``MINERU_HEALTH_PORT``, a native thread). Reported per
-endpoint, idle and loaded: p50 / p99 / max latency, and the loaded main/native
-ratios measured in the same run.
+``--line 3`` (the default), part 1, one patched ``mineru-api`` worker
+(``vlm-http-client`` backend, the fake VLM server): large multi-page PDFs
+with images, several tasks in flight. Two probers ask ``GET /health`` every
+100 ms, one on MinerU's main port (served on the event loop that MinerU
+blocks while it copies and hashes page bitmaps), one on the native endpoint
+(``MINERU_HEALTH_PORT``, a native thread). Reported per endpoint, idle and
+loaded: p50 / p99 / max latency, and the loaded main/native ratios measured
+in the same run.
 
 Part 2, the patched ``mineru-router`` with two local workers under the same
 kind of load, ``production`` preset, no fault injected, twice in the same run:
@@ -16,213 +17,105 @@ health URL, probed with ``TIMEOUT_S``, 1.5 s, 3 failures) and
 (b) the defaults (native endpoints). Reported: ejections, restarts and failed
 tasks from the router's audit log and task statuses, and the wall time.
 
-    python bench/busy/run.py [--pages 100] [--tasks 4] [--part 1|2|all] [--json out.json]
+``--line 4`` (``MINERU_HEALTH_MINERU4_PYTHON``): one real ``mineru-api``
+4.0.12 (flash tier, offline) parses one large PDF (``--pages`` pages, an
+image and 40 text lines each; the flash tier inlines the images, so the
+markdown is ~2 MB a page). 4.0 sanitises, hashes and stores that output on
+its event loop. The same two probers: the main port's ``GET /v1/health``
+and, on the patched worker, the native endpoint. Reported per endpoint: p50
+/ p99 / max latency, and the ratios measured in the same run: upstream
+4.0.12 (an unpatched copy) against ours, main port against native endpoint.
 
-Timings depend on the machine; read the ratios. A run takes a few minutes.
+    python bench/busy/run.py [--pages 100] [--tasks 4] [--part 1|2|all] [--json out.json]
+    MINERU_HEALTH_MINERU4_PYTHON=.venv-mineru4/bin/python \\
+        python bench/busy/run.py --line 4 [--pages 200] [--no-upstream] [--json out.json]
+
+Timings depend on the machine; read the ratios. A run takes a few minutes
+(line 4: 200 pages take a few minutes a side).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-from mineru_health.testing.sandbox import (
-    Processes,
-    fake_vlm_command,
-    free_port,
-    make_pdf,
-    mineru_env,
-    mineru_health_path,
-    mineru_python,
-    patched_site,
-    wait_until,
+from mineru_health.testing.router import (
+    LINE3,
+    LINE4,
+    Client,
+    Prober,
+    Stream,
+    Worker,
+    fleet,
+    start_fake_vlm,
+    start_worker,
 )
+from mineru_health.testing.sandbox import Processes, make_pdf, mineru4_python, mineru_python
 
-BACKEND = "vlm-http-client"
-PROBE_PERIOD_S = 0.1
-PROBE_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 240.0
+RATIO_KEYS = ("p50_ms", "p99_ms", "max_ms")
 
 
-@dataclass
-class Probes:
-    """Latencies (seconds) of one endpoint's probes; failures are counted apart."""
-
-    latencies: list[float] = field(default_factory=list)
-    failures: int = 0
-    max_loop_lag_s: float = 0.0
-
-    def summary(self) -> dict[str, Any]:
-        values = sorted(self.latencies)
-        if not values:
-            return {"probes": 0, "failures": self.failures}
-        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
-        return {
-            "probes": len(values),
-            "failures": self.failures,
-            "p50_ms": round(statistics.median(values) * 1000, 2),
-            "p99_ms": round(p99 * 1000, 2),
-            "max_ms": round(values[-1] * 1000, 2),
-            "max_loop_lag_s": round(self.max_loop_lag_s, 2),
-        }
-
-
-def _probe_loop(url: str, out: Probes, stop: threading.Event) -> None:
-    with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                response = client.get(url)
-                elapsed = time.monotonic() - started
-                if response.status_code != 200:
-                    out.failures += 1
-                out.latencies.append(elapsed)
-                lag = response.json().get("loop_lag_s")
-                if isinstance(lag, int | float):
-                    out.max_loop_lag_s = max(out.max_loop_lag_s, float(lag))
-            except (httpx.HTTPError, ValueError):
-                out.failures += 1
-            stop.wait(PROBE_PERIOD_S)
-
-
-def _probe_while(urls: dict[str, str], busy: Callable[[], None]) -> dict[str, Probes]:
-    """Probes every URL in its own thread while ``busy()`` runs."""
-    results = {name: Probes() for name in urls}
-    stop = threading.Event()
-    threads = [
-        threading.Thread(target=_probe_loop, args=(url, results[name], stop), daemon=True)
-        for name, url in urls.items()
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        busy()
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(PROBE_TIMEOUT_S + 5)
-    return results
-
-
-def _submit(base: str, pdf: bytes, vlm: str, name: str) -> str:
-    response = httpx.post(
-        f"{base}/tasks",
-        files={"files": (name, pdf, "application/pdf")},
-        data={"backend": BACKEND, "server_url": vlm},
-        timeout=600.0,
-    )
-    response.raise_for_status()
-    task_id: str = response.json()["task_id"]
-    return task_id
-
-
-def _run_tasks(base: str, pdf: bytes, vlm: str, count: int, timeout_s: float) -> list[str]:
+def _run_tasks(client: Client, pdf: bytes, count: int, timeout_s: float) -> list[str]:
     """Submits ``count`` tasks at once and waits for all; returns their final statuses."""
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        ids = list(pool.map(lambda i: _submit(base, pdf, vlm, f"doc-{i}.pdf"), range(count)))
-    finals: dict[str, str] = {}
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=120.0) as client:
-        while len(finals) < len(ids) and time.monotonic() < deadline:
-            for task_id in ids:
-                if task_id in finals:
-                    continue
-                try:
-                    status = client.get(f"{base}/tasks/{task_id}").json()["status"]
-                except (httpx.HTTPError, ValueError, KeyError):
-                    continue
-                if status in ("completed", "failed"):
-                    finals[task_id] = status
-            time.sleep(1.0)
-    return [finals.get(task_id, "hung") for task_id in ids]
+    with Stream(client, lambda n: (f"doc-{n}.pdf", pdf), task_timeout_s=timeout_s,
+                poll_s=1.0) as stream:
+        for _ in range(count):
+            stream.add()
+        return [o.status for o in stream.outcomes()]
 
 
-class Sandbox:
-    """A patched MinerU copy, the fake VLM server and a PDF, for the whole run."""
-
-    def __init__(self, root: Path, pages: int, images: int) -> None:
-        self.root = root
-        self.python = mineru_python()
-        self.site = patched_site(root / "site", self.python)
-        self.health_path = mineru_health_path()
-        self.procs = Processes()
-        self.vlm = ""
-        self.restart_vlm()
-        self.pdf = make_pdf(pages=pages, images_per_page=images, image_px=128, seed=7)
-
-    def restart_vlm(self) -> None:
-        """(Re)starts the fake VLM server: every part stops its processes when it ends."""
-        self.procs.stop_all()
-        port = free_port()
-        self.vlm = f"http://127.0.0.1:{port}"
-        self.procs.start("fake-vlm", fake_vlm_command(self.python, port),
-                         env=self.env(self.root / "vlm-out"),
-                         log_path=self.root / f"fake-vlm-{port}.log")
-        if not wait_until(lambda: _get(f"{self.vlm}/v1/models") == 200, 60.0):
-            raise RuntimeError("the fake VLM server did not start")
-
-    def env(self, output: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-        return mineru_env(self.site, health_path=self.health_path, output_root=output,
-                          extra=extra)
-
-    def close(self) -> None:
-        self.procs.stop_all()
+def _probed(worker: Worker, busy: Callable[[], Any], probe_timeout_s: float
+            ) -> tuple[float, dict[str, Prober]]:
+    """Probes the main port's health (and the native endpoint's) while ``busy()`` runs."""
+    urls = {"main": f"{worker.base_url}{worker.line.health}"}
+    if worker.native_url:
+        urls["native"] = f"{worker.native_url}/health"
+    with contextlib.ExitStack() as stack:
+        probes = {name: stack.enter_context(Prober(url, timeout_s=probe_timeout_s))
+                  for name, url in urls.items()}
+        started = time.monotonic()
+        busy()
+        wall = time.monotonic() - started
+    return wall, probes
 
 
-def _get(url: str, timeout_s: float = 5.0) -> int | None:
-    try:
-        return httpx.get(url, timeout=timeout_s).status_code
-    except httpx.HTTPError:
-        return None
+def _summary(probes: Prober) -> dict[str, Any]:
+    summary = probes.summary()
+    return {"probes": summary.pop("probes"), "failures": summary.pop("failures"), **summary,
+            "max_loop_lag_s": round(probes.max_loop_lag_s, 2)}
 
 
-# --- part 1: one worker, two endpoints ------------------------------------------------------
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    return {key: round(a[key] / max(b[key], 0.01), 1) for key in RATIO_KEYS if key in a and key in b}
 
 
-def part1(box: Sandbox, tasks: int, task_timeout_s: float) -> dict[str, Any]:
-    port, health_port = free_port(), free_port()
-    worker = box.procs.start(
-        "mineru-api",
-        [box.python, "-m", "mineru.cli.fast_api", "--host", "127.0.0.1", "--port", str(port)],
-        env=box.env(box.root / "worker-out", {"MINERU_HEALTH_PORT": str(health_port)}),
-        log_path=box.root / "worker.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    urls = {"main": f"{base}/health", "native": f"http://127.0.0.1:{health_port}/health"}
-    if not wait_until(lambda: _get(urls["main"]) == 200, START_TIMEOUT_S, 0.5):
-        raise RuntimeError(f"the worker did not start:\n{worker.log_tail()}")
+# --- line 3, part 1: one worker, two endpoints ----------------------------------------------
 
-    idle = _probe_while(urls, lambda: time.sleep(10.0))
+
+def part1(procs: Processes, site: Path, root: Path, vlm: str, pdf: bytes, tasks: int,
+          task_timeout_s: float) -> dict[str, Any]:
+    worker = start_worker(procs, LINE3, site, mineru_python(), root / "worker", native=True,
+                          timeout_s=START_TIMEOUT_S)
+    _, idle = _probed(worker, lambda: time.sleep(10.0), 60.0)
+    client = Client(worker.base_url, LINE3, engine_url=vlm, submit_timeout_s=600.0)
     statuses: list[str] = []
-    started = time.monotonic()
-    loaded = _probe_while(
-        urls,
-        lambda: statuses.extend(_run_tasks(base, box.pdf, box.vlm, tasks, task_timeout_s)),
-    )
-    wall = time.monotonic() - started
-    worker_main = loaded["main"].summary()
-    worker_native = loaded["native"].summary()
+    wall, loaded = _probed(
+        worker, lambda: statuses.extend(_run_tasks(client, pdf, tasks, task_timeout_s)), 60.0)
+    worker_main, worker_native = _summary(loaded["main"]), _summary(loaded["native"])
     return {
         "tasks": {s: statuses.count(s) for s in sorted(set(statuses))},
         "load_wall_s": round(wall, 1),
-        "idle": {name: probes.summary() for name, probes in idle.items()},
+        "idle": {name: _summary(probes) for name, probes in idle.items()},
         "loaded": {"main": worker_main, "native": worker_native},
-        "loaded_ratio_main_over_native": {
-            key: round(worker_main[key] / max(worker_native[key], 0.01), 1)
-            for key in ("p50_ms", "p99_ms", "max_ms")
-            if key in worker_main and key in worker_native
-        },
+        "loaded_ratio_main_over_native": _ratio(worker_main, worker_native),
     }
 
 
@@ -239,7 +132,7 @@ def _print_part1(result: dict[str, Any]) -> None:
     print("  loaded main/native: " + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
 
 
-# --- part 2: the router, with and without native endpoints -------------------------------
+# --- line 3, part 2: the router, with and without native endpoints -------------------------
 
 #: Audit actions that hurt a healthy fleet.
 DISRUPTIONS = ("ejected", "health_failed", "auto_restart_requested")
@@ -251,49 +144,26 @@ SIDES = {
 }
 
 
-def _router_run(box: Sandbox, side: str, extra: dict[str, str], tasks: int,
-                task_timeout_s: float) -> dict[str, Any]:
-    root = box.root / f"router-{side}"
-    root.mkdir()
-    audit = root / "audit.jsonl"
-    port = free_port()
-    env = box.env(root / "out", {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit), **extra})
-    router = box.procs.start(
-        f"router-{side}",
-        [box.python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port", str(port),
-         "--local-gpus", "0,1"],
-        env=env, log_path=root / "router.log", cwd=root,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def both_in_rotation() -> bool:
-        try:
-            servers = httpx.get(f"{base}/health", timeout=5.0).json().get("servers", [])
-        except (httpx.HTTPError, ValueError):
-            return False
-        return len(servers) == 2 and all(s.get("in_rotation") for s in servers)
-
-    if not wait_until(both_in_rotation, START_TIMEOUT_S, 0.5):
-        raise RuntimeError(f"the router did not start:\n{router.log_tail()}")
-    started = time.monotonic()
-    statuses = _run_tasks(base, box.pdf, box.vlm, tasks, task_timeout_s)
-    wall = time.monotonic() - started
-    records = [json.loads(line) for line in audit.read_text().splitlines() if line]
-    counts = {action: sum(1 for r in records if r["action"] == action) for action in DISRUPTIONS}
-    return {
-        "tasks": {status: statuses.count(status) for status in sorted(set(statuses))},
-        "wall_s": round(wall, 1),
-        "ejections": counts["ejected"],
-        "marked_failed": counts["health_failed"],
-        "restarts": counts["auto_restart_requested"],
-    }
-
-
-def part2(box: Sandbox, tasks: int, task_timeout_s: float) -> dict[str, Any]:
+def part2(site: Path, root: Path, vlm: str, pdf: bytes, tasks: int,
+          task_timeout_s: float) -> dict[str, Any]:
     result = {}
     for side, extra in SIDES.items():
-        result[side] = _router_run(box, side, extra, tasks, task_timeout_s)
-        box.restart_vlm()
+        with fleet(LINE3, root / f"router-{side}", mineru_python(), site=site, env=extra,
+                   fault_plan=None, timeout_s=START_TIMEOUT_S) as router:
+            client = Client(router.base, LINE3, engine_url=vlm, submit_timeout_s=600.0)
+            started = time.monotonic()
+            statuses = _run_tasks(client, pdf, tasks, task_timeout_s)
+            wall = time.monotonic() - started
+            records = router.audit_records()
+        counts = {action: sum(1 for r in records if r["action"] == action)
+                  for action in DISRUPTIONS}
+        result[side] = {
+            "tasks": {status: statuses.count(status) for status in sorted(set(statuses))},
+            "wall_s": round(wall, 1),
+            "ejections": counts["ejected"],
+            "marked_failed": counts["health_failed"],
+            "restarts": counts["auto_restart_requested"],
+        }
     return result
 
 
@@ -306,31 +176,90 @@ def _print_part2(result: dict[str, Any]) -> None:
               f"{row['ejections']:>10} {row['marked_failed']:>7} {row['restarts']:>9}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=100, help="pages per PDF (default 100)")
-    parser.add_argument("--images", type=int, default=1, help="images per page (default 1)")
-    parser.add_argument("--tasks", type=int, default=4,
-                        help="tasks in flight per worker (default 4)")
-    parser.add_argument("--task-timeout", type=float, default=1200.0)
-    parser.add_argument("--part", choices=("1", "2", "all"), default="all")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-
+def line3(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"pages": args.pages, "images_per_page": args.images,
                                "tasks": args.tasks}
+    site = LINE3.site(root / "site", mineru_python(), faults=False)
+    pdf = make_pdf(pages=args.pages, images_per_page=args.images, image_px=128, seed=7)
+    with Processes() as procs:
+        vlm = start_fake_vlm(procs, root)
+        if args.part in ("1", "all"):
+            with Processes() as worker_procs:
+                results["part1"] = part1(worker_procs, site, root, vlm, pdf, args.tasks,
+                                         args.task_timeout)
+            _print_part1(results["part1"])
+        if args.part in ("2", "all"):
+            results["part2"] = part2(site, root, vlm, pdf, args.tasks * 2, args.task_timeout)
+            _print_part2(results["part2"])
+    return results
+
+
+# --- line 4: one large job, upstream against ours -------------------------------------------
+
+
+def side4(name: str, site: Path, root: Path, python: str, pdf: bytes, *, native: bool,
+          timeout_s: float) -> dict[str, Any]:
+    with Processes() as procs:
+        worker = start_worker(procs, LINE4, site, python, root / name, native=native,
+                              env={"MINERU_HEALTH_LOOP_HANG_S": "600"}, timeout_s=180.0,
+                              name=name)
+        client = Client(worker.base_url, LINE4, formats=("markdown", "middle_json"),
+                        submit_timeout_s=300.0)
+        statuses: list[str] = []
+        # 4.0 keeps /v1/health waiting for most of a minute here: a probe must outwait it.
+        wall, probes = _probed(
+            worker, lambda: statuses.extend(_run_tasks(client, pdf, 1, timeout_s)), 600.0)
+    status = statuses[0] if statuses else "?"
+    return {"status": "timed out" if status == "hung" else status, "wall_s": round(wall, 1),
+            **{endpoint: _summary(p) for endpoint, p in probes.items()}}
+
+
+def line4(args: argparse.Namespace, root: Path, python: str) -> dict[str, Any]:
+    results: dict[str, Any] = {"pages": args.pages}
+    started = time.monotonic()
+    pdf = make_pdf(args.pages, images_per_page=1, image_px=256, lines_per_page=40, seed=4)
+    results["pdf"] = {"bytes": len(pdf), "made_in_s": round(time.monotonic() - started, 1)}
+    ours = LINE4.site(root / "site-ours", python, faults=False)
+    results["ours"] = side4("ours", ours, root, python, pdf, native=True,
+                            timeout_s=args.task_timeout)
+    print("ours:", json.dumps(results["ours"]))
+    if not args.no_upstream:
+        upstream = LINE4.site(root / "site-upstream", python, patched=False, faults=False)
+        results["upstream"] = side4("upstream", upstream, root, python, pdf, native=False,
+                                    timeout_s=args.task_timeout)
+        print("upstream:", json.dumps(results["upstream"]))
+        results["ratio_upstream_main_over_our_native"] = _ratio(
+            results["upstream"]["main"], results["ours"]["native"])
+    results["ratio_our_main_over_our_native"] = _ratio(
+        results["ours"]["main"], results["ours"]["native"])
+    print(json.dumps({k: v for k, v in results.items() if k.startswith("ratio")}, indent=2))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--line", choices=("3", "4"), default="3")
+    parser.add_argument("--pages", type=int,
+                        help="pages per PDF (default: line 3 100, line 4 200)")
+    parser.add_argument("--images", type=int, default=1, help="images per page (default 1)")
+    parser.add_argument("--tasks", type=int, default=4,
+                        help="line 3: tasks in flight per worker (default 4)")
+    parser.add_argument("--task-timeout", type=float,
+                        help="per task, seconds (default: line 3 1200, line 4 1800)")
+    parser.add_argument("--part", choices=("1", "2", "all"), default="all", help="line 3")
+    parser.add_argument("--no-upstream", action="store_true",
+                        help="line 4: skip the unpatched 4.0.12 side")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    args.pages = args.pages or (100 if args.line == "3" else 200)
+    args.task_timeout = args.task_timeout or (1200.0 if args.line == "3" else 1800.0)
+    python4 = mineru4_python()
+    if args.line == "4" and python4 is None:
+        print("set MINERU_HEALTH_MINERU4_PYTHON to a MinerU 4.0 venv's python", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="mineru-health-busy-") as tmp:
-        box = Sandbox(Path(tmp), args.pages, args.images)
-        try:
-            if args.part in ("1", "all"):
-                results["part1"] = part1(box, args.tasks, args.task_timeout)
-                _print_part1(results["part1"])
-                box.restart_vlm()
-            if args.part in ("2", "all"):
-                results["part2"] = part2(box, args.tasks * 2, args.task_timeout)
-                _print_part2(results["part2"])
-        finally:
-            box.close()
+        root = Path(tmp)
+        results = line3(args, root) if args.line == "3" else line4(args, root, str(python4))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return 0

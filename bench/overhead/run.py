@@ -34,6 +34,7 @@ machine: read the ratios, and the noise floor next to them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -42,127 +43,79 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+from mineru_health.testing.router import (
+    LINE3,
+    LINE4,
+    Client,
+    Line,
+    Prober,
+    start_fake_vlm,
+    start_worker,
+)
 from mineru_health.testing.sandbox import (
-    HOST,
     Processes,
     copy_mineru,
-    fake_vlm_command,
-    free_port,
     make_pdf,
-    mineru4_api_command,
-    mineru4_env,
     mineru4_python,
-    mineru_env,
-    mineru_health_path,
     mineru_python,
-    wait_until,
 )
 
 START_TIMEOUT_S = 240.0
 REQUEST_TIMEOUT_S = 120.0
 POLL_S = 0.25
-PROBE_PERIOD_S = 0.1
-TERMINAL = ("completed", "partial", "failed", "canceled")
 _TICKS_PER_S = 100.0  # USER_HZ, fixed at 100 on Linux for /proc/<pid>/stat
 _REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class Line:
-    """One MinerU line: how to start its worker and give it a job."""
+class Bench:
+    """One MinerU line as measured here: its worker's Python, a job's PDFs and request shape."""
 
+    line: Line
     name: str
     python: str
     pdfs: list[tuple[str, bytes]]
-    health_path: str
-    start_argv: Callable[[Path, int, Path], list[str]]
-    start_env: Callable[[Path, Path, dict[str, str]], dict[str, str]]
-    submit: Callable[[httpx.Client, str, str, bytes], str]
-    status: Callable[[httpx.Client, str, str], str]
+    engine_url: str = ""  # 3.x: the fake VLM server
+    formats: tuple[str, ...] = ()
     procs: Processes = field(default_factory=Processes)
+
+    def client(self, base: str) -> Client:
+        return Client(base, self.line, engine_url=self.engine_url, formats=self.formats,
+                      submit_timeout_s=REQUEST_TIMEOUT_S)
 
     def close(self) -> None:
         self.procs.stop_all()
 
 
-def _get(url: str, timeout_s: float = 5.0) -> int | None:
-    try:
-        return httpx.get(url, timeout=timeout_s).status_code
-    except httpx.HTTPError:
-        return None
-
-
-def line3(root: Path, pages: int) -> Line:
+def line3(root: Path, pages: int) -> Bench:
     python = mineru_python()
-    health_path = mineru_health_path()
     procs = Processes()
-    vlm_port = free_port()
-    vlm = f"http://{HOST}:{vlm_port}"
-    procs.start("fake-vlm", fake_vlm_command(python, vlm_port),
-                env=mineru_env(root, output_root=root / "vlm-out"),
-                log_path=root / "fake-vlm.log")
-    if not wait_until(lambda: _get(f"{vlm}/v1/models") == 200, 60.0):
+    try:
+        vlm = start_fake_vlm(procs, root)
+    except BaseException:
         procs.stop_all()
-        raise RuntimeError("the fake VLM server did not start")
+        raise
     pdfs = [(f"doc{i}.pdf", make_pdf(pages + i, images_per_page=1, image_px=128,
                                      lines_per_page=10, seed=30 + i)) for i in range(4)]
-
-    def argv(site: Path, port: int, scratch: Path) -> list[str]:
-        return [python, "-m", "mineru.cli.fast_api", "--host", HOST, "--port", str(port)]
-
-    def env(site: Path, scratch: Path, extra: dict[str, str]) -> dict[str, str]:
-        return mineru_env(site, health_path=health_path, output_root=scratch / "out",
-                          extra=extra)
-
-    def submit(client: httpx.Client, base: str, name: str, pdf: bytes) -> str:
-        response = client.post(f"{base}/tasks", files={"files": (name, pdf, "application/pdf")},
-                               data={"backend": "vlm-http-client", "server_url": vlm})
-        response.raise_for_status()
-        return str(response.json()["task_id"])
-
-    def status(client: httpx.Client, base: str, task_id: str) -> str:
-        return str(client.get(f"{base}/tasks/{task_id}").json()["status"])
-
-    return Line("3.x", python, pdfs, "/health", argv, env, submit, status, procs)
+    return Bench(LINE3, "3.x", python, pdfs, vlm, procs=procs)
 
 
-def line4(root: Path, pages: int) -> Line | None:
+def line4(root: Path, pages: int) -> Bench | None:
     python = mineru4_python()
     if python is None and (_REPO / ".venv-mineru4/bin/python").exists():
         python = str(_REPO / ".venv-mineru4/bin/python")
     if python is None:
         return None
-    mineru4 = python
     pdfs = [(f"doc{i}.pdf", make_pdf(pages + i, lines_per_page=40, seed=40 + i))
             for i in range(4)]
-
-    def argv(site: Path, port: int, scratch: Path) -> list[str]:
-        return mineru4_api_command(mineru4, port, scratch / "uploads")
-
-    def env(site: Path, scratch: Path, extra: dict[str, str]) -> dict[str, str]:
-        return mineru4_env(site, scratch, extra=extra)
-
-    def submit(client: httpx.Client, base: str, name: str, pdf: bytes) -> str:
-        params: list[tuple[str, str | int | float | bool | None]] = [
-            ("tier", "flash"), ("output_formats", "markdown"), ("output_formats", "middle_json")]
-        response = client.post(f"{base}/v1/tasks", params=params,
-                               files={"files": (name, pdf, "application/pdf")})
-        response.raise_for_status()
-        return str(response.json()["task_id"])
-
-    def status(client: httpx.Client, base: str, task_id: str) -> str:
-        return str(client.get(f"{base}/v1/tasks/{task_id}").json()["status"])
-
-    return Line("4.0", python, pdfs, "/v1/health", argv, env, submit, status)
+    return Bench(LINE4, "4.0", python, pdfs, formats=("markdown", "middle_json"))
 
 
-def make_sites(line: Line, root: Path) -> dict[str, Path]:
+def make_sites(line: Bench, root: Path) -> dict[str, Path]:
     """An unpatched copy of MinerU and one patched by the CLI, as a user patches it."""
     upstream = copy_mineru(root / "site-upstream", line.python)
     ours = copy_mineru(root / "site-ours", line.python)
@@ -194,96 +147,59 @@ def _session_cpu_s(session: int) -> float:
     return total / _TICKS_PER_S
 
 
-def _client_loop(line: Line, base: str, first: int, stop: threading.Event,
+def _client_loop(line: Bench, client: Client, first: int, stop: threading.Event,
                  done: list[tuple[float, str]], errors: list[str]) -> None:
     """One client: submit, poll until the job ends, record when and how, next PDF."""
     index = first
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+    while not stop.is_set():
+        name, pdf = line.pdfs[index % len(line.pdfs)]
+        index += 1
+        task_id, refusal = client.submit(name, pdf)
+        if not task_id:
+            if not stop.is_set():
+                errors.append(f"refused: {refusal}"[:200])
+                stop.wait(1.0)
+            continue
         while not stop.is_set():
-            name, pdf = line.pdfs[index % len(line.pdfs)]
-            index += 1
-            try:
-                task_id = line.submit(client, base, name, pdf)
-                while not stop.is_set():
-                    status = line.status(client, base, task_id)
-                    if status in TERMINAL:
-                        done.append((time.monotonic(), status))
-                        break
-                    stop.wait(POLL_S)
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                if not stop.is_set():
-                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                    stop.wait(1.0)
+            status = client.status(task_id, REQUEST_TIMEOUT_S).get("status")
+            if status in line.line.terminal:
+                done.append((time.monotonic(), str(status)))
+                break
+            stop.wait(POLL_S)
 
 
-def _probe_loop(url: str, out: list[float], failures: list[int], stop: threading.Event) -> None:
-    with httpx.Client(timeout=30.0) as client:
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                ok = client.get(url).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                out.append(time.monotonic() - started)
-            else:
-                failures.append(1)
-            stop.wait(PROBE_PERIOD_S)
-
-
-def _percentiles_ms(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"probes": 0}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return {"probes": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(p99 * 1000, 2), "max_ms": round(ordered[-1] * 1000, 2)}
-
-
-def measure(line: Line, side: str, site: Path, root: Path, *, in_flight: int, warmup_s: float,
-            seconds: float) -> dict[str, Any]:
+def measure(line: Bench, side: str, site: Path, root: Path, *, in_flight: int,
+            warmup_s: float, seconds: float) -> dict[str, Any]:
     scratch = root / f"run-{side}-{time.monotonic_ns()}"
-    scratch.mkdir()
-    port, health_port = free_port(), free_port()
-    extra = {"MINERU_HEALTH_PORT": str(health_port)} if side == "ours" else {}
-    base = f"http://{HOST}:{port}"
     done: list[tuple[float, str]] = []
     errors: list[str] = []
-    latencies: list[float] = []
-    probe_failures: list[int] = []
-    stop, probe_stop = threading.Event(), threading.Event()
-    clients = [threading.Thread(target=_client_loop, args=(line, base, i, stop, done, errors),
-                                daemon=True) for i in range(in_flight)]
-    prober = threading.Thread(
-        target=_probe_loop, daemon=True,
-        args=(f"http://{HOST}:{health_port}/health", latencies, probe_failures, probe_stop))
+    stop = threading.Event()
     started = time.monotonic()
     with Processes() as procs:
-        worker = procs.start(f"mineru-api-{side}", line.start_argv(site, port, scratch),
-                             env=line.start_env(site, scratch, extra),
-                             log_path=scratch / "api.log")
-        if not wait_until(lambda: _get(f"{base}{line.health_path}") == 200, START_TIMEOUT_S, 0.5):
-            raise RuntimeError(f"{side}: the worker did not start:\n{worker.log_tail()}")
+        worker = start_worker(procs, line.line, site, line.python, scratch,
+                              native=side == "ours", timeout_s=START_TIMEOUT_S,
+                              name=f"mineru-api-{side}")
         up_s = time.monotonic() - started
-        for client in clients:
-            client.start()
+        client = line.client(worker.base_url)
+        clients = [threading.Thread(target=_client_loop, args=(line, client, i, stop, done, errors),
+                                    daemon=True) for i in range(in_flight)]
+        for thread in clients:
+            thread.start()
         time.sleep(warmup_s)
         window_start = time.monotonic()
-        cpu_start = _session_cpu_s(worker.pid)
-        if side == "ours":
-            prober.start()
-        time.sleep(seconds)
-        window_end = time.monotonic()
-        cpu_s = _session_cpu_s(worker.pid) - cpu_start
-        probe_stop.set()
-        stop.set()
-        if prober.is_alive():
-            prober.join(35.0)
-        alive = worker.poll() is None
+        cpu_start = _session_cpu_s(worker.proc.pid)
+        # Upstream is not probed: any probing cost is charged to ours.
+        with (Prober(f"{worker.native_url}/health", timeout_s=30.0) if side == "ours"
+              else contextlib.nullcontext()) as prober:
+            time.sleep(seconds)
+            window_end = time.monotonic()
+            cpu_s = _session_cpu_s(worker.proc.pid) - cpu_start
+            stop.set()
+        alive = worker.proc.poll() is None
     # The worker is gone: a client still waiting on it fails at once and sees ``stop``.
-    for client in clients:
-        client.join(REQUEST_TIMEOUT_S + 5)
-    log_tail = "" if alive else worker.log_tail(1500)
+    for thread in clients:
+        thread.join(REQUEST_TIMEOUT_S + 5)
+    log_tail = "" if alive else worker.proc.log_tail(1500)
     shutil.rmtree(scratch, ignore_errors=True)
     in_window = [(t, s) for t, s in done if window_start <= t <= window_end]
     completed = sorted(t for t, s in in_window if s == "completed")
@@ -302,8 +218,8 @@ def measure(line: Line, side: str, site: Path, root: Path, *, in_flight: int, wa
         "start_s": round(up_s, 1),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    if side == "ours":
-        result["native_health"] = {**_percentiles_ms(latencies), "failures": len(probe_failures)}
+    if prober is not None:
+        result["native_health"] = prober.summary()
     if errors:
         result["first_error"] = errors[0]
     if not alive:
@@ -319,7 +235,7 @@ def _spread(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 4)}
 
 
-def bench_line(line: Line, root: Path, *, rounds: int, in_flight: int, warmup_s: float,
+def bench_line(line: Bench, root: Path, *, rounds: int, in_flight: int, warmup_s: float,
                seconds: float) -> dict[str, Any]:
     sites = make_sites(line, root)
     per_round: list[dict[str, Any]] = []

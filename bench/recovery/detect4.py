@@ -29,78 +29,50 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from mineru_health.testing.faults import write_plan
-from mineru_health.testing.sandbox import (
-    HOST,
-    Processes,
-    add_fault_plugin,
-    copy_mineru,
-    free_port,
-    make_pdf,
-    mineru4_api_command,
-    mineru4_env,
-    mineru4_python,
-    patched_site4,
-    wait_until,
-)
+from mineru_health.testing.router import LINE4, Worker, start_worker, text_pdf
+from mineru_health.testing.sandbox import Processes, mineru4_python
 
 FAULTS = ("llama_engine_dead", "cuda_illegal_address", "engine_dead", "task_local")
 START_TIMEOUT_S = 180.0
 JOB_TIMEOUT_S = 120.0
 
 
-def _status(url: str) -> int | None:
+def _status(get: Any) -> int | None:
     try:
-        return httpx.get(url, timeout=10.0).status_code
-    except httpx.HTTPError:
+        return int(get().status_code)
+    except Exception:  # noqa: BLE001 - no answer
         return None
 
 
-def _job(base: str, pdf: bytes) -> tuple[int, dict[str, Any] | None]:
-    submitted = httpx.post(f"{base}/v1/tasks", params={"tier": "flash"},
-                           files={"files": ("doc.pdf", pdf, "application/pdf")}, timeout=60)
+def _job(worker: Worker, pdf: bytes) -> tuple[int, dict[str, Any] | None]:
+    submitted = worker.client.post("doc.pdf", pdf)
     if submitted.status_code != 202:
         return submitted.status_code, None
-    task_id = submitted.json()["task_id"]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = httpx.get(f"{base}/v1/tasks/{task_id}", timeout=60).json()
-        if body["status"] not in ("queued", "running"):
-            return 202, body
-        time.sleep(0.2)
-    return 202, None
+    outcome = worker.client.wait(submitted.json()["task_id"], timeout_s=JOB_TIMEOUT_S)
+    return 202, None if outcome.status == "hung" else outcome.detail
 
 
 def one(site: Path, root: Path, python: str, fault: str, pdf: bytes, *,
         native: bool) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(dir=root))
-    port, health_port = free_port(), free_port()
-    plan = scratch / "plan"
-    extra = {"MINERU_HEALTH_FAULT_PLAN": str(plan)}
-    if native:
-        extra["MINERU_HEALTH_PORT"] = str(health_port)
-    base = f"http://{HOST}:{port}"
     with Processes() as procs:
-        worker = procs.start("mineru-api", mineru4_api_command(python, port, scratch / "up"),
-                             env=mineru4_env(site, scratch, extra=extra),
-                             log_path=scratch / "api.log")
-        if not wait_until(lambda: _status(f"{base}/v1/health") == 200, START_TIMEOUT_S, 0.5):
-            raise RuntimeError(f"the worker did not start:\n{worker.log_tail()}")
-        write_plan(plan, fault)
+        worker = start_worker(procs, LINE4, site, python, scratch, native=native, faults=True,
+                              timeout_s=START_TIMEOUT_S)
+        write_plan(worker.plan, fault)
         started = time.monotonic()
-        _, job = _job(base, pdf)
+        _, job = _job(worker, pdf)
         first_job_s = round(time.monotonic() - started, 2)
         error = ((job or {}).get("files") or [{}])[0].get("error") or {}
         result: dict[str, Any] = {
             "job": (job or {}).get("status", "timed out"),
             "job_error_code": error.get("code"),
-            "v1_health": _status(f"{base}/v1/health"),
-            "next_submit": _job(base, pdf)[0],
+            "v1_health": _status(lambda: worker.get("/v1/health")),
+            "next_submit": _job(worker, pdf)[0],
             "first_job_s": first_job_s,  # fault plan to the job's final status
         }
         if native:
-            result["native_health"] = _status(f"http://{HOST}:{health_port}/health")
+            result["native_health"] = _status(worker.native)
     return result
 
 
@@ -115,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mineru-health-detect4-") as tmp:
         root = Path(tmp)
-        pdf = make_pdf(2, lines_per_page=40)
-        sites = {"upstream": add_fault_plugin(copy_mineru(root / "site-upstream", python)),
-                 "ours": patched_site4(root / "site-ours", python)}
+        pdf = text_pdf(2)
+        sites = {"upstream": LINE4.site(root / "site-upstream", python, patched=False),
+                 "ours": LINE4.site(root / "site-ours", python)}
         for fault in FAULTS:
             for side, site in sites.items():
                 outcome = one(site, root, python, fault, pdf, native=side == "ours")

@@ -1,11 +1,12 @@
-"""Recovery benchmark: a real mineru-router with two real local mineru-api workers, four faults.
+"""Recovery benchmark: a real mineru-router with two real local workers under faults, both lines.
 
-For each scenario and each side, in the same run, a fresh router and two
-workers get the same warm-up and the same steady stream of tasks (a tiny
-PDF, one every --period seconds for --duration seconds, each with a name of
-its own), and the same fault a few seconds in, right after a burst of
---burst tasks (so that it finds tasks queued and running), aimed at one
-worker (``local-gpu-0``) unless the scenario says otherwise:
+``--line 3`` (the default): for each scenario and each side, in the same run,
+a fresh router and two workers get the same warm-up and the same steady
+stream of tasks (a tiny PDF, one every --period seconds for --duration
+seconds, each with a name of its own), and the same fault a few seconds in,
+right after a burst of --burst tasks (so that it finds tasks queued and
+running), aimed at one worker (``local-gpu-0``) unless the scenario says
+otherwise:
 
 - ``engine_death``: the engine dies (fault plan ``engine_dead``);
 - ``stall``:        the engine stops making progress (``engine_stall``);
@@ -20,20 +21,35 @@ directories), resubmissions (ours), seconds from the fault to the first
 worker leaving rotation (detection) and to every worker being in rotation
 again (recovery), read from the router's ``/health`` every 0.1 s.
 
-Sides:
+Sides: (a) baseline: MinerU 3.4's own router and workers, with only fault
+injection added (``baseline_fast_api.patch`` + ``pr5188_baseline.py``);
+``--baseline pr5188`` adds PR #5188's marker check on the workers
+(``/health`` 503 after an engine death) for the older comparison; (b)
+mineru-health: router and workers patched by ``mineru-health patch apply``,
+the ``production`` preset unless --preset says otherwise.
 
-(a) baseline: MinerU 3.4.4's own router and workers, with only fault
-    injection added (``baseline_fast_api.patch`` + ``pr5188_baseline.py``);
-    ``--baseline pr5188`` adds PR #5188's marker check on the workers
-    (``/health`` 503 after an engine death) for the older comparison;
-(b) mineru-health: router and workers patched by ``mineru-health patch
-    apply``, the ``production`` preset unless --preset says otherwise.
+``--line 4`` (``MINERU_HEALTH_MINERU4_PYTHON``): for each scenario and each
+side a fresh ``mineru-router --local-gpus 0,1 --worker-tier flash``
+(offline, text PDFs) gets the same steady stream of jobs (one every 0.8 s
+through ``/v1/tasks``) and, after three jobs completed, the same fault on
+one worker: ``kill9``, ``engine_dead`` (vLLM's ``EngineDeadError`` from
+4.0's parse call, from then on; 4.0.12 recognises it itself: job failed,
+``/v1/health`` 503) or ``hang`` (the worker's event loop blocks). Sides:
+``upstream`` (MinerU 4.0's own router; the fault plugin only) and ``ours``,
+both with the router's environment of the tests (fast preset, 3 s main-port
+timeout: read only by ours). Measured: jobs submitted, jobs lost (refused,
+failed or not finished within the wait), seconds from the fault to fewer
+than two workers taking jobs and to both again (``/v1/usage``, every 0.2 s),
+and whether earlier results are still downloadable.
 
-Timings are machine-dependent; read the ratios. Runtime: about 8 x (start-up
-+ warm-up + --duration + the slowest task), six to eight minutes on 2 cores
-with the defaults; ``--scenarios`` runs a subset.
+Timings are machine-dependent; read the ratios, or the sides side by side.
+Line 3 takes about 8 x (start-up + warm-up + --duration + the slowest task),
+six to eight minutes on 2 cores with the defaults; ``--scenarios`` runs a
+subset.
 
     python bench/recovery/run.py [--scenarios engine_death,kill9] [--json out.json]
+    MINERU_HEALTH_MINERU4_PYTHON=/path/to/python python bench/recovery/run.py --line 4 \\
+        [--scenarios kill9,engine_dead,hang] [--sides upstream,ours] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,78 +57,50 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from mineru_health.testing.faults import write_plan
+from mineru_health.testing import sandbox
+from mineru_health.testing.router import (
+    FLEET4_ENV,
+    LINE3,
+    LINE4,
+    Client,
+    Outcome,
+    RotationLog,
+    Router,
+    Stream,
+    fleet,
+    run_fault,
+    start_fake_vlm,
+)
+from mineru_health.testing.sandbox import Processes, SandboxError, make_pdf, wait_until
 
 HERE = Path(__file__).resolve().parent
-STARTUP_TIMEOUT_S = 240.0
 SCENARIOS = ("engine_death", "stall", "kill9", "poison")
 VICTIM = "local-gpu-0"
 POISON_NAME = "poison.pdf"
 
 
-def free_port() -> int:
-    from mineru_health.testing.sandbox import free_port as pick
-
-    return pick()
-
-
 def baseline_site(dest: Path, python: str) -> Path:
+    """MinerU's own code with fault injection (and PR #5188's check, when asked for) only."""
     import patch_ng
-    from mineru_health.testing.sandbox import add_fault_plugin, copy_mineru
 
-    site = copy_mineru(dest, python)
+    site = sandbox.copy_mineru(dest, python)
     patch_set = patch_ng.fromfile(str(HERE / "baseline_fast_api.patch"))
     if not patch_set or not patch_set.apply(strip=1, root=str(site / "mineru")):
         raise SystemExit("baseline_fast_api.patch does not apply to this MinerU")
-    return add_fault_plugin(site)
-
-
-def ours_site(dest: Path, python: str) -> Path:
-    from mineru_health.testing.sandbox import patched_site
-
-    return patched_site(dest, python)
-
-
-def pdf_bytes(text: str) -> bytes:
-    from mineru_health.testing.sandbox import make_pdf
-
-    return make_pdf(text=text)
-
-
-def child_pid(parent: int, port: str) -> int | None:
-    """The child of ``parent`` started with ``--port <port>`` (a router's worker)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and b"--port" in argv and port.encode() in argv:
-            return int(entry.name)
-    return None
-
-
-@dataclass
-class Outcome:
-    name: str
-    status: str  # completed | failed | rejected | hung
-    attempts: int = 1
-    error: str = ""
+    shutil.copy(HERE / "pr5188_baseline.py", site)  # the patch imports it
+    return sandbox.add_fault_plugin(site)
 
 
 @dataclass
@@ -130,216 +118,76 @@ class Result:
         return sum(1 for t in self.tasks if t.status in statuses)
 
 
-class Side:
+def _inject(router: Router, scenario: str, stream: Stream) -> None:
+    victim_url = router.servers()[VICTIM]["base_url"]
+    if scenario in ("engine_death", "stall"):
+        router.write_plan("engine_dead" if scenario == "engine_death" else "engine_stall",
+                          victim_url)
+    elif scenario == "kill9":
+        pid = router.worker_pid(victim_url)
+        if pid is None:
+            raise SystemExit(f"no worker process at {victim_url}")
+        os.kill(pid, signal.SIGKILL)
+    elif scenario == "poison":
+        for server in router.servers().values():
+            router.write_plan(f"poison {POISON_NAME}", server["base_url"])
+        time.sleep(0.3)  # workers read their plan every 0.1 s
+        stream.add((POISON_NAME, make_pdf(text="a document that kills inference engines")))
+
+
+def run_side(side: str, site: Path, env: dict[str, str], work: Path, scenario: str, pdf: bytes,
+             args: Any) -> Result:
     """One router with two workers for one scenario; stopped, with what it started, after."""
-
-    def __init__(self, name: str, site: Path, env_extra: dict[str, str], work: Path,
-                 args: Any) -> None:
-        self.name, self.args = name, args
-        self.work = work
-        self.work.mkdir(parents=True)
-        (self.work / "tmp").mkdir()
-        self.plans = self.work / "plans"
-        self.plans.mkdir()
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        from mineru_health.testing.sandbox import mineru_health_path
-
-        paths = [str(site), mineru_health_path(), str(HERE)]
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("MINERU_", "BENCH_"))}
-        self.env.update({
-            "PYTHONPATH": os.pathsep.join(paths),
-            "MINERU_MODEL_SOURCE": "local",
-            "MINERU_API_DISABLE_ACCESS_LOG": "1",
-            "MINERU_HEALTH_FAULT_PLAN": str(self.plans / "plan-{port}"),
-            "PYTHONUNBUFFERED": "1",
-            # Workers' output directories land here, where the bench can count them.
-            "TMPDIR": str(self.work / "tmp"),
-            **env_extra,
-        })
-        self.log_path = self.work / "router.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.samples: list[tuple[float, dict[str, tuple[bool, str]]]] = []
-        self._stop = threading.Event()
-
-    def start(self) -> None:
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [self.args.python, "-m", "mineru.cli.router", "--host", "127.0.0.1", "--port",
-                 str(self.port), "--local-gpus", "0,1"],
-                env=self.env, cwd=self.work, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name}: router exited; see {self.log_path}")
-            servers = self.servers()
-            if len(servers) == 2 and all(h for h, _ in servers.values()):
-                return
-            time.sleep(0.5)
-        raise SystemExit(f"{self.name}: router not healthy in time; see {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        from mineru_health.testing.processes import Processes
-
-        with Processes() as reaper:  # the router's workers are in sessions of their own
-            reaper.record_descendants(_Adopted(self.proc))
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=30)
-
-    def servers(self) -> dict[str, tuple[bool, str]]:
+    result = Result(side, scenario)
+    print(f"[{scenario}/{side}] starting router and two workers ...", flush=True)
+    # The router's workers put their output directories in TMPDIR: counted here.
+    (work / "tmp").mkdir(parents=True)
+    env = {**env, "TMPDIR": str(work / "tmp")}
+    with (fleet(LINE3, work, args.python, site=site, env=env, fault_plan="plan-{port}") as router,
+          RotationLog(router, every_s=0.1) as rotation):
+        client = Client(router.base, LINE3, engine_url=args.vlm_url, timeout_s=args.task_timeout)
+        with Stream(client, lambda n: (f"warm-{n}.pdf", pdf),
+                    task_timeout_s=args.task_timeout) as warm:
+            for _ in range(4):
+                warm.add()
+            if any(o.status != "completed" for o in warm.outcomes()):
+                raise SystemExit(f"{side}: warm-up failed; see {router.proc.log_path}")
+        with Stream(client, lambda n: (f"s{n:03d}.pdf", pdf),
+                    task_timeout_s=args.task_timeout) as stream:
+            t_start = time.monotonic()
+            t_inject: float | None = None
+            n = 0
+            while time.monotonic() - t_start < args.duration:
+                if t_inject is None and time.monotonic() - t_start >= args.inject_after:
+                    # A burst first, so that the fault finds tasks queued and running.
+                    for i in range(args.burst):
+                        stream.add((f"s-burst-{i}.pdf", pdf))
+                    time.sleep(0.5)
+                    _inject(router, scenario, stream)
+                    t_inject = time.time()
+                stream.add((f"s{n:03d}.pdf", pdf))
+                n += 1
+                time.sleep(max(0.0, t_start + n * args.period - time.monotonic()))
+            outcomes = stream.outcomes()
+        result.tasks = [o for o in outcomes if o.name != POISON_NAME]
+        result.poison_status = next((o.status for o in outcomes if o.name == POISON_NAME), "")
+        assert t_inject is not None
+        # Once every task is terminal or hung: a worker never taken out by then
+        # (upstream's dead engine answers /health 200) never will be.
+        out = rotation.out_at(t_inject)
+        if out is not None:
+            result.detection_s = out - t_inject
+            back = wait_until(lambda: rotation.back_at(t_inject),
+                              max(0.0, t_inject + args.recovery_cap - time.time()), 0.2)
+            result.recovery_s = back - t_inject if back else None
+        # Upload names whose Markdown exists in more than one task output directory.
+        seen = Counter(path.stem for path in (work / "tmp").rglob("*.md"))
+        result.duplicated = sum(1 for stem, c in seen.items() if c > 1 and stem.startswith("s"))
         try:
-            payload = httpx.get(f"{self.base}/health", timeout=5.0).json()
-        except (httpx.HTTPError, ValueError):
-            return {}
-        return {s["server_id"]: (bool(s["healthy"]), s["base_url"])
-                for s in payload.get("servers", [])}
-
-    def watch(self) -> None:
-        while not self._stop.is_set():
-            servers = self.servers()
-            if servers:
-                self.samples.append((time.monotonic(), servers))
-            self._stop.wait(0.1)
-
-    def run_task(self, client: httpx.Client, name: str, pdf: bytes) -> Outcome:
-        t = time.monotonic()
-        try:
-            response = client.post(f"{self.base}/tasks",
-                                   files={"files": (name, pdf, "application/pdf")},
-                                   data={"backend": "vlm-http-client",
-                                         "server_url": self.args.vlm_url},
-                                   timeout=60.0)
-        except httpx.HTTPError as exc:
-            return Outcome(name, "rejected", error=f"{type(exc).__name__}: {exc}")
-        if response.status_code != 202:
-            return Outcome(name, "rejected", error=f"{response.status_code} {response.text[:300]}")
-        task_id = response.json()["task_id"]
-        while time.monotonic() < t + self.args.task_timeout:
-            try:
-                status = client.get(f"{self.base}/tasks/{task_id}", timeout=10.0).json()
-            except (httpx.HTTPError, ValueError):
-                status = {}
-            if status.get("status") in ("completed", "failed"):
-                return Outcome(name, status["status"], int(status.get("attempts", 1)),
-                               str(status.get("error") or "")[:300])
-            time.sleep(0.3)
-        return Outcome(name, "hung")
-
-    def inject(self, scenario: str, client: httpx.Client, pool: ThreadPoolExecutor,
-               poisoned: list[Future[Outcome]]) -> None:
-        victim_url = self.servers()[VICTIM][1]
-        victim_port = victim_url.rsplit(":", 1)[1]
-        if scenario in ("engine_death", "stall"):
-            word = "engine_dead" if scenario == "engine_death" else "engine_stall"
-            write_plan(self.plans / f"plan-{victim_port}", word)
-        elif scenario == "kill9":
-            assert self.proc is not None
-            pid = child_pid(self.proc.pid, victim_port)
-            if pid is None:
-                raise SystemExit(f"{self.name}: no worker process on port {victim_port}")
-            os.kill(pid, signal.SIGKILL)
-        elif scenario == "poison":
-            for server_url in (url for _, url in self.servers().values()):
-                write_plan(self.plans / f"plan-{server_url.rsplit(':', 1)[1]}",
-                           f"poison {POISON_NAME}")
-            time.sleep(0.3)  # workers read their plan every 0.1 s
-            poison = pdf_bytes("a document that kills inference engines")
-            poisoned.append(pool.submit(self.run_task, client, POISON_NAME, poison))
-
-    def run(self, scenario: str, pdf: bytes) -> Result:
-        result = Result(self.name, scenario)
-        print(f"[{scenario}/{self.name}] starting router and two workers ...", flush=True)
-        self.start()
-        watcher = threading.Thread(target=self.watch, daemon=True)
-        watcher.start()
-        futures: list[Future[Outcome]] = []
-        poisoned: list[Future[Outcome]] = []
-        try:
-            with httpx.Client() as client, ThreadPoolExecutor(max_workers=64) as pool:
-                warm = [pool.submit(self.run_task, client, f"warm-{i}.pdf", pdf) for i in range(4)]
-                if any(f.result().status != "completed" for f in warm):
-                    raise SystemExit(f"{self.name}: warm-up failed; see {self.log_path}")
-                t_start = time.monotonic()
-                t_inject: float | None = None
-                n = 0
-                while time.monotonic() - t_start < self.args.duration:
-                    if t_inject is None and time.monotonic() - t_start >= self.args.inject_after:
-                        # A burst first, so that the fault finds tasks queued and running.
-                        futures += [pool.submit(self.run_task, client, f"s-burst-{i}.pdf", pdf)
-                                    for i in range(self.args.burst)]
-                        time.sleep(0.5)
-                        self.inject(scenario, client, pool, poisoned)
-                        t_inject = time.monotonic()
-                    futures.append(pool.submit(self.run_task, client, f"s{n:03d}.pdf", pdf))
-                    n += 1
-                    time.sleep(max(0.0, t_start + n * self.args.period - time.monotonic()))
-                result.tasks = [f.result() for f in futures]
-                result.poison_status = poisoned[0].result().status if poisoned else ""
-                assert t_inject is not None
-                self._times(result, t_inject)
-                result.duplicated = self._duplicates()
-                result.resubmissions = self._resubmissions()
-        finally:
-            self._stop.set()
-            watcher.join(timeout=10)
-            self.stop()
-        return result
-
-    def _times(self, result: Result, t0: float) -> None:
-        """Detection: first worker out of rotation; recovery: all back (bounded wait).
-
-        Called once every task is terminal or hung: a worker never taken out
-        by then (upstream's dead engine answers /health 200) never will be.
-        """
-        out = [t for t, s in self.samples if t >= t0 and not all(h for h, _ in s.values())]
-        if not out:
-            return
-        result.detection_s = out[0] - t0
-        cap = t0 + self.args.recovery_cap
-        while True:
-            back = [t for t, s in self.samples
-                    if t > out[0] and s and all(h for h, _ in s.values())]
-            if back:
-                result.recovery_s = back[0] - t0
-                return
-            if time.monotonic() >= cap:
-                return
-            time.sleep(0.2)
-
-    def _duplicates(self) -> int:
-        """Upload names whose Markdown exists in more than one task output directory."""
-        seen = Counter(path.stem for path in (self.work / "tmp").rglob("*.md"))
-        return sum(1 for stem, count in seen.items() if count > 1 and stem.startswith("s"))
-
-    def _resubmissions(self) -> int:
-        try:
-            text = httpx.get(f"{self.base}/metrics", timeout=5.0).text
-        except httpx.HTTPError:
-            return 0
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("mineru_router_task_resubmissions_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return int(total)
-
-
-class _Adopted:
-    """What Processes.record_descendants needs of a process it did not start."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.pid, self._popen = popen.pid, popen
-
-    def poll(self) -> int | None:
-        return self._popen.poll()
+            result.resubmissions = int(router.metric("mineru_router_task_resubmissions_total"))
+        except (SandboxError, httpx.HTTPError):
+            result.resubmissions = 0  # MinerU's own router has no /metrics
+    return result
 
 
 def fmt(value: float | None, cap: float) -> str:
@@ -378,11 +226,119 @@ def report(pairs: list[tuple[Result, Result]], cap: float) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
+def _task(outcome: Outcome) -> dict[str, Any]:
+    """A task as this bench's JSON lists it: name, status, attempts, error."""
+    detail, ended = outcome.detail, outcome.status in LINE3.terminal
+    error = (f"{detail.get('code')} {str(detail.get('body', ''))[:300]}"
+             if outcome.status == "rejected" else str(detail.get("error") or "")[:300])
+    return {"name": outcome.name, "status": outcome.status,
+            "attempts": outcome.attempts if ended else 1, "error": error if ended or
+            outcome.status == "rejected" else ""}
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    data = asdict(result)
+    data["lost"] = [_task(t) for t in result.tasks if t.status != "completed"]
+    data.pop("tasks")
+    data.update(submitted=len(result.tasks), completed=result.count("completed"),
+                failed=result.count("failed", "rejected"), hung=result.count("hung"))
+    return data
+
+
+def line3(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]]:
+    work = Path(tempfile.mkdtemp(prefix="mineru-health-recovery-"))
+    pairs: list[tuple[Result, Result]] = []
+    with Processes() as procs:
+        args.vlm_url = start_fake_vlm(procs, work)
+        pdf = make_pdf(text="mineru-health recovery bench")
+        sites = {"baseline": baseline_site(work / "site-a", args.python),
+                 "mineru-health": LINE3.site(work / "site-b", args.python)}
+        base_env = {"BENCH_PR5188_MARKERS": "1"} if args.baseline == "pr5188" else {}
+        ours_env = {"MINERU_ROUTER_HEALTH_PRESET": args.preset,
+                    "MINERU_HEALTH_STALL_S": args.stall_s}
+        for scenario in scenarios:
+            pairs.append((
+                run_side("baseline", sites["baseline"], base_env, work / f"{scenario}-a",
+                         scenario, pdf, args),
+                run_side("mineru-health", sites["mineru-health"], ours_env,
+                         work / f"{scenario}-b", scenario, pdf, args)))
+    label = "upstream 3.4" if args.baseline == "upstream" else "upstream 3.4 + PR#5188-like"
+    print(f"\n(a) = {label}, (b) = mineru-health ({args.preset}); logs under {work}")
+    report(pairs, args.recovery_cap)
+    return [{"scenario": a.scenario, "baseline": _summary(a), "mineru_health": _summary(b)}
+            for a, b in pairs]
+
+
+# --- line 4 -------------------------------------------------------------------------------------
+
+SCENARIOS4: dict[str, Callable[[Router], object]] = {
+    "kill9": lambda router: os.kill(router.worker_pids()[0], signal.SIGKILL),
+    "engine_dead": lambda router: router.write_plan("engine_dead"),
+    "hang": lambda router: router.write_plan("hang"),
+}
+
+
+def _downloadable(router: Router, jobs: list[Outcome]) -> int:
+    count = 0
+    with httpx.Client(base_url=router.base, timeout=30) as client:
+        for job in jobs:
+            try:
+                output = job.detail["files"][0]["output_files"]["markdown"]
+                content = client.get(f"/v1/files/{output['file_id']}/content")
+            except (httpx.HTTPError, KeyError, TypeError, IndexError):
+                continue
+            count += content.status_code == 200 and f"Document {job.number}," in content.text
+    return count
+
+
+def _reason(job: Outcome) -> str:
+    if job.status == "rejected":
+        return f"submission refused: {job.detail.get('code')} {job.detail.get('body')}"[:160]
+    files = job.detail.get("files") or [{}]
+    return f"{job.status}: {files[0].get('error')}"[:160]
+
+
+def one4(python: str, scenario: str, side: str) -> dict[str, Any]:
+    with (tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch,
+          fleet(LINE4, Path(scratch), python, patched=side == "ours", env=FLEET4_ENV) as router):
+        run = run_fault(router, lambda: SCENARIOS4[scenario](router),
+                        recovery_timeout_s=90.0, task_timeout_s=120.0)
+        kept = _downloadable(router, run.before)
+    return {
+        "scenario": scenario,
+        "side": side,
+        "jobs": len(run.outcomes),
+        "lost": len(run.lost),
+        "out_after_s": None if run.out_at is None else round(run.out_at - run.fault_at, 2),
+        "back_after_s": None if run.back_at is None else round(run.back_at - run.fault_at, 2),
+        "earlier_results": f"{kept}/{len(run.before)}",
+        "lost_reasons": sorted({_reason(j) for j in run.lost}),
+    }
+
+
+def line4(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for scenario in scenarios:
+        for side in args.sides.split(","):
+            row = one4(args.python, scenario, side)
+            rows.append(row)
+            print(f"{scenario:12} {side:9} jobs {row['jobs']:3}  lost {row['lost']:3}  "
+                  f"out after {row['out_after_s']} s  back after {row['back_after_s']} s  "
+                  f"earlier results {row['earlier_results']}", flush=True)
+            for reason in row["lost_reasons"]:
+                print(f"{'':23}lost: {reason}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python",
-                        default=os.environ.get("MINERU_HEALTH_MINERU_PYTHON", sys.executable))
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--line", choices=("3", "4"), default="3")
+    parser.add_argument("--python", help="MinerU's interpreter (default: "
+                        "MINERU_HEALTH_MINERU_PYTHON or this one; line 4: "
+                        "MINERU_HEALTH_MINERU4_PYTHON)")
+    parser.add_argument("--scenarios", help=f"line 3: {','.join(SCENARIOS)} (default); "
+                        f"line 4: {','.join(SCENARIOS4)} (default)")
+    parser.add_argument("--sides", default="upstream,ours", help="line 4")
     parser.add_argument("--duration", type=float, default=14.0, help="seconds of stream")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between submissions")
     parser.add_argument("--inject-after", type=float, default=4.0, help="seconds into the stream")
@@ -397,57 +353,23 @@ def main() -> int:
     parser.add_argument("--baseline", choices=("upstream", "pr5188"), default="upstream")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    scenarios = [s for s in args.scenarios.split(",") if s]
-    unknown = set(scenarios) - set(SCENARIOS)
+    known = SCENARIOS if args.line == "3" else tuple(SCENARIOS4)
+    scenarios = [s for s in (args.scenarios or ",".join(known)).split(",") if s]
+    unknown = set(scenarios) - set(known)
     if unknown:
-        parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-
-    from mineru_health.testing.processes import Processes
-    from mineru_health.testing.sandbox import fake_vlm_command
-
-    work = Path(tempfile.mkdtemp(prefix="mineru-health-recovery-"))
-    vlm_port = free_port()
-    args.vlm_url = f"http://127.0.0.1:{vlm_port}"
-    pairs: list[tuple[Result, Result]] = []
-    with Processes() as procs:
-        procs.start("fake-vlm", fake_vlm_command(sys.executable, vlm_port), env=dict(os.environ),
-                    log_path=work / "fake-vlm.log")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{args.vlm_url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        pdf = pdf_bytes("mineru-health recovery bench")
-        sites = {"baseline": baseline_site(work / "site-a", args.python),
-                 "mineru-health": ours_site(work / "site-b", args.python)}
-        base_env = {"BENCH_PR5188_MARKERS": "1"} if args.baseline == "pr5188" else {}
-        ours_env = {"MINERU_ROUTER_HEALTH_PRESET": args.preset,
-                    "MINERU_HEALTH_STALL_S": args.stall_s}
-        for scenario in scenarios:
-            audit = {"MINERU_ROUTER_HEALTH_AUDIT_PATH": str(work / f"{scenario}-audit.jsonl")}
-            baseline = Side("baseline", sites["baseline"], base_env, work / f"{scenario}-a", args)
-            ours = Side("mineru-health", sites["mineru-health"], {**ours_env, **audit},
-                        work / f"{scenario}-b", args)
-            pairs.append((baseline.run(scenario, pdf), ours.run(scenario, pdf)))
-    label = "upstream 3.4" if args.baseline == "upstream" else "upstream 3.4 + PR#5188-like"
-    print(f"\n(a) = {label}, (b) = mineru-health ({args.preset}); logs under {work}")
-    report(pairs, args.recovery_cap)
+        parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(known)}")
+    if args.line == "3":
+        args.python = args.python or sandbox.mineru_python()
+        results = line3(args, scenarios)
+    else:
+        args.python = args.python or sandbox.mineru4_python()
+        if args.python is None:
+            print(f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python", file=sys.stderr)
+            return 2
+        results = line4(args, scenarios)
     if args.json:
-        args.json.write_text(json.dumps(
-            [{"scenario": a.scenario, "baseline": _summary(a), "mineru_health": _summary(b)}
-             for a, b in pairs], indent=2))
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return 0
-
-
-def _summary(result: Result) -> dict[str, Any]:
-    data = asdict(result)
-    data["lost"] = [asdict(t) for t in result.tasks if t.status != "completed"]
-    data.pop("tasks")
-    data.update(submitted=len(result.tasks), completed=result.count("completed"),
-                failed=result.count("failed", "rejected"), hung=result.count("hung"))
-    return data
 
 
 if __name__ == "__main__":

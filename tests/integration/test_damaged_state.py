@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, http_get, wait_until
+from conftest import ManagedProcess, Router, http_get, wait_until
 from mineru_health.runtime.worker.store import DB_NAME
 
 pytestmark = pytest.mark.integration
@@ -35,13 +35,13 @@ def test_a_worker_on_a_damaged_store_starts_and_keeps_it(
 
 
 def test_a_second_router_on_a_claimed_state_directory_is_refused(
-    launch_router: Callable[..., ManagedProcess], tmp_path: Path
+    launch_router: Callable[..., Router], tmp_path: Path
 ) -> None:
     shared = {"MINERU_HEALTH_STATE_DIR": str(tmp_path / "shared-state")}
-    first = launch_router(shared, local_gpus="0")
+    first = launch_router(shared, local_gpus="0").proc
     assert wait_until(lambda: (tmp_path / "shared-state" / ".mineru-health.lock").is_file(),
                       120.0, 0.2), first.log_tail()
-    second = launch_router(shared, local_gpus="0")
+    second = launch_router(shared, local_gpus="0").proc
     assert wait_until(lambda: second.poll() is not None, 120.0, 0.2), second.log_tail()
     assert second.returncode != 0
     log = second.log_tail()

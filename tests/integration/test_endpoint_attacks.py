@@ -12,15 +12,13 @@ bounded in time and count, and only 127.0.0.1 is touched.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, http_get, router_servers, wait_both_in_rotation
+from conftest import Router, http_get
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +78,10 @@ def _flood(port: int, stop: threading.Event, budget: list[int], lock: threading.
 
 @pytest.mark.parametrize("attack", ["slow-clients", "flood"])
 def test_an_attacked_endpoint_is_not_ejected(
-    launch_router: Callable[..., ManagedProcess], tmp_path: Path, attack: str
+    launch_router: Callable[..., Router], attack: str
 ) -> None:
-    audit_path = tmp_path / "audit.jsonl"
-    proc = launch_router({
-        "MINERU_ROUTER_HEALTH_PRESET": "fast",
-        "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
-    })
-    servers = wait_both_in_rotation(proc)
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
+    servers = router.wait_in_rotation()
     victim_id, victim = min(servers.items())
     port = _native_port(victim["base_url"])
 
@@ -106,7 +100,7 @@ def test_an_attacked_endpoint_is_not_ejected(
     try:
         end = time.monotonic() + ATTACK_S
         while time.monotonic() < end:
-            entry = router_servers(proc.base_url).get(victim_id, {})
+            entry = router.servers().get(victim_id, {})
             if not entry.get("in_rotation", True):
                 out_of_rotation.append(entry)
             time.sleep(0.25)
@@ -120,6 +114,6 @@ def test_an_attacked_endpoint_is_not_ejected(
         assert FLOOD_CONNECTIONS - budget[0] > 100, "the flood never ran"
 
     assert out_of_rotation == [], [e.get("last_error") for e in out_of_rotation]
-    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    records = router.audit_records()
     assert [r["action"] for r in records] == ["admitted", "admitted"], records
-    assert router_servers(proc.base_url)[victim_id]["consecutive_failures"] == 0
+    assert router.servers()[victim_id]["consecutive_failures"] == 0

@@ -7,13 +7,7 @@ import signal
 from collections.abc import Callable
 
 import pytest
-from conftest import (
-    ROUTER_START_TIMEOUT_S,
-    ManagedProcess,
-    http_get,
-    wait_until,
-    worker_pids,
-)
+from conftest import Router, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -23,30 +17,19 @@ WORKER_EXIT_BOUND_S = 60.0
 
 
 def test_workers_die_with_a_killed_router(
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
 ) -> None:
     router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
-    base = router.base_url
-
-    def worker_ports() -> set[str] | None:
-        assert router.poll() is None, router.log_tail()
-        response = http_get(f"{base}/health", 5.0)
-        if response is None:
-            return None
-        servers = response.json().get("servers", [])
-        if len(servers) == 2 and all(s["in_rotation"] for s in servers):
-            return {s["base_url"].rsplit(":", 1)[1] for s in servers}
-        return None
-
-    ports = wait_until(worker_ports, ROUTER_START_TIMEOUT_S, 0.5)
-    assert ports, router.log_tail()
-    pids = worker_pids(ports)
+    servers = router.wait_in_rotation()
+    ports = {s["base_url"].rsplit(":", 1)[1] for s in servers.values()}
+    assert len(ports) == 2, servers
+    pids = router.worker_pids(ports)
     assert len(pids) == 2, (ports, pids)
 
-    os.kill(router.pid, signal.SIGKILL)
-    assert router.wait(30.0) == -signal.SIGKILL
+    os.kill(router.proc.pid, signal.SIGKILL)
+    assert router.proc.wait(30.0) == -signal.SIGKILL
 
-    assert wait_until(lambda: not worker_pids(ports), WORKER_EXIT_BOUND_S, 0.5), (
-        "workers outlived their router", worker_pids(ports))
+    assert wait_until(lambda: not router.worker_pids(ports), WORKER_EXIT_BOUND_S, 0.5), (
+        "workers outlived their router", router.worker_pids(ports))
     for worker_port in ports:
         assert http_get(f"http://127.0.0.1:{worker_port}/health", 2.0) is None

@@ -15,73 +15,40 @@ recovery, every worker's state in ``/metrics`` agrees with ``/health``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from conftest import (
-    ROUTER_START_TIMEOUT_S,
-    ManagedProcess,
-    http_get,
-    router_servers,
-    wait_both_in_rotation,
-    wait_restarted,
-    wait_until,
-    worker_pids,
-)
+from conftest import Router, http_get, wait_until
 from mineru_health.settings import HealthSettings
-from mineru_health.testing.faults import write_plan
-from prometheus_client.parser import text_string_to_metric_families
+from mineru_health.testing.router import START_TIMEOUT_S, Client
 
 pytestmark = pytest.mark.integration
 
-TASK_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 180.0
 MAX_PROBE_TASKS = 8  # tasks submitted at most until one hits the dead engine
 FAST = HealthSettings.preset("fast")
 
 
-
-
-
-
-
-
-
-
-def _metric_samples(base: str, name: str) -> list[Any]:
-    response = http_get(f"{base}/metrics", 5.0)
-    assert response is not None and response.status_code == 200
-    return [
-        sample
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-        if sample.name == name
-    ]
-
-
-def _metric_view(base: str) -> dict[str, tuple[str, int]]:
+def _metric_view(router: Router) -> dict[str, tuple[str, int]]:
     """(state, consecutive failures) of every worker, as /metrics shows them."""
     states = {
         s.labels["worker"]: s.labels["state"]
-        for s in _metric_samples(base, "mineru_router_worker_state")
+        for s in router.metric_samples("mineru_router_worker_state")
         if s.value == 1
     }
     failures = {
         s.labels["worker"]: int(s.value)
-        for s in _metric_samples(base, "mineru_router_worker_consecutive_failures")
+        for s in router.metric_samples("mineru_router_worker_consecutive_failures")
     }
     return {worker: (state, failures.get(worker, -1)) for worker, state in states.items()}
 
 
-def _agreed_states(base: str) -> dict[str, str]:
+def _agreed_states(router: Router) -> dict[str, str]:
     """Every worker's state once /health, /metrics and /health again are read at one settled moment.
 
     A transition between the reads shows as two different /health answers:
@@ -91,9 +58,9 @@ def _agreed_states(base: str) -> dict[str, str]:
     seen: list[Any] = []
 
     def settled() -> dict[str, str] | None:
-        before = router_servers(base)
-        metric_view = _metric_view(base)
-        after = router_servers(base)
+        before = router.servers()
+        metric_view = _metric_view(router)
+        after = router.servers()
 
         def view(servers: dict[str, dict[str, Any]]) -> dict[str, Any]:
             return {
@@ -115,56 +82,31 @@ def _agreed_states(base: str) -> dict[str, str]:
     return result
 
 
-class RouterClient:
-    def __init__(self, base: str, pdf: bytes, vlm_url: str) -> None:
-        self.base = base
-        self.pdf = pdf
-        self.vlm_url = vlm_url
+def _task_runner(router: Router, vlm_url: str, pdf: bytes) -> Callable[[], dict[str, Any]]:
+    """One task through the router, waited for: its last status ("hung": not terminal in time)."""
+    client = Client(router.base, router.line, engine_url=vlm_url, timeout_s=120.0)
 
-    def submit(self) -> str:
-        response = httpx.post(
-            f"{self.base}/tasks",
-            files={"files": ("tiny.pdf", self.pdf, "application/pdf")},
-            data={"backend": "vlm-http-client", "server_url": self.vlm_url},
-            timeout=60.0,
-        )
-        assert response.status_code == 202, response.text
-        task_id: str = response.json()["task_id"]
-        return task_id
+    def run() -> dict[str, Any]:
+        outcome = client.run("tiny.pdf", pdf)
+        return {**outcome.detail, "status": outcome.status}
 
-    def wait(self, task_id: str) -> dict[str, Any]:
-        """Polls the router until the task is terminal; fails the test if it never is."""
-        deadline = time.monotonic() + TASK_TIMEOUT_S
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            response = http_get(f"{self.base}/tasks/{task_id}", 10.0)
-            if response is not None and response.status_code == 200:
-                status = response.json()
-                if status["status"] in ("completed", "failed"):
-                    return status
-            time.sleep(0.25)
-        pytest.fail(f"task {task_id} hung: last status {status}")
-
-    def run(self) -> dict[str, Any]:
-        return self.wait(self.submit())
+    return run
 
 
-def _run_until_one_meets_the_dead_engine(client: RouterClient) -> dict[str, Any]:
+def _run_until_one_meets_the_dead_engine(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Sequential tasks until one was resubmitted away from the dead engine; all complete."""
     for _ in range(MAX_PROBE_TASKS):
-        status = client.run()
+        status = run()
         assert status["status"] == "completed", status  # never lost to the dead engine
         if status["attempts"] > 1:
             return status
     pytest.fail("no task reached the dead engine")
 
 
-
-
 @pytest.mark.parametrize("bad", ["timeout", "rules"])
 def test_router_refuses_bad_config(
     bad: str,
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
     tmp_path: Path,
 ) -> None:
     if bad == "timeout":
@@ -175,8 +117,8 @@ def test_router_refuses_bad_config(
         rules.write_text("site.broken fatal engine_dead (unclosed\n", encoding="utf-8")
         env = {"MINERU_HEALTH_RULES": str(rules)}
         expected = f"{rules}:1"
-    proc = launch_router(env)
-    code = proc.wait(ROUTER_START_TIMEOUT_S)
+    proc = launch_router(env).proc
+    code = proc.wait(START_TIMEOUT_S)
     assert code is not None and code != 0, proc.log_tail()
     log = proc.log()
     assert expected in log
@@ -184,33 +126,24 @@ def test_router_refuses_bad_config(
 
 
 def test_engine_death_is_ejected_restarted_and_tasks_complete(
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
     fake_vlm_url: str,
     tiny_pdf: bytes,
-    tmp_path: Path,
 ) -> None:
-    audit_path = tmp_path / "audit.jsonl"
-    plan = tmp_path / "fault-plan"
-    proc = launch_router(
-        {
-            "MINERU_ROUTER_HEALTH_PRESET": "fast",
-            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
-            # Both workers inherit it; whichever reads the plan first consumes it.
-            "MINERU_HEALTH_FAULT_PLAN": str(plan),
-        },
-    )
-    base = proc.base_url
+    # Both workers inherit the plan; whichever reads it first consumes it.
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"}, fault_plan="fault-plan")
+    plan = router.plan()
 
-    wait_both_in_rotation(proc)
-    first_urls = {sid: s["base_url"] for sid, s in router_servers(base).items()}
-    for entry in router_servers(base).values():
+    router.wait_in_rotation()
+    first_urls = {sid: s["base_url"] for sid, s in router.servers().items()}
+    for entry in router.servers().values():
         assert entry["state"] == "healthy" and entry["restartable"]
         assert entry["consecutive_failures"] == 0 and entry["restart_attempt"] == 0
 
-    client = RouterClient(base, tiny_pdf, fake_vlm_url)
-    assert client.run()["status"] == "completed"
+    run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
+    assert run_task()["status"] == "completed"
 
-    write_plan(plan, "engine_dead")
+    router.write_plan("engine_dead")
     assert wait_until(lambda: not plan.exists(), 60.0, 0.1), "no worker consumed the fault plan"
 
     # Sequential tasks until one lands on the dead engine (the router picks
@@ -221,35 +154,35 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     # tasks run, since on a loaded machine its restart can come first. How
     # fast it leaves is bench/recovery's to measure.
     def dead_worker() -> str | None:
-        out = [sid for sid, s in router_servers(base).items() if not s["in_rotation"]]
+        out = [sid for sid, s in router.servers().items() if not s["in_rotation"]]
         return out[0] if len(out) == 1 else None
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        meeting = pool.submit(_run_until_one_meets_the_dead_engine, client)
+        meeting = pool.submit(_run_until_one_meets_the_dead_engine, run_task)
         dead = wait_until(dead_worker, RESTART_TIMEOUT_S, 0.05)
-        assert dead, router_servers(base)
+        assert dead, router.servers()
         (other,) = [sid for sid in first_urls if sid != dead]
-        assert router_servers(base)[other]["in_rotation"]
+        assert router.servers()[other]["in_rotation"]
         met = meeting.result(timeout=RESTART_TIMEOUT_S)
     assert met["workers_tried"][1] != met["workers_tried"][0]
 
     # Tasks submitted while it is out or restarting all complete.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        statuses = list(pool.map(lambda _: client.run(), range(6)))
+        statuses = list(pool.map(lambda _: run_task(), range(6)))
     assert [s["status"] for s in statuses] == ["completed"] * 6, statuses
 
-    wait_restarted(proc, dead, first_urls[dead])
-    entry = router_servers(base)[dead]
+    router.wait_restarted(dead, first_urls[dead])
+    entry = router.servers()[dead]
     assert entry["state"] == "healthy" and entry["restart_attempt"] == 0
     assert entry["next_restart_at"] is None and entry["last_error"] is None
-    assert router_servers(base)[other]["base_url"] == first_urls[other]
+    assert router.servers()[other]["base_url"] == first_urls[other]
 
     # Both serve again.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        statuses = list(pool.map(lambda _: client.run(), range(4)))
+        statuses = list(pool.map(lambda _: run_task(), range(4)))
     assert all(s["status"] == "completed" for s in statuses), statuses
 
-    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    records = router.audit_records()
     # Both were admitted at start; then only the dead one changed.
     assert {r["worker_id"] for r in records if r["action"] != "admitted"} == {dead}, records
     story = [r for r in records if r["worker_id"] == dead][1:]  # after its own admission
@@ -275,7 +208,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
         ("restart_scheduled", "restarting"),
         ("restarting", "healthy"),
     ]
-    metrics = http_get(f"{base}/metrics", 5.0)
+    metrics = http_get(f"{router.base}/metrics", 5.0)
     assert metrics is not None and metrics.status_code == 200
     assert "mineru_router_audit_events_total" in metrics.text
 
@@ -283,153 +216,123 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
 LOOP_HANG_S = 3.0
 
 
-def _victim_story(audit_path: Path, victim: str) -> list[dict[str, Any]]:
-    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
-    return [r for r in records if r["worker_id"] == victim][1:]  # after its admission
+def _victim_story(router: Router, victim: str) -> list[dict[str, Any]]:
+    return [r for r in router.audit_records() if r["worker_id"] == victim][1:]  # after admission
 
 
 def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
     fake_vlm_url: str,
     tiny_pdf: bytes,
-    tmp_path: Path,
 ) -> None:
     # The event loop stops for good: the main port answers nothing, the native
     # endpoint says loop_hung once the loop has been blocked past the limit.
-    audit_path = tmp_path / "audit.jsonl"
-    plans = tmp_path / "plans"
-    plans.mkdir()
-    proc = launch_router(
-        {
-            "MINERU_ROUTER_HEALTH_PRESET": "fast",
-            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
-            "MINERU_HEALTH_FAULT_PLAN": str(plans / "plan-{port}"),
-            "MINERU_HEALTH_LOOP_HANG_S": str(LOOP_HANG_S),
-        },
-    )
-    base = proc.base_url
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast",
+                            "MINERU_HEALTH_LOOP_HANG_S": str(LOOP_HANG_S)},
+                           fault_plan="plan-{port}")
 
-    wait_both_in_rotation(proc)
-    servers = router_servers(base)
+    servers = router.wait_in_rotation()
     victim = min(servers)
     (other,) = [sid for sid in servers if sid != victim]
     victim_url = servers[victim]["base_url"]
-    write_plan(plans / f"plan-{victim_url.rsplit(':', 1)[1]}", "hang")
+    router.write_plan("hang", victim_url)
 
     # Out of rotation within the hang limit plus one probe (interval + timeout).
     # (Generous slack: a loaded machine delays the probes; bench/recovery times it.)
     bound = LOOP_HANG_S + FAST.interval_s * 1.5 + FAST.probe_timeout_s + 30.0
-    assert wait_until(lambda: not router_servers(base)[victim]["in_rotation"], bound, 0.1), (
-        router_servers(base)
+    assert wait_until(lambda: not router.servers()[victim]["in_rotation"], bound, 0.1), (
+        router.servers()
     )
-    assert router_servers(base)[other]["in_rotation"]
+    assert router.servers()[other]["in_rotation"]
 
-    client = RouterClient(base, tiny_pdf, fake_vlm_url)
-    statuses = [client.run()["status"] for _ in range(3)]
+    run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
+    statuses = [run_task()["status"] for _ in range(3)]
     assert statuses == ["completed"] * 3
 
-    wait_restarted(proc, victim, victim_url)
-    story = _victim_story(audit_path, victim)
+    router.wait_restarted(victim, victim_url)
+    story = _victim_story(router, victim)
     assert story[0]["action"] == "ejected" and story[0]["cause"] == "loop_hung", story
     assert "admitted" in [r["action"] for r in story]
 
 
 def test_stopped_process_is_ejected_by_probe_timeouts_and_restarted(
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
     fake_vlm_url: str,
     tiny_pdf: bytes,
-    tmp_path: Path,
 ) -> None:
     # SIGSTOP: nothing in the process answers, its native endpoint included;
     # only probe timeouts can take it out.
-    audit_path = tmp_path / "audit.jsonl"
-    proc = launch_router(
-        {
-            "MINERU_ROUTER_HEALTH_PRESET": "fast",
-            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(audit_path),
-        },
-    )
-    base = proc.base_url
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
 
-    wait_both_in_rotation(proc)
-    servers = router_servers(base)
+    servers = router.wait_in_rotation()
     victim = min(servers)
     (other,) = [sid for sid in servers if sid != victim]
     victim_url = servers[victim]["base_url"]
-    (pid,) = worker_pids({victim_url.rsplit(":", 1)[1]})
+    (pid,) = router.worker_pids({victim_url.rsplit(":", 1)[1]})
     os.kill(pid, signal.SIGSTOP)
     try:
         bound = FAST.failure_threshold * (FAST.interval_s * 1.5 + FAST.probe_timeout_s) + 30.0
-        assert wait_until(lambda: not router_servers(base)[victim]["in_rotation"], bound, 0.1), (
-            router_servers(base)
+        assert wait_until(lambda: not router.servers()[victim]["in_rotation"], bound, 0.1), (
+            router.servers()
         )
-        assert router_servers(base)[other]["in_rotation"]
-        client = RouterClient(base, tiny_pdf, fake_vlm_url)
-        assert [client.run()["status"] for _ in range(2)] == ["completed"] * 2
-        wait_restarted(proc, victim, victim_url)
+        assert router.servers()[other]["in_rotation"]
+        run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
+        assert [run_task()["status"] for _ in range(2)] == ["completed"] * 2
+        router.wait_restarted(victim, victim_url)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    story = _victim_story(audit_path, victim)
+    story = _victim_story(router, victim)
     assert story[0]["action"] == "ejected" and story[0]["cause"] == "timeout", story
 
 
 def test_metrics_agree_with_health_through_a_restart(
-    launch_router: Callable[..., ManagedProcess],
+    launch_router: Callable[..., Router],
     fake_vlm_url: str,
     tiny_pdf: bytes,
-    tmp_path: Path,
 ) -> None:
-    plan = tmp_path / "fault-plan"
-    proc = launch_router(
-        {
-            "MINERU_ROUTER_HEALTH_PRESET": "fast",
-            "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(tmp_path / "audit.jsonl"),
-            "MINERU_HEALTH_FAULT_PLAN": str(plan),
-        },
-    )
-    base = proc.base_url
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"}, fault_plan="fault-plan")
+    plan = router.plan()
 
     # Start: in rotation is "healthy" in /metrics too.
-    wait_both_in_rotation(proc)
-    first_urls = {sid: s["base_url"] for sid, s in router_servers(base).items()}
-    assert set(_agreed_states(base).values()) == {"healthy"}
+    first_urls = {sid: s["base_url"] for sid, s in router.wait_in_rotation().items()}
+    assert set(_agreed_states(router).values()) == {"healthy"}
 
     # Ejection: a task meets the dead engine (and is resubmitted). The worker is
     # looked for while the tasks run: on a loaded machine the resubmitted task
     # can take longer than the dead worker's restart.
-    client = RouterClient(base, tiny_pdf, fake_vlm_url)
-    write_plan(plan, "engine_dead")
+    run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
+    router.write_plan("engine_dead")
     assert wait_until(lambda: not plan.exists(), 60.0, 0.1), "no worker consumed the fault plan"
 
     def dead_worker() -> str | None:
-        out = [sid for sid, s in router_servers(base).items() if not s["in_rotation"]]
+        out = [sid for sid, s in router.servers().items() if not s["in_rotation"]]
         return out[0] if len(out) == 1 else None
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        met = pool.submit(_run_until_one_meets_the_dead_engine, client)
+        met = pool.submit(_run_until_one_meets_the_dead_engine, run_task)
         dead = wait_until(dead_worker, RESTART_TIMEOUT_S, 0.05)
-        assert dead, router_servers(base)
+        assert dead, router.servers()
         (other,) = [sid for sid in first_urls if sid != dead]
-        states = _agreed_states(base)
+        states = _agreed_states(router)
         assert states[other] == "healthy" and states[dead] != "healthy", states
         met.result(timeout=RESTART_TIMEOUT_S)
 
     # Restart: the new process boots for seconds, long enough to be seen.
     assert wait_until(
-        lambda: router_servers(base)[dead]["state"] == "restarting", RESTART_TIMEOUT_S, 0.1
-    ), router_servers(base)
-    states = _agreed_states(base)
+        lambda: router.servers()[dead]["state"] == "restarting", RESTART_TIMEOUT_S, 0.1
+    ), router.servers()
+    states = _agreed_states(router)
     assert states[dead] in ("restarting", "healthy"), states
 
     # Recovery.
-    wait_restarted(proc, dead, first_urls[dead])
-    assert _agreed_states(base) == {dead: "healthy", other: "healthy"}
+    router.wait_restarted(dead, first_urls[dead])
+    assert _agreed_states(router) == {dead: "healthy", other: "healthy"}
 
     def counted(name: str, label: str) -> dict[str, float]:
         return {
             s.labels[label]: s.value
-            for s in _metric_samples(base, name)
+            for s in router.metric_samples(name)
             if s.labels["worker"] == dead and s.value
         }
 

@@ -49,7 +49,7 @@ class DemoContext:
         self.tmp: Path | None = None
         self.client: Any = None  # httpx.AsyncClient while the demo runs
         self.python = ""  # MinerU's Python
-        self.base_env: dict[str, str] = {}
+        self.site: Path | None = None  # the patched MinerU copy
         self.router: ManagedProcess | None = None
         self.router_url = ""
         self.fake_url = ""

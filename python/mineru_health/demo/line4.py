@@ -1,7 +1,7 @@
 """``mineru-health demo`` on MinerU 4.0: the same story on 4.0's ``mineru-router`` and workers.
 
-The fleet is :mod:`mineru_health.testing.router4`'s (the harness of the 4.0
-router tests and ``bench/router4``): the real, patched ``mineru-router``
+The fleet is :mod:`mineru_health.testing.router`'s (the harness of the 4.0
+router tests and ``bench/recovery --line 4``): the real, patched ``mineru-router``
 4.0 with two local workers on the flash tier, offline, a job (a text PDF)
 every 0.8 s. One worker's engine fails as the scenario says; the timeline
 comes from the router's audit file and ``/v1/usage``, the verdict from the
@@ -51,7 +51,7 @@ def _line(out: IO[str], start: float, when: float, text: str) -> None:
 def run_demo4(python: str, scenario: str, *, json_mode: bool, keep_temp: bool,
               out: IO[str] = sys.stdout) -> int:
     """Runs one 4.0 scenario; returns the demo's exit status (0 outcome met, 1 missed, 2 set-up)."""
-    from ..testing.router4 import run_fault, start_fleet, write_plan
+    from ..testing.router import FLEET4_ENV, LINE4, fleet, run_fault
     from ..testing.sandbox import SandboxError
 
     chosen = SCENARIOS4[scenario]
@@ -60,12 +60,12 @@ def run_demo4(python: str, scenario: str, *, json_mode: bool, keep_temp: bool,
         if not json_mode:
             print(f"mineru-health demo (MinerU 4.0): {chosen.story}", file=out, flush=True)
         try:
-            with start_fleet(scratch, python) as fleet:
+            with fleet(LINE4, scratch, python, env=FLEET4_ENV) as router:
                 start = time.time()
                 if not json_mode:
                     _line(out, start, start, "router and two workers in rotation; jobs start")
-                run = run_fault(fleet, lambda: write_plan(fleet.plan, chosen.word))
-                audit = fleet.audit_records(since=run.fault_at)
+                run = run_fault(router, lambda: router.write_plan(chosen.word))
+                audit = router.audit_records(since=run.fault_at)
         except SandboxError as error:
             print(f"mineru-health demo: {error}", file=sys.stderr)
             return 2
@@ -75,7 +75,8 @@ def run_demo4(python: str, scenario: str, *, json_mode: bool, keep_temp: bool,
                            else (run.out_at is None and failed_docs <= 1))
         summary: dict[str, Any] = {
             "line": "4.0", "scenario": scenario, "ok": ok,
-            "jobs": len(run.jobs), "completed": sum(j.status == "completed" for j in run.jobs),
+            "jobs": len(run.outcomes),
+            "completed": sum(j.status == "completed" for j in run.outcomes),
             "lost": len(lost), "failed_documents": failed_docs,
             "out_of_rotation_after_s": None if run.out_at is None else run.out_at - run.fault_at,
             "back_after_s": None if run.back_at is None else run.back_at - run.fault_at,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mineru_health.testing import sandbox
+from mineru_health.testing.router import LINE3, start_router
 
 from .context import DemoContext, SetupError
 from .load import Load
@@ -145,7 +146,6 @@ class Demo:
     async def _setup(self) -> None:
         ctx = self.ctx
         ctx.tmp = tmp = Path(tempfile.mkdtemp(prefix="mineru-health-demo-"))
-        (tmp / "logs").mkdir()
         ctx.python = python = sandbox.mineru_python()
         try:
             mineru_dir = await asyncio.to_thread(sandbox.mineru_package_dir, python)
@@ -161,8 +161,8 @@ class Demo:
         patched = ", ".join(f"{f.target} ({f.state.value})" for f in report.files)
         self.timeline.add("demo", f"patched the copy for MinerU {report.mineru_version}: {patched}")
 
-        health_path = await asyncio.to_thread(sandbox.health_path_for, python, site)
-        ctx.base_env = sandbox.mineru_env(site, health_path=health_path)
+        ctx.site = site
+        env = await asyncio.to_thread(LINE3.env, site, tmp, python, {})
         ctx.pdf = await asyncio.to_thread(sandbox.make_pdf)
         (tmp / "rules.txt").write_text(RULES_COMMENT)
 
@@ -171,43 +171,33 @@ class Demo:
         ctx.processes.start(
             "fake-vlm",
             sandbox.fake_vlm_command(python, port),
-            env=ctx.base_env,
-            log_path=tmp / "logs" / "fake-vlm.log",
+            env=env,
+            log_path=tmp / "fake-vlm.log",
             cwd=tmp,
         )
 
     async def _start_router(self) -> None:
         ctx = self.ctx
-        assert ctx.tmp is not None
+        assert ctx.tmp is not None and ctx.site is not None
         await self._wait_http(f"{ctx.fake_url}/health", "the fake VLM server", 60)
         self.timeline.add("demo", f"fake VLM server up at {ctx.fake_url}")
-        port = sandbox.free_port()
-        ctx.router_url = f"http://{HOST}:{port}"
-        env = dict(ctx.base_env)
-        env.update(
-            {
-                "MINERU_ROUTER_HEALTH_PRESET": "fast",
-                "MINERU_ROUTER_HEALTH_AUDIT_PATH": str(ctx.tmp / "audit.jsonl"),
-                "MINERU_HEALTH_FAULT_PLAN": str(ctx.tmp / "plan-{port}"),
-                "MINERU_HEALTH_FAULT_HANG_S": "600",
-                # A loop blocked this long is hung (60 s in production): short
-                # enough for the hung-worker scenario to play out in a minute.
-                "MINERU_HEALTH_LOOP_HANG_S": "5",
-                "MINERU_HEALTH_RULES": str(ctx.tmp / "rules.txt"),
-                # Workers inherit the router's stdin (our pipe): they exit when
-                # it closes, even if the router itself was killed.
-                "MINERU_API_SHUTDOWN_ON_STDIN_EOF": "1",
-                "MINERU_API_DISABLE_ACCESS_LOG": "1",
-            }
-        )
+        env = {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_HEALTH_FAULT_HANG_S": "600",
+            # A loop blocked this long is hung (60 s in production): short
+            # enough for the hung-worker scenario to play out in a minute.
+            "MINERU_HEALTH_LOOP_HANG_S": "5",
+            "MINERU_HEALTH_RULES": str(ctx.tmp / "rules.txt"),
+            # Workers inherit the router's stdin (our pipe): they exit when
+            # it closes, even if the router itself was killed.
+            "MINERU_API_SHUTDOWN_ON_STDIN_EOF": "1",
+        }
         if ctx.scenario.break_restarts:
             env["MINERU_ROUTER_HEALTH_MAX_ATTEMPTS"] = "3"
-        argv = [ctx.python, "-m", "mineru.cli.router", "--host", HOST, "--port", str(port)]
-        argv += ["--local-gpus", "0,1"]
-        ctx.router = ctx.processes.start(
-            "router", argv, env=env, log_path=ctx.tmp / "logs" / "router.log", cwd=ctx.tmp,
-            stdin_pipe=True,
-        )
+        # The audit file and the victim's plan (plan-<its port>) are in ctx.tmp.
+        router = start_router(ctx.processes, LINE3, ctx.site, ctx.python, ctx.tmp, env=env,
+                              fault_plan="plan-{port}", stdin_pipe=True)
+        ctx.router, ctx.router_url = router.proc, router.base
         self.timeline.add("demo", f"started mineru-router on {ctx.router_url} (2 local workers)")
         self.timeline.wait("the router and both workers to be healthy", ROUTER_START_S)
         deadline = time.monotonic() + ROUTER_START_S
@@ -281,7 +271,7 @@ class Demo:
             return
         for name in ("router.log", "fake-vlm.log"):
             try:
-                text = (self.ctx.tmp / "logs" / name).read_text(errors="replace")
+                text = (self.ctx.tmp / name).read_text(errors="replace")
             except OSError:
                 continue
             tail = "\n".join(text.splitlines()[-40:])

@@ -6,7 +6,7 @@ the flash tier inlines the images into a ~400 MB markdown), parsed by a real
 patched ``mineru-api`` 4.0.12. 4.0 sanitises and hashes that output on its
 event loop, so ``/v1/health`` waits seconds for its answer; the native
 endpoint answers from its own thread. Only coarse bounds are asserted (the
-figures go to ``bench/busy/run4.py``); the hang limit is raised so that a
+figures go to ``bench/busy/run.py --line 4``); the hang limit is raised so that a
 slow machine's long block is not reported as a hung loop.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from mineru4_support import (
     Prober,
-    Worker4,
+    Worker,
     python4,  # noqa: F401 - fixture
     site4,  # noqa: F401 - fixture
     start_worker4,  # noqa: F401 - fixture
@@ -37,9 +37,9 @@ def large_pdf() -> bytes:
 
 def test_native_endpoint_answers_while_v1_health_waits(start_worker4: Any,
                                                         large_pdf: bytes) -> None:
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "600"})
-    with Prober(f"{worker.native_url}/health") as native, \
-            Prober(f"{worker.base_url}/v1/health") as main:
+    worker: Worker = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "600"})
+    with Prober(f"{worker.native_url}/health", timeout_s=300.0) as native, \
+            Prober(f"{worker.base_url}/v1/health", timeout_s=300.0) as main:
         submitted = worker.submit(large_pdf, formats=("markdown", "middle_json"), timeout_s=300)
         assert submitted.status_code == 202, submitted.text
         job = worker.wait_terminal(submitted.json()["task_id"], JOB_TIMEOUT_S)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from mineru4_support import (
-    Worker4,
+    Worker,
     python4,  # noqa: F401 - fixture
     site4,  # noqa: F401 - fixture
     start_worker4,  # noqa: F401 - fixture
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 def test_finished_jobs_survive_a_kill(start_worker4: Any, tmp_path: Path) -> None:
     uploads = tmp_path / "uploads"
-    first: Worker4 = start_worker4(upload_dir=uploads)
+    first: Worker = start_worker4(upload_dir=uploads)
     done = first.wait_terminal(first.submit(text_pdf(3)).json()["task_id"])
     assert done["status"] == "completed", done
     task_id = done["task_id"]
@@ -31,7 +31,7 @@ def test_finished_jobs_survive_a_kill(start_worker4: Any, tmp_path: Path) -> Non
     first.proc.popen.send_signal(signal.SIGKILL)
     assert first.proc.wait(10.0) == -signal.SIGKILL
 
-    second: Worker4 = start_worker4(upload_dir=uploads)
+    second: Worker = start_worker4(upload_dir=uploads)
     again = second.job(task_id)
     assert again["status"] == "completed"
     assert again["files"] == done["files"]

@@ -1,6 +1,6 @@
 """The patched MinerU 4.0 ``mineru-router`` with two real local ``mineru-api`` workers.
 
-Offline, flash tier, text PDFs (harness: ``testing/router4.py``). A steady
+Offline, flash tier, text PDFs (harness: ``testing/router.py``). A steady
 stream of jobs goes through the router's ``/v1/tasks`` while one worker is
 killed with ``kill -9``, its engine dies (vLLM's ``EngineDeadError`` raised
 in 4.0's real parse call) or its event loop hangs. Every job submitted must
@@ -20,8 +20,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mineru_health.testing import router4, sandbox
-from mineru_health.testing.router4 import FaultRun, Fleet, Job
+from mineru_health.testing import sandbox
+from mineru_health.testing.router import (
+    FLEET4_ENV,
+    LINE4,
+    FaultRun,
+    Outcome,
+    Router,
+    fleet,
+    run_fault,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -31,61 +39,55 @@ pytestmark = [
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+def router(tmp_path: Path) -> Iterator[Router]:
     python = sandbox.mineru4_python()
     assert python is not None
-    with router4.start_fleet(tmp_path, python) as fleet:
-        yield fleet
+    with fleet(LINE4, tmp_path, python, env=FLEET4_ENV) as router:
+        yield router
 
 
-def _metrics_states(fleet: Fleet) -> dict[str, str]:
-    text = httpx.get(f"{fleet.base}/metrics", timeout=10).text
-    states = {}
-    for line in text.splitlines():
-        if line.startswith("mineru_router_worker_state{") and line.endswith(" 1.0"):
-            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:
-                                                              line.index("}")].split(","))
-            states[labels["worker"].strip('"')] = labels["state"].strip('"')
-    return states
+def _metrics_states(router: Router) -> dict[str, str]:
+    return {s.labels["worker"]: s.labels["state"]
+            for s in router.metric_samples("mineru_router_worker_state") if s.value == 1.0}
 
 
-def _check(fleet: Fleet, inject: Callable[[], None], cause: str) -> FaultRun:
-    run = router4.run_fault(fleet, inject)
-    records = fleet.audit_records(since=run.fault_at)
+def _check(router: Router, inject: Callable[[], None], cause: str) -> FaultRun:
+    run = run_fault(router, inject)
+    records = router.audit_records(since=run.fault_at)
     assert cause in {r["cause"] for r in records}, records
     assert any(r["action"] == "admitted" and r["from"] == "restarting" for r in records), records
-    assert run.back_at is not None, fleet.router.log_tail()
-    assert _metrics_states(fleet) == {"local-0-1": "healthy", "local-1-2": "healthy"}
-    lost = [(j.seed, j.error or j.payload.get("files")) for j in run.lost]
-    assert lost == [], (lost, fleet.router.log_tail(6000))
-    assert len(run.jobs) > len(run.before)
-    _assert_downloadable(fleet, run.before)
+    assert run.back_at is not None, router.proc.log_tail()
+    assert _metrics_states(router) == {"local-0-1": "healthy", "local-1-2": "healthy"}
+    lost = [(o.number, o.detail.get("files") or o.detail) for o in run.lost]
+    assert lost == [], (lost, router.proc.log_tail(6000))
+    assert len(run.outcomes) > len(run.before)
+    _assert_downloadable(router, run.before)
     return run
 
 
-def _assert_downloadable(fleet: Fleet, jobs: list[Job]) -> None:
-    with httpx.Client(base_url=fleet.base, timeout=30) as client:
+def _assert_downloadable(router: Router, jobs: list[Outcome]) -> None:
+    with httpx.Client(base_url=router.base, timeout=30) as client:
         for job in jobs:
-            output = job.payload["files"][0]["output_files"]["markdown"]
+            output = job.detail["files"][0]["output_files"]["markdown"]
             content = client.get(f"/v1/files/{output['file_id']}/content")
-            assert content.status_code == 200, (job.seed, content.text[:300])
-            assert f"Document {job.seed}," in content.text
+            assert content.status_code == 200, (job.number, content.text[:300])
+            assert f"Document {job.number}," in content.text
             assert client.get(f"/v1/tasks/{job.task_id}/result").status_code == 200
 
 
-def test_kill_9_of_a_worker_loses_no_job(fleet: Fleet) -> None:
-    _check(fleet, lambda: os.kill(fleet.worker_pids()[0], signal.SIGKILL), "process_exit")
+def test_kill_9_of_a_worker_loses_no_job(router: Router) -> None:
+    _check(router, lambda: os.kill(router.worker_pids()[0], signal.SIGKILL), "process_exit")
 
 
-def test_engine_death_loses_no_job(fleet: Fleet) -> None:
-    _check(fleet, lambda: router4.write_plan(fleet.plan, "engine_dead"), "engine_dead")
+def test_engine_death_loses_no_job(router: Router) -> None:
+    _check(router, lambda: router.write_plan("engine_dead"), "engine_dead")
 
 
-def test_hung_event_loop_loses_no_job(fleet: Fleet) -> None:
+def test_hung_event_loop_loses_no_job(router: Router) -> None:
     """The native endpoint says loop_hung (definitive) while the main port answers nothing."""
-    _check(fleet, lambda: router4.write_plan(fleet.plan, "hang"), "loop_hung")
+    _check(router, lambda: router.write_plan("hang"), "loop_hung")
 
 
-def test_stalled_engine_loses_no_job(fleet: Fleet) -> None:
+def test_stalled_engine_loses_no_job(router: Router) -> None:
     """The engine call never returns; the worker's stall watchdog condemns it."""
-    _check(fleet, lambda: router4.write_plan(fleet.plan, "engine_stall"), "engine_dead")
+    _check(router, lambda: router.write_plan("engine_stall"), "engine_dead")

@@ -18,7 +18,7 @@ import httpx
 import mineru_health
 import pytest
 from mineru4_support import (  # noqa: F401 - fixtures
-    Worker4,
+    Worker,
     plan_consumed,
     python4,
     site4,
@@ -61,7 +61,7 @@ def _assert_dead_body(body: dict[str, Any]) -> None:
 def test_engine_death_makes_the_worker_unhealthy(start_worker4: Any, word: str) -> None:
     if not _classified_fatal(word):
         pytest.skip(f"no built-in rule calls the planned {DEATHS[word]} fatal yet")
-    worker: Worker4 = start_worker4()
+    worker: Worker = start_worker4()
     healthy = worker.get("/v1/health")
     assert healthy.json()["native_health_port"] == int(worker.native_url.rsplit(":", 1)[1])
     assert worker.native().status_code == 200
@@ -89,7 +89,7 @@ def test_engine_death_makes_the_worker_unhealthy(start_worker4: Any, word: str) 
 
 
 def test_document_error_keeps_the_worker(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4()
+    worker: Worker = start_worker4()
     write_plan(worker.plan, "task_local")
     plan_consumed(worker)
     failed = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
@@ -106,7 +106,7 @@ def test_document_error_keeps_the_worker(start_worker4: Any) -> None:
 
 def test_remote_engine_never_condemns_the_worker(start_worker4: Any) -> None:
     # A VLM server URL makes the engine remote (http-client): its errors are the server's.
-    worker: Worker4 = start_worker4(args=("--vlm-server-url", "http://127.0.0.1:9"))
+    worker: Worker = start_worker4(args=("--vlm-server-url", "http://127.0.0.1:9"))
     write_plan(worker.plan, "remote_engine_dead")
     plan_consumed(worker)
     failed = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
@@ -117,7 +117,7 @@ def test_remote_engine_never_condemns_the_worker(start_worker4: Any) -> None:
 
 
 def test_device_errors_exhaust_the_error_budget(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_ERROR_BUDGET": "2"})
+    worker: Worker = start_worker4({"MINERU_HEALTH_ERROR_BUDGET": "2"})
     for round_ in range(2):
         write_plan(worker.plan, "device_oom")
         plan_consumed(worker)
@@ -130,7 +130,7 @@ def test_device_errors_exhaust_the_error_budget(start_worker4: Any) -> None:
 
 
 def test_engine_stall_fails_every_unfinished_job(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_STALL_S": "3"})
+    worker: Worker = start_worker4({"MINERU_HEALTH_STALL_S": "3"})
     write_plan(worker.plan, "engine_stall")
     plan_consumed(worker)
     first = worker.submit(text_pdf()).json()["task_id"]
@@ -145,7 +145,7 @@ def test_engine_stall_fails_every_unfinished_job(start_worker4: Any) -> None:
 
 
 def test_native_endpoint_answers_while_the_loop_hangs(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "2"})
+    worker: Worker = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "2"})
     write_plan(worker.plan, "hang 8")
     plan_consumed(worker)
     hung = wait_until(lambda: worker.native().json().get("loop_hung"), 6.0, 0.2)
@@ -160,7 +160,7 @@ def test_native_endpoint_answers_while_the_loop_hangs(start_worker4: Any) -> Non
 
 
 def test_exit_on_fatal(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_EXIT_ON_FATAL": "1",
+    worker: Worker = start_worker4({"MINERU_HEALTH_EXIT_ON_FATAL": "1",
                                      "MINERU_HEALTH_EXIT_GRACE_S": "3"})
     write_plan(worker.plan, "cuda_illegal_address")
     plan_consumed(worker)
@@ -170,7 +170,7 @@ def test_exit_on_fatal(start_worker4: Any) -> None:
 
 
 def test_poison_document_kills_the_engine_of_whoever_parses_it(start_worker4: Any) -> None:
-    worker: Worker4 = start_worker4()
+    worker: Worker = start_worker4()
     write_plan(worker.plan, "poison poison.pdf")
     assert wait_until(lambda: worker.native().status_code == 200, 5.0)
     fine = worker.wait_terminal(worker.submit(text_pdf(), name="fine.pdf").json()["task_id"])
@@ -187,7 +187,7 @@ def test_a_hung_parse_ends_as_task_hung_and_stalls_a_worker_with_nothing_else(
 ) -> None:
     """Issue 17 on 4.0: a parse that hangs outside any engine call used to run forever."""
     # A bound no parse reaches on a loaded machine (a cold parse there took 16 s).
-    worker: Worker4 = start_worker4({"MINERU_HEALTH_TASK_HANG_S": "30"})
+    worker: Worker = start_worker4({"MINERU_HEALTH_TASK_HANG_S": "30"})
     warm = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
     assert warm["status"] == "completed", warm
     write_plan(worker.plan, "parse_hang")
