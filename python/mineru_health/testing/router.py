@@ -667,17 +667,26 @@ class Worker:
         return self.client.post(name, pdf, path=path, formats=formats, timeout_s=timeout_s)
 
     def job(self, task_id: str) -> dict[str, Any]:
+        """The task's status; raises unless it answers 200."""
         # 4.0 answers on the loop it blocks for most of a minute after a large job.
-        body = self.client.status(task_id, timeout_s=600.0)
-        if not body:
-            raise SandboxError(f"no status for {task_id}:\n{self.proc.log_tail()}")
+        response = self.get(f"{self.line.tasks}/{task_id}", 600.0)
+        if response.status_code != 200:
+            raise SandboxError(f"{task_id}: {response.status_code} {response.text[:500]}")
+        body: dict[str, Any] = response.json()
         return body
 
     def wait_terminal(self, task_id: str, timeout_s: float = 300.0) -> dict[str, Any]:
-        outcome = self.client.wait(task_id, timeout_s=timeout_s)
-        if outcome.status == "hung":
+        """Until the task is terminal (every status answered 200); its status then."""
+
+        def terminal() -> dict[str, Any] | None:
+            body = self.job(task_id)
+            return body if body.get("status") in self.line.terminal else None
+
+        body = wait_until(terminal, timeout_s, 0.2)
+        if not body:
             raise SandboxError(f"job {task_id} did not finish:\n{self.proc.log_tail()}")
-        return outcome.detail
+        result: dict[str, Any] = body
+        return result
 
 
 def start_worker(procs: Processes, line: Line, site: Path, python: str, scratch: Path, *,
