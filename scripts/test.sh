@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
-# Python (unit, then integration against the real MinerU 3.x processes (3.4.5 by default)).
+# Python (unit, then integration against the real MinerU 3.x processes (3.4.5 by default),
+# and the 3.x integration tests again on 3.4.4).
 # C++ runs four times: plain, ASan+UBSan, TSan, and clang with -Wthread-safety
 # -Werror (the lock annotations proven at compile time); then libFuzzer
 # targets, time-bounded.
@@ -36,3 +37,17 @@ fi
 # Run from tests/ so the installed package, not python/, is imported.
 cd tests
 timeout 3000 python -m pytest -q -p no:cacheprovider "$@" .
+
+# The 3.x integration tests once more on the previous 3.x release (the one 0.2 supported):
+# its wheel (fetched by setup.sh) unpacked and first on PYTHONPATH, so that the sandbox
+# copies and patches that MinerU. Only on a full run; MINERU_HEALTH_ALSO_MINERU3= skips it.
+also=${MINERU_HEALTH_ALSO_MINERU3-3.4.4}
+if [ -n "$also" ] && [ $# -eq 0 ]; then
+  echo "== Python integration tests on MinerU $also"
+  site="$MINERU_HEALTH_RELEASE_WHEELS/../mineru-$also-site"
+  rm -rf "$site"
+  python -m zipfile -e "$MINERU_HEALTH_RELEASE_WHEELS/mineru-$also-py3-none-any.whl" "$site"
+  export PYTHONPATH="$site"
+  python -c "import mineru.version as v; assert v.__version__ == '$also', v.__version__"
+  timeout 1500 python -m pytest -q -p no:cacheprovider integration --ignore=integration/mineru4
+fi
