@@ -148,6 +148,15 @@ def set_aside(path: str | os.PathLike[str], reason: object) -> Path:
     return target
 
 
+def _set_aside_in(directory: Path) -> list[Path]:
+    """The files ``set_aside`` left in ``directory`` (their SQLite companions not counted)."""
+    try:
+        return sorted(path for path in directory.glob("*.damaged-*")
+                      if not path.name.endswith(("-wal", "-shm")))
+    except OSError:
+        return []
+
+
 class StateDirs:
     """The state directories of a router's local workers, one per worker for its whole life.
 
@@ -165,6 +174,7 @@ class StateDirs:
     def __init__(self, *, base: str | None = None) -> None:
         self._base = base if base is not None else os.environ.get(STATE_DIR_ENV, "")
         self._dirs: dict[str, tuple[Path, bool]] = {}  # worker id -> (dir, ours to remove)
+        self._set_aside_seen: set[Path] = set()
         self._locks: list[StateLock] = []
         if self._base:
             self._locks.append(claim(Path(self._base).expanduser(), variable=STATE_DIR_ENV))
@@ -184,7 +194,18 @@ class StateDirs:
             path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{worker_id}-"))
             self._locks.append(claim(path))
             self._dirs[worker_id] = (path, True)
+        # What an earlier router's workers set aside was reported then.
+        self._set_aside_seen.update(_set_aside_in(path))
         return path
+
+    def newly_set_aside(self, worker_id: str) -> list[Path]:
+        """The files (``set_aside``) the worker moved aside in its directory since the last look."""
+        known = self._dirs.get(worker_id)
+        if known is None:
+            return []
+        found = [path for path in _set_aside_in(known[0]) if path not in self._set_aside_seen]
+        self._set_aside_seen.update(found)
+        return found
 
     def close(self) -> None:
         """Removes the temporary state directories and lets go of every claim."""

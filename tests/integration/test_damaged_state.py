@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ManagedProcess, Router, http_get, wait_until
@@ -32,6 +33,25 @@ def test_a_worker_on_a_damaged_store_starts_and_keeps_it(
     assert len(kept) == 1 and kept[0].read_bytes().startswith(b"overwritten with garbage")
     assert (state / DB_NAME).read_bytes().startswith(b"SQLite format 3")
     assert "moved aside" in proc.log_tail()
+
+
+def test_a_store_its_worker_set_aside_is_in_the_routers_audit_log(
+    launch_router: Callable[..., Router], tmp_path: Path
+) -> None:
+    worker_dir = tmp_path / "state" / "local-gpu-0"
+    worker_dir.mkdir(parents=True)
+    (worker_dir / DB_NAME).write_bytes(b"overwritten with garbage\n" * 64)
+    router = launch_router({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")},
+                           local_gpus="0")
+    router.wait_in_rotation()
+
+    def audited() -> list[dict[str, Any]]:
+        return [r for r in router.audit_records() if r["action"] == "state_file_set_aside"]
+
+    assert wait_until(lambda: bool(audited()), 60.0, 0.2), router.proc.log_tail()
+    (record,) = audited()
+    assert record["worker_id"] == "local-gpu-0", record
+    assert Path(record["path"]).parent == worker_dir and Path(record["path"]).is_file(), record
 
 
 def test_a_second_router_on_a_claimed_state_directory_is_refused(

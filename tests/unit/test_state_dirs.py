@@ -72,3 +72,25 @@ def test_set_aside_keeps_the_file_and_its_companions(tmp_path: Path) -> None:
     assert moved.with_name(moved.name + "-wal").read_bytes() == b"wal"
     db.write_bytes(b"bad again")
     assert state_dirs.set_aside(db, "again") != moved
+
+
+def test_only_files_set_aside_since_the_launch_are_news(tmp_path: Path) -> None:
+    base = tmp_path / "state"
+    (base / "local-gpu-0").mkdir(parents=True)
+    earlier = state_dirs.set_aside(_garbage(base / "local-gpu-0" / "store.sqlite3"), "old")
+    dirs = state_dirs.StateDirs(base=str(base))
+    try:
+        directory = dirs.state_dir("local-gpu-0")
+        assert dirs.newly_set_aside("local-gpu-0") == []  # an earlier router reported it
+        assert dirs.newly_set_aside("local-gpu-1") == []  # never launched
+        _garbage(directory / "store.sqlite3-wal")
+        fresh = state_dirs.set_aside(_garbage(directory / "store.sqlite3"), "new")
+        assert fresh != earlier and dirs.newly_set_aside("local-gpu-0") == [fresh]
+        assert dirs.newly_set_aside("local-gpu-0") == []  # once
+    finally:
+        dirs.close()
+
+
+def _garbage(path: Path) -> Path:
+    path.write_bytes(b"not a database\n")
+    return path

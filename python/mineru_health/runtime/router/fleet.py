@@ -177,6 +177,7 @@ class Fleet:
         self._health_ports: dict[str, int] = {}
         self._restarts: dict[str, asyncio.Task[None]] = {}
         self._exit_reported: set[int] = set()
+        self._launched: set[str] = set()  # local workers not probed healthy since their launch
         self._watch: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._first_health: asyncio.Event | None = None
@@ -325,6 +326,7 @@ class Fleet:
         except Exception as exc:  # noqa: BLE001 -- any spawn failure is the policy's to handle
             return str(exc) or type(exc).__name__
         self._poller.set_url(member.id, base_url_of(member.probe_base()), self._health_url(member))
+        self._launched.add(member.id)
         return None
 
     def _launch_env(self, member: Member) -> dict[str, str]:
@@ -443,6 +445,9 @@ class Fleet:
                                          event.unix_time)
             if not probe.healthy:
                 self.check_process(member.id)
+            elif member.id in self._launched:
+                self._launched.discard(member.id)
+                self._audit_set_aside(member.id)
         elif event.kind == _AUDIT:
             record = self.audit.write(event)
             metrics.router.record_audit(member.id, event.audit.action, event.audit.cause)
@@ -452,6 +457,16 @@ class Fleet:
         for listener in self._listeners:
             listener(event)
         self._check_first_health()
+
+    def _audit_set_aside(self, worker_id: str) -> None:
+        """Audits what the worker moved aside while it started (a store that was not a
+        database): the worker has no audit log of its own, its state directory is ours."""
+        for path in self.state_dirs.newly_set_aside(worker_id):
+            record = self.audit.write_record(
+                "state_file_set_aside", worker_id=worker_id, path=str(path),
+                reason=f"{path.name}: could not be used; kept for the operator, a fresh one "
+                       "started")
+            log_audit(record, in_rotation=True)
 
     def __repr__(self) -> str:
         return f"Fleet(workers={len(self._members)}, native_probes={self.native_probes})"
