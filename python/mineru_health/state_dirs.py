@@ -190,12 +190,12 @@ class StateDirs:
             path = Path(self._base).expanduser() / worker_id
             path.mkdir(parents=True, exist_ok=True)
             self._dirs[worker_id] = (path, False)
+            # What an earlier router's workers set aside was reported then.
+            self._set_aside_seen.update(_set_aside_in(path))
         else:
             path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{worker_id}-"))
             self._locks.append(claim(path))
             self._dirs[worker_id] = (path, True)
-        # What an earlier router's workers set aside was reported then.
-        self._set_aside_seen.update(_set_aside_in(path))
         return path
 
     def newly_set_aside(self, worker_id: str) -> list[Path]:
