@@ -50,13 +50,13 @@ from mineru_health.testing.router import (
     LINE3,
     LINE4,
     Client,
-    Prober,
     Stream,
     Worker,
     fleet,
     start_fake_vlm,
     start_worker,
 )
+from mineru_health.testing.samplers import Prober
 from mineru_health.testing.sandbox import Processes, make_pdf, mineru4_python, mineru_python
 
 START_TIMEOUT_S = 240.0

@@ -52,10 +52,10 @@ from mineru_health.testing.router import (
     LINE4,
     Client,
     Line,
-    Prober,
     start_fake_vlm,
     start_worker,
 )
+from mineru_health.testing.samplers import Prober
 from mineru_health.testing.sandbox import (
     Processes,
     copy_mineru,

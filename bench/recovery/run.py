@@ -76,13 +76,13 @@ from mineru_health.testing.router import (
     LINE4,
     Client,
     Outcome,
-    RotationLog,
     Router,
     Stream,
     fleet,
     run_fault,
     start_fake_vlm,
 )
+from mineru_health.testing.samplers import RotationLog
 from mineru_health.testing.sandbox import Processes, SandboxError, make_pdf, wait_until
 
 HERE = Path(__file__).resolve().parent

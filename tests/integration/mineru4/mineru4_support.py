@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from mineru_health.testing import sandbox
-from mineru_health.testing.router import LINE4, Prober, Worker, start_worker, text_pdf
+from mineru_health.testing.router import LINE4, Worker, start_worker, text_pdf
+from mineru_health.testing.samplers import Prober
 from mineru_health.testing.sandbox import Processes, wait_until
 
 __all__ = ["Prober", "Worker", "plan_consumed", "text_pdf"]
