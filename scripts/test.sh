@@ -40,8 +40,9 @@ timeout 3000 python -m pytest -q -p no:cacheprovider "$@" .
 
 # The 3.x integration tests once more on the previous 3.x release (the one 0.2 supported):
 # its wheel (fetched by setup.sh) unpacked and first on PYTHONPATH, so that the sandbox
-# copies and patches that MinerU. Only on a full run; MINERU_HEALTH_ALSO_MINERU3= skips it.
-also=${MINERU_HEALTH_ALSO_MINERU3-3.4.4}
+# copies and patches that MinerU. Only on a full run; TEST_ALSO_MINERU3= skips it (a name outside
+# MINERU_HEALTH_*, which workers refuse when they do not know it).
+also=${TEST_ALSO_MINERU3-3.4.4}
 if [ -n "$also" ] && [ $# -eq 0 ]; then
   echo "== Python integration tests on MinerU $also"
   site="$MINERU_HEALTH_RELEASE_WHEELS/../mineru-$also-site"
