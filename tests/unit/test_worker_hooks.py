@@ -103,6 +103,46 @@ def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
     asyncio.run(scenario())
 
 
+def test_the_watcher_acting_first_leaves_the_trigger_to_its_hook(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The watcher's tick can run between the classifier thread recording the
+    # death and the hook resuming on the loop (CI saw it on a loaded machine).
+    async def scenario() -> None:
+        manager = _Manager()
+        loop = asyncio.get_running_loop()
+        record = tasks._record
+
+        def record_then_watcher_acts(*args: Any) -> Any:
+            outcome = record(*args)
+            acted = asyncio.run_coroutine_threadsafe(_watcher_tick(), loop)
+            acted.result(10)
+            return outcome
+
+        async def _watcher_tick() -> None:
+            tasks.act_on_fatal()
+
+        monkeypatch.setattr(tasks, "_record", record_then_watcher_acts)
+        context.runtime.apps.append(types.SimpleNamespace(
+            state=types.SimpleNamespace(task_manager=manager)))
+        failing = manager.tasks["failing"] = _Task("failing", "processing")
+        manager.tasks["queued"] = _Task("queued")
+
+        async def process() -> Any:
+            return await hooks.on_task_failed(manager, failing, make_engine_dead_error())
+
+        processor = asyncio.create_task(process(), name="mineru-task-failing")
+        manager.active_tasks.add(processor)
+        outcome = await asyncio.wait_for(processor, 10)  # not cancelled by the watcher
+        assert outcome is not None and outcome.first
+        assert failing._mineru_health_verdict["role"] == "trigger"  # type: ignore[attr-defined]
+        assert failing.status == "processing"  # MinerU marks it failed with its own text
+        queued = manager.tasks["queued"]
+        assert queued._mineru_health_verdict["role"] == "collateral"  # type: ignore[attr-defined]
+        assert queued.status == "failed"
+
+    asyncio.run(scenario())
+
+
 def test_task_local_failure_touches_nothing_else() -> None:
     async def scenario() -> None:
         manager = _Manager()

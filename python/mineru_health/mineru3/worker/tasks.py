@@ -25,6 +25,10 @@ PENDING = "pending"
 PROCESSING = "processing"
 FAILED = "failed"
 
+#: Set on a task while its own failure is being classified: the watcher may
+#: act on the death that failure recorded before the hook resumes, and must
+#: leave the trigger to the hook (not fail it as collateral, not cancel it).
+CLASSIFYING_ATTR = "_mineru_health_classifying"
 
 
 def task_managers() -> list[Any]:
@@ -115,8 +119,12 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
     category = fatal.category if fatal else ""
 
     failed = 0
+    spared = set()
     for task in list(getattr(manager, "tasks", {}).values()):
-        if task is keep or getattr(task, "status", None) not in (pending, processing):
+        if task is keep or getattr(task, CLASSIFYING_ATTR, False):
+            spared.add(f"-task-{getattr(task, 'task_id', '')}")
+            continue
+        if getattr(task, "status", None) not in (pending, processing):
             continue
         task.status = failed_status
         task.error = reason
@@ -131,8 +139,10 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
     except RuntimeError:
         current = None
     for processor in list(getattr(manager, "active_tasks", ())):
-        if processor is not current and not processor.done():
-            processor.cancel()
+        if processor is current or processor.done() or processor.get_name().endswith(
+                tuple(spared)):
+            continue
+        processor.cancel()
 
     queue = getattr(manager, "queue", None)
     if queue is not None:
@@ -239,12 +249,17 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
     try:
         remote_engine = str(getattr(task, "backend", "") or "").endswith("http-client")
         record = functools.partial(_record, health, exc, remote_engine)
+        with contextlib.suppress(Exception):  # a task refusing attributes is only less spared
+            setattr(task, CLASSIFYING_ATTR, True)
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - MinerU must keep its own failure handling
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
         return None
+    finally:
+        with contextlib.suppress(Exception):
+            setattr(task, CLASSIFYING_ATTR, False)
     try:
         verdict = outcome.verdict
         task_id = getattr(task, "task_id", "?")
