@@ -74,7 +74,7 @@ def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
         await manager.queue.put("not-dispatched")
         await asyncio.wait_for(started.wait(), 10)
 
-        failing = _Task("failing", "processing")
+        failing = manager.tasks["failing"] = _Task("failing", "processing")
         outcome = await hooks.on_task_failed(manager, failing, make_engine_dead_error())
         assert outcome is not None and outcome.fatal and outcome.first
         assert failing.status == "processing"  # MinerU marks its own task failed afterwards

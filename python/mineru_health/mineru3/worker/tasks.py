@@ -25,10 +25,10 @@ PENDING = "pending"
 PROCESSING = "processing"
 FAILED = "failed"
 
-#: Set on a task while its own failure is being classified: the watcher may
-#: act on the death that failure recorded before the hook resumes, and must
-#: leave the trigger to the hook (not fail it as collateral, not cancel it).
-CLASSIFYING_ATTR = "_mineru_health_classifying"
+#: Set on a task while its failure hook runs: the watcher may act on the death
+#: that failure recorded before the hook resumes, and leaves the task to the
+#: hook (its verdict is the trigger's; it is not failed as collateral or cancelled).
+IN_FAILURE_HOOK_ATTR = "_mineru_health_in_failure_hook"
 
 
 def task_managers() -> list[Any]:
@@ -100,9 +100,15 @@ def _collateral_error(fatal: FatalInfo | None) -> str:
     )
 
 
-def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -> int:
-    """Fails every pending or running task of ``manager`` except ``keep``; returns how many.
+def _processes(processor: asyncio.Task[Any], task_id: object) -> bool:
+    """Whether ``processor`` is the one MinerU started for ``task_id`` (named ``...-task-<id>``)."""
+    return processor.get_name().endswith(f"-task-{task_id}")
 
+
+def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
+    """Fails every pending or running task of ``manager``; returns how many.
+
+    A task whose failure hook is running is left to that hook.
     They are *collateral*: their status says ``engine_dead`` with the rule and
     category, and a generic error. Their processors are cancelled (including
     those still waiting for MinerU's concurrency semaphore), queued ids are
@@ -119,10 +125,10 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
     category = fatal.category if fatal else ""
 
     failed = 0
-    spared = set()
+    spared = []
     for task in list(getattr(manager, "tasks", {}).values()):
-        if task is keep or getattr(task, CLASSIFYING_ATTR, False):
-            spared.add(f"-task-{getattr(task, 'task_id', '')}")
+        if getattr(task, IN_FAILURE_HOOK_ATTR, False):
+            spared.append(getattr(task, "task_id", None))
             continue
         if getattr(task, "status", None) not in (pending, processing):
             continue
@@ -139,8 +145,8 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None, *, keep: Any =
     except RuntimeError:
         current = None
     for processor in list(getattr(manager, "active_tasks", ())):
-        if processor is current or processor.done() or processor.get_name().endswith(
-                tuple(spared)):
+        if processor is current or processor.done() or any(
+                _processes(processor, task_id) for task_id in spared):
             continue
         processor.cancel()
 
@@ -189,7 +195,7 @@ def fail_hung_tasks() -> int:
                          rule=HUNG_RULE, category=HUNG_CATEGORY, hung=True)
             manager._signal_task_event(task_id)  # wakes waiters; the task store keeps it
             for processor in list(getattr(manager, "active_tasks", ())):
-                if processor.get_name().endswith(f"-task-{task_id}") and not processor.done():
+                if _processes(processor, task_id) and not processor.done():
                     processor.cancel()
             failed += 1
             log("ERROR", f"task {task_id} failed: no progress for "
@@ -197,28 +203,32 @@ def fail_hung_tasks() -> int:
     return failed
 
 
-def on_engine_dead(manager: Any, fatal: FatalInfo | None, *, keep: Any = None) -> None:
+def on_engine_dead(manager: Any, fatal: FatalInfo | None) -> None:
     """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
     if manager is None:
         return
     what = fatal_cause(fatal)
     manager.last_worker_error = f"inference engine unusable ({what})"
-    count = fail_outstanding_tasks(manager, fatal, keep=keep)
+    count = fail_outstanding_tasks(manager, fatal)
     log("ERROR", f"inference engine unusable ({what}); failed {count} other task(s)")
 
 
-def act_on_fatal(*, keep_manager: Any = None, keep: Any = None) -> None:
-    """Once per fatal record: fail every manager's outstanding tasks (loop thread)."""
+def act_on_fatal(*, also_manager: Any = None) -> None:
+    """Once per fatal record: fail every manager's outstanding tasks (loop thread).
+
+    ``also_manager``: the failing task's manager, acted on too when its app is
+    not among those the hooks were installed on.
+    """
     health = current_health()
     if health.healthy or runtime.acted_on_fatal:
         return
     runtime.acted_on_fatal = True
     first = health.snapshot().first_fatal
     managers = task_managers()
-    if keep_manager is not None and not any(m is keep_manager for m in managers):
-        managers.append(keep_manager)
+    if also_manager is not None and not any(m is also_manager for m in managers):
+        managers.append(also_manager)
     for manager in managers:
-        on_engine_dead(manager, first, keep=keep if manager is keep_manager else None)
+        on_engine_dead(manager, first)
 
 
 def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -245,21 +255,26 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
     and on a fatal outcome fails every other outstanding task. MinerU then
     marks ``task`` failed as usual.
     """
+    with contextlib.suppress(Exception):  # a task refusing attributes is only less spared
+        setattr(task, IN_FAILURE_HOOK_ATTR, True)
+    try:
+        return await _judge_failure(manager, task, exc)
+    finally:
+        with contextlib.suppress(Exception):
+            setattr(task, IN_FAILURE_HOOK_ATTR, False)
+
+
+async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     health = current_health()
     try:
         remote_engine = str(getattr(task, "backend", "") or "").endswith("http-client")
         record = functools.partial(_record, health, exc, remote_engine)
-        with contextlib.suppress(Exception):  # a task refusing attributes is only less spared
-            setattr(task, CLASSIFYING_ATTR, True)
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - MinerU must keep its own failure handling
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
         return None
-    finally:
-        with contextlib.suppress(Exception):
-            setattr(task, CLASSIFYING_ATTR, False)
     try:
         verdict = outcome.verdict
         task_id = getattr(task, "task_id", "?")
@@ -286,7 +301,7 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
         elif outcome.first:
             log("ERROR", f"fatal failure in task {task_id}: rule {outcome.rule} "
                           f"({outcome.category}) matched {verdict.excerpt!r}")
-        act_on_fatal(keep_manager=manager, keep=task)
+        act_on_fatal(also_manager=manager)
         return outcome
     except Exception as error:  # noqa: BLE001
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
