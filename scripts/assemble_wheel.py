@@ -8,7 +8,7 @@ scikit-build-core's prepare_metadata_for_build_wheel) under the given tag.
 Runs on the root's own Python (3.9), so it keeps to what 3.9 has.
 
     python assemble_wheel.py --source . --install STAGE --metadata META \
-        --tag cp311-cp311-linux_x86_64 --out DIR
+        --stub _native.pyi --tag cp311-cp311-linux_x86_64 --out DIR
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--install", type=Path, required=True)
     parser.add_argument("--metadata", type=Path, required=True, help="the .dist-info directory")
+    parser.add_argument("--stub", type=Path, required=True,
+                        help="_native.pyi, generated where an interpreter could import the extension")
     parser.add_argument("--tag", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -66,7 +68,8 @@ def main(argv: list[str]) -> int:
         members[arcname] = path.read_bytes()
     for arcname, path in _installed_files(args.install):
         members[arcname] = path.read_bytes()
-    if not any(n.startswith("mineru_health/_native.") for n in members):
+    members["mineru_health/_native.pyi"] = args.stub.read_bytes()
+    if not any(n.startswith("mineru_health/_native.") and n.endswith(".so") for n in members):
         print(f"no extension under {args.install}", file=sys.stderr)
         return 1
     for meta in ("METADATA", "entry_points.txt"):

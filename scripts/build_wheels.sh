@@ -138,6 +138,15 @@ from scikit_build_core.build import prepare_metadata_for_build_wheel as prepare
 print(prepare(\"/build/meta\"))"' >/dev/null 2>"$roots_dir/metadata.log") ||
   { cat "$roots_dir/metadata.log" >&2; exit 1; }
 dist_info=$(cd "$root/build/meta" && echo *.dist-info)
+# The type stub is the same for every CPython and is generated from a built
+# extension, which none of the root's CPythons can import: it comes from a pip
+# build of this source by the development venv (scripts/setup.sh).
+log "type stub: a pip build with $repo/.venv"
+rm -rf "$roots_dir/stub"
+"$repo/.venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$roots_dir/stub" \
+  -Cbuild-dir="$roots_dir/stub/build" "$repo" >/dev/null
+python3 -m zipfile -e "$roots_dir"/stub/mineru_health-*.whl "$roots_dir/stub/unpacked"
+cp "$roots_dir/stub/unpacked/mineru_health/_native.pyi" "$root/build/_native.pyi"
 
 mkdir -p "$out"
 summary=$out/wheels.txt
@@ -158,7 +167,7 @@ for version in $pythons; do
     cmake --install /build/$tag --prefix /build/stage/$tag >/dev/null" ||
     { tail -30 "$root/build/$tag.configure.log" "$root/build/$tag.build.log" >&2; exit 1; }
   in_root "$root" python /src/scripts/assemble_wheel.py --source /src \
-    --install "/build/stage/$tag" --metadata "/build/meta/$dist_info" \
+    --install "/build/stage/$tag" --metadata "/build/meta/$dist_info" --stub /build/_native.pyi \
     --tag "$tag-$tag-linux_x86_64" --out /build/raw >/dev/null
   log "CPython $version: auditwheel repair --plat $plat"
   in_root "$root" auditwheel repair --plat "$plat" -w /build/dist \

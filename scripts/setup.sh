@@ -44,7 +44,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0"
+.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0" \
+  "pybind11-stubgen==3.0.0"
 .venv/bin/pip install -q --no-build-isolation ".[test,demo]"
 bash scripts/fetch_release_wheels.sh .cache/mineru-wheels
 

@@ -3,6 +3,7 @@
 #include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <memory>
 #include <string>
@@ -43,9 +44,15 @@ std::shared_ptr<RuleSet> mutable_holder(
   return std::const_pointer_cast<RuleSet>(rule_set);
 }
 
-py::tuple parse_result(const ParseRulesResult& result) {
-  return py::make_tuple(py::cast(result.rules), to_py_strs(result.disabled),
-                        py::cast(result.errors));
+// (rules, disabled ids, errors), typed for the generated stub.
+using ParsedRules =
+    py::typing::Tuple<py::typing::List<Rule>, py::typing::List<py::str>,
+                      py::typing::List<RuleError>>;
+
+ParsedRules parse_result(const ParseRulesResult& result) {
+  return ParsedRules(py::make_tuple(py::cast(result.rules),
+                                    to_py_strs(result.disabled),
+                                    py::cast(result.errors)));
 }
 
 using FrameTuple =
@@ -139,8 +146,9 @@ void register_classifier(py::module_& m) {
   rule.def(py::init<std::string, RuleKind, std::string, std::string, RuleTarget,
                     RuleScope, bool>(),
            py::arg("id"), py::arg("kind"), py::arg("category"),
-           py::arg("pattern"), py::arg("target") = RuleTarget::kFrame,
-           py::arg("scope") = RuleScope::kAny,
+           py::arg("pattern"),
+           py::arg_v("target", RuleTarget::kFrame, "RuleTarget.FRAME"),
+           py::arg_v("scope", RuleScope::kAny, "RuleScope.ANY"),
            py::arg("from_operator") = false);
   text_property(rule, "id", &Rule::id);
   rule.def_readonly("kind", &Rule::kind);

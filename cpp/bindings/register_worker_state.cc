@@ -138,7 +138,7 @@ void register_worker_state(py::module_& m) {
       .def(py::init([](const WorkerStateOptions& options) {
              return std::make_shared<WorkerState>(options);
            }),
-           py::arg("options") = WorkerStateOptions{})
+           py::arg_v("options", WorkerStateOptions{}, "WorkerStateOptions()"))
       .def("record_fatal", &WorkerState::record_fatal, py::arg("record"))
       .def("record_task_local", &WorkerState::record_task_local)
       .def("record_ambiguous", &WorkerState::record_ambiguous,

@@ -31,7 +31,7 @@ def enum_name(value: enum.Enum) -> str:
     speller = _SPELLERS.get(type(value))
     if speller is not None:
         return speller(value)
-    name: str = _native.to_string(value)  # type: ignore[arg-type]
+    name: str = _native.to_string(value)  # type: ignore[call-overload]
     return name
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _native
@@ -141,11 +142,11 @@ class WorkerHealth:
         task_hang_s: float = 900.0,
     ) -> None:
         options = _native.WorkerStateOptions()
-        options.loop_hang = loop_hang_s
-        options.stall = stall_s
+        options.loop_hang = timedelta(seconds=loop_hang_s)
+        options.stall = timedelta(seconds=stall_s)
         options.error_budget = error_budget
-        options.error_budget_window = error_budget_window_s
-        options.task_hang = task_hang_s
+        options.error_budget_window = timedelta(seconds=error_budget_window_s)
+        options.task_hang = timedelta(seconds=task_hang_s)
         self._state = _native.WorkerState(options)
 
     @property

@@ -39,6 +39,7 @@ def test_extension_comes_from_the_wheel() -> None:
     names = sorted(p.name.split("-")[0] for p in bundled.iterdir())
     for library in ("libre2", "libfmt", "libcurl", "libmicrohttpd"):
         assert library in names, names
+    assert native.with_name("_native.pyi").is_file()  # the generated type stub
 
 
 @pytest.mark.integration
