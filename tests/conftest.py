@@ -62,7 +62,11 @@ __all__ = [
     "http_get",
     "make_pdf",
     "run_cli",
+    "submit_task",
+    "task_status",
+    "wait_task",
     "wait_until",
+    "worker_health",
 ]
 
 exception_groups: Any = (builtins if sys.version_info >= (3, 11)
@@ -79,6 +83,43 @@ def http_get(url: str, timeout_s: float = 5.0) -> httpx.Response | None:
         return httpx.get(url, timeout=timeout_s)
     except httpx.TransportError:
         return None
+
+
+# --- one 3.x worker's task API (its engine: vlm-http-client on server_url) ----------------------
+
+
+def submit_task(base_url: str, pdf: bytes, server_url: str, *, path: str = "/tasks",
+                name: str = "doc.pdf", mime: str = "application/pdf",
+                timeout_s: float = 60.0) -> httpx.Response:
+    return httpx.post(f"{base_url}{path}", files={"files": (name, pdf, mime)},
+                      data={"backend": "vlm-http-client", "server_url": server_url},
+                      timeout=timeout_s)
+
+
+def task_status(base_url: str, task_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{base_url}/tasks/{task_id}", timeout=10)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def wait_task(proc: ManagedProcess, task_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The task's status once it is completed or failed (asserted within ``timeout_s``)."""
+
+    def terminal() -> dict[str, Any] | None:
+        body = task_status(proc.base_url, task_id)
+        return body if body["status"] in ("completed", "failed") else None
+
+    body = wait_until(terminal, timeout_s, 0.1)
+    assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
+    result: dict[str, Any] = body
+    return result
+
+
+def worker_health(proc: ManagedProcess) -> httpx.Response:
+    response = http_get(f"{proc.base_url}/health", 5.0)
+    assert response is not None, proc.log_tail()
+    return response
 
 
 @pytest.fixture(scope="session")

@@ -182,15 +182,7 @@ class HealthSettings(_Settings):
 
 
 class WorkerSettings(_Settings):
-    """Validated worker health configuration (``MINERU_HEALTH_*``).
-
-    Fields: ``port`` (``None``: no native health endpoint; 0: any free port),
-    ``bind``, ``loop_hang_s``, ``stall_s`` (0: no stall watchdog),
-    ``verify_s`` (0: never ask the engine after an undecided failure),
-    ``exit_on_fatal``, ``exit_grace_s``, ``retry_after_s`` (int),
-    ``expose_errors``, ``error_budget``, ``error_budget_window_s``,
-    ``rules_path``, ``task_store``, ``state_dir``, ``parent_pid``.
-    """
+    """Validated worker health configuration (``MINERU_HEALTH_*``; fields: ``variables()``)."""
 
     __slots__ = ()
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import io
 import json
 import os
@@ -14,10 +12,7 @@ from pathlib import Path
 
 import pytest
 from mineru_health import demo
-from mineru_health.demo.context import DemoContext
-from mineru_health.demo.scenarios import GaveUp, NoRestart, Recovered, Verdict
-from mineru_health.demo.timeline import Timeline
-from mineru_health.demo.watchers import on_audit_line
+from mineru_health.testing.router import LINE3
 
 MINERU_PYTHON = os.environ.get("MINERU_HEALTH_MINERU_PYTHON") or sys.executable
 
@@ -125,6 +120,9 @@ def test_every_scenario_has_a_known_expectation() -> None:
     for scenario in demo.SCENARIOS.values():
         assert scenario.expect in {"recovered", "gave_up", "no_restart"}
         assert scenario.observe_s > 0
+        assert "3" in scenario.plans  # every scenario runs on 3.x; crash-loop only there
+    assert {n for n, s in demo.SCENARIOS.items() if "4.0" in s.plans} == {
+        "engine-death", "hung-worker", "task-local"}
 
 
 def test_bad_rate_is_refused_without_starting_anything() -> None:
@@ -134,72 +132,74 @@ def test_bad_rate_is_refused_without_starting_anything() -> None:
 # --- the parts, without processes ------------------------------------------------------
 
 
-def _context(scenario: str, tmp_path: Path) -> DemoContext:
-    ctx = DemoContext(
-        demo.SCENARIOS[scenario], rate=2.0, timeout_s=60.0, timeline=Timeline(None, io.StringIO())
-    )
-    ctx.tmp = tmp_path
-    ctx.victim, ctx.other = "local-gpu-1", "local-gpu-0"
-    return ctx
+def _demo(scenario: str, tmp_path: Path) -> demo.Demo:
+    run = demo.Demo(demo.SCENARIOS[scenario], LINE3, scratch=tmp_path, rate=2.0, timeout_s=60.0,
+                    out=io.StringIO(), err=io.StringIO())
+    run.victim = "local-gpu-1"
+    return run
 
 
-def _audit_line(ctx: DemoContext, t: float, action: str, worker: str = "local-gpu-1") -> str:
-    when = datetime.fromtimestamp(ctx.timeline.wall0 + t, tz=timezone.utc).isoformat()
+def _audit_line(run: demo.Demo, t: float, action: str, worker: str = "local-gpu-1") -> str:
+    when = datetime.fromtimestamp(run.wall0 + t, tz=timezone.utc).isoformat()
     record = {"time": when, "worker_id": worker, "action": action, "attempt": 0,
               "reason": "r", "from": "healthy", "to": "unhealthy"}
     return json.dumps(record)
 
 
 def test_audit_lines_mark_the_victim_s_story(tmp_path: Path) -> None:
-    ctx = _context("engine-death", tmp_path)
-    on_audit_line(ctx, _audit_line(ctx, 0.5, "ejected"))  # before the fault: shown, not marked
-    ctx.marks.fault_at = 1.0
+    run = _demo("engine-death", tmp_path)
+    run.on_audit_line(_audit_line(run, 0.5, "ejected"))  # before the fault: shown, not marked
+    run.marks["fault_injected"] = 1.0
     for t, action in ((2.0, "ejected"), (2.0, "health_failed"), (2.1, "auto_restart_scheduled"),
                       (9.0, "admitted")):
-        on_audit_line(ctx, _audit_line(ctx, t, action))
-    on_audit_line(ctx, _audit_line(ctx, 3.0, "ejected", worker="local-gpu-0"))
-    on_audit_line(ctx, "not json")
-    m = ctx.marks
-    assert (m.out_of_rotation_at, m.restart_scheduled_at, m.back_in_rotation_at) == pytest.approx(
+        run.on_audit_line(_audit_line(run, t, action))
+    run.on_audit_line(_audit_line(run, 3.0, "ejected", worker="local-gpu-0"))
+    run.on_audit_line("not json")
+    m = run.marks
+    assert (m["out_of_rotation"], m["restart_scheduled"], m["back_in_rotation"]) == pytest.approx(
         (2.0, 2.1, 9.0), abs=1e-3
     )
-    assert m.restart_attempts == 1 and m.victim_actions[0] == "ejected"
-    texts = [e.text for e in ctx.timeline.events]
+    assert run.restart_attempts == 1 and run.actions_after_fault[0] == ("local-gpu-1", "ejected")
+    texts = [e["text"] for e in run.events]
     assert "not json" in texts
     assert any(t.startswith("local-gpu-0: ejected") for t in texts)
 
 
-def test_each_scenario_has_its_own_outcome_object() -> None:
-    kinds = {name: type(s.outcome) for name, s in demo.SCENARIOS.items()}
-    assert kinds == {"engine-death": Recovered, "hung-worker": Recovered, "crash-loop": GaveUp,
-                     "task-local": NoRestart}
+def test_a_shared_fault_plan_makes_the_first_ejected_worker_the_victim(tmp_path: Path) -> None:
+    run = _demo("engine-death", tmp_path)
+    run.victim = ""  # 4.0: the workers share one plan
+    run.marks["fault_injected"] = 1.0
+    run.on_audit_line(_audit_line(run, 2.0, "ejected", worker="local-gpu-0"))
+    assert run.victim == "local-gpu-0" and run.marks["out_of_rotation"] == pytest.approx(2.0)
 
 
-def test_outcomes_judge_from_what_the_watchers_saw(tmp_path: Path) -> None:
-    async def judge() -> None:
-        ctx = _context("engine-death", tmp_path)
-        ctx.marks.back_in_rotation_at = 9.0
-        ctx.servers[ctx.victim] = {"completed_tasks": 2, "healthy": True}
-        assert await Recovered().judge(ctx) == Verdict(True, "restarted and back in rotation")
+def test_each_scenario_expects_its_own_outcome() -> None:
+    kinds = {name: s.expect for name, s in demo.SCENARIOS.items()}
+    assert kinds == {"engine-death": "recovered", "hung-worker": "recovered",
+                     "crash-loop": "gave_up", "task-local": "no_restart"}
 
-        ctx = _context("crash-loop", tmp_path)
-        ctx.marks.out_of_rotation_at, ctx.marks.gave_up_at = 2.0, 30.0
-        ctx.marks.failed_restarts = 3
-        assert await GaveUp().judge(ctx) == Verdict(True, "gave up after 3 failed restart(s)")
-        assert "broken.rule" in (tmp_path / "rules.txt").read_text()
 
-        ctx = _context("task-local", tmp_path)
-        ctx.marks.first_failed_task_at = 3.0
-        ctx.servers[ctx.victim] = {"healthy": True}
-        verdict = await NoRestart(settle_s=0.0).judge(ctx)
-        assert verdict.ok, verdict
-        ctx.marks.victim_actions.append("ejected")
-        verdict = await NoRestart(settle_s=0.0).judge(ctx)
-        assert not verdict.ok and "acted on a task-local failure" in verdict.reason
+def test_outcomes_judge_from_what_the_watcher_saw(tmp_path: Path) -> None:
+    run = _demo("engine-death", tmp_path)
+    run.marks["back_in_rotation"] = 9.0
+    run.servers[run.victim] = {"completed_tasks": 2, "healthy": True}
+    assert run.judge() == (True, "restarted and back in rotation")
 
-        ctx = _context("engine-death", tmp_path)
-        ctx.scenario = dataclasses.replace(ctx.scenario, observe_s=0.3)
-        verdict = await Recovered().judge(ctx)
-        assert verdict == Verdict(False, "local-gpu-1 did not come back within 0s")
+    run = _demo("crash-loop", tmp_path)
+    run.marks["out_of_rotation"], run.marks["gave_up"] = 2.0, 30.0
+    run.failed_restarts = 3
+    assert run.judge() == (True, "gave up after 3 failed restart(s)")
+    assert "broken.rule" in (tmp_path / "rules.txt").read_text()
 
-    asyncio.run(judge())
+    run = _demo("task-local", tmp_path)
+    run.settle_s = 0.0
+    run.marks["first_failed_task"] = 3.0
+    ok, reason = run.judge()
+    assert ok, reason
+    run.actions_after_fault.append(("local-gpu-1", "ejected"))
+    ok, reason = run.judge()
+    assert not ok and "acted on a task-local failure" in reason
+
+    run = _demo("engine-death", tmp_path)
+    run.scenario = demo.Scenario("engine-death", {"3": "engine_dead"}, "", "recovered", 0.3)
+    assert run.judge() == (False, "local-gpu-1 did not come back within 0s")

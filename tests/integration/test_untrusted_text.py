@@ -25,12 +25,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, wait_until
+from conftest import ManagedProcess, free_port, http_get, submit_task, wait_task, wait_until
 
 pytestmark = pytest.mark.integration
 
-TASK_TIMEOUT_S = 120.0
-BACKEND = "vlm-http-client"
 ENGINE_DEATH = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 DOCX_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 
@@ -109,28 +107,10 @@ def dead_engine_url() -> Iterator[str]:
 
 
 def _submit(base_url: str, name: str, content: bytes, mime: str, server_url: str) -> str:
-    response = httpx.post(
-        f"{base_url}/tasks",
-        files={"files": (name, content, mime)},
-        data={"backend": BACKEND, "server_url": server_url},
-        timeout=60,
-    )
+    response = submit_task(base_url, content, server_url, name=name, mime=mime)
     assert response.status_code == 202, response.text
     task_id: str = response.json()["task_id"]
     return task_id
-
-
-def _wait_terminal(proc: ManagedProcess, task_id: str) -> dict[str, Any]:
-    def terminal() -> dict[str, Any] | None:
-        response = httpx.get(f"{proc.base_url}/tasks/{task_id}", timeout=10)
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body if body["status"] in ("completed", "failed") else None
-
-    body = wait_until(terminal, TASK_TIMEOUT_S, 0.1)
-    assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
-    result: dict[str, Any] = body
-    return result
 
 
 def _assert_healthy(proc: ManagedProcess) -> None:
@@ -156,14 +136,14 @@ def test_docx_with_engine_dead_tag_keeps_worker_healthy(
                    f"{fake_vlm_url}/delay/1500/")
     evil = _submit(proc.base_url, "evil.docx", docx, DOCX_TYPE, fake_vlm_url)
 
-    failed = _wait_terminal(proc, evil)
+    failed = wait_task(proc, evil)
     assert failed["status"] == "failed", (failed, proc.log_tail())
     assert "EngineDeadError" in (failed["error"] or ""), failed  # the text reached the worker
     _assert_healthy(proc)
 
-    assert _wait_terminal(proc, slow)["status"] == "completed", proc.log_tail()
+    assert wait_task(proc, slow)["status"] == "completed", proc.log_tail()
     after = _submit(proc.base_url, "after.pdf", tiny_pdf, "application/pdf", fake_vlm_url)
-    assert _wait_terminal(proc, after)["status"] == "completed", proc.log_tail()
+    assert wait_task(proc, after)["status"] == "completed", proc.log_tail()
     _assert_healthy(proc)
     assert proc.poll() is None
 
@@ -179,13 +159,13 @@ def test_remote_engine_death_keeps_worker_healthy(
     _assert_healthy(proc)
 
     remote = _submit(proc.base_url, "remote.pdf", tiny_pdf, "application/pdf", dead_engine_url)
-    failed = _wait_terminal(proc, remote)
+    failed = wait_task(proc, remote)
     assert failed["status"] == "failed", (failed, proc.log_tail())
     assert "500" in (failed["error"] or "") or "EngineCore" in (failed["error"] or ""), failed
     _assert_healthy(proc)
 
     after = _submit(proc.base_url, "after.pdf", tiny_pdf, "application/pdf", fake_vlm_url)
-    assert _wait_terminal(proc, after)["status"] == "completed", proc.log_tail()
+    assert wait_task(proc, after)["status"] == "completed", proc.log_tail()
     _assert_healthy(proc)
     assert proc.poll() is None
 
@@ -203,7 +183,7 @@ def test_control_an_operator_rule_trusting_documents_would_restart(
     proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_RULES": str(rules)})
     _assert_healthy(proc)
     evil = _submit(proc.base_url, "evil.docx", engine_dead_docx(), DOCX_TYPE, fake_vlm_url)
-    assert _wait_terminal(proc, evil)["status"] == "failed"
+    assert wait_task(proc, evil)["status"] == "failed"
 
     def unhealthy() -> bool:
         response = http_get(f"{proc.base_url}/health", 5.0)

@@ -16,47 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from conftest import ManagedProcess, http_get, wait_until
+from conftest import ManagedProcess, submit_task, wait_task, worker_health
 from mineru_health.testing.faults import UNKNOWN_ERROR_MESSAGE, write_plan
 
 pytestmark = pytest.mark.integration
 
-TASK_TIMEOUT_S = 120.0
-BACKEND = "vlm-http-client"
-
-
-def _submit(base_url: str, pdf: bytes, server_url: str) -> httpx.Response:
-    return httpx.post(f"{base_url}/tasks", files={"files": ("doc.pdf", pdf, "application/pdf")},
-                      data={"backend": BACKEND, "server_url": server_url}, timeout=60.0)
-
-
-def _wait_terminal(proc: ManagedProcess, task_id: str) -> dict[str, Any]:
-    def terminal() -> dict[str, Any] | None:
-        response = httpx.get(f"{proc.base_url}/tasks/{task_id}", timeout=10)
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body if body["status"] in ("completed", "failed") else None
-
-    body = wait_until(terminal, TASK_TIMEOUT_S, 0.1)
-    assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
-    result: dict[str, Any] = body
-    return result
-
-
-def _health(proc: ManagedProcess) -> httpx.Response:
-    response = http_get(f"{proc.base_url}/health", 5.0)
-    assert response is not None, proc.log_tail()
-    return response
-
-
 def _fail_one_task(proc: ManagedProcess, plan: Path, word: str, pdf: bytes,
                    server_url: str) -> dict[str, Any]:
     write_plan(plan, word)
-    submitted = _submit(proc.base_url, pdf, server_url)
+    submitted = submit_task(proc.base_url, pdf, server_url)
     assert submitted.status_code == 202, submitted.text
-    failed = _wait_terminal(proc, submitted.json()["task_id"])
+    failed = wait_task(proc, submitted.json()["task_id"])
     assert failed["status"] == "failed", proc.log_tail()
     assert UNKNOWN_ERROR_MESSAGE in failed["error"]
     return failed
@@ -79,11 +50,11 @@ def test_unknown_error_with_a_broken_engine_turns_the_worker_503(
     checked = verdict["verification"]
     assert checked["outcome"] == "dead" and "main loop" in checked["detail"]
 
-    health = _health(proc)
+    health = worker_health(proc)
     assert health.status_code == 503, health.text
     body = health.json()
     assert (body["rule"], body["category"]) == ("verify.lmdeploy", "engine_check_failed")
-    refused = _submit(proc.base_url, tiny_pdf, fake_vlm_url)
+    refused = submit_task(proc.base_url, tiny_pdf, fake_vlm_url)
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
 
 
@@ -102,11 +73,11 @@ def test_unknown_error_with_a_healthy_engine_stays_200(
     assert verdict["verification"]["outcome"] == "alive", verdict
     assert any(check["verifier"] == "lmdeploy" and check["state"] == "alive"
                for check in verdict["verification"]["checks"])
-    assert _health(proc).status_code == 200
+    assert worker_health(proc).status_code == 200
 
-    later = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    later = wait_task(proc, submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
     assert later["status"] == "completed", proc.log_tail()
-    assert _health(proc).status_code == 200
+    assert worker_health(proc).status_code == 200
 
 
 MINERU4_PYTHON_ENV = "MINERU_HEALTH_MINERU4_PYTHON"

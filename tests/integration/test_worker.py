@@ -18,47 +18,23 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ManagedProcess, free_port, http_get, make_pdf, run_cli, wait_until
+from conftest import (
+    ManagedProcess,
+    free_port,
+    http_get,
+    make_pdf,
+    run_cli,
+    submit_task,
+    task_status,
+    wait_task,
+    wait_until,
+    worker_health,
+)
 from mineru_health.testing.faults import write_plan
 
 pytestmark = pytest.mark.integration
 
 TASK_TIMEOUT_S = 120.0
-BACKEND = "vlm-http-client"
-
-
-def _submit(base_url: str, pdf: bytes, server_url: str, *, path: str = "/tasks",
-            timeout_s: float = 60.0) -> httpx.Response:
-    return httpx.post(
-        f"{base_url}{path}",
-        files={"files": ("doc.pdf", pdf, "application/pdf")},
-        data={"backend": BACKEND, "server_url": server_url},
-        timeout=timeout_s,
-    )
-
-
-def _status(base_url: str, task_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{base_url}/tasks/{task_id}", timeout=10)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def _wait_terminal(proc: ManagedProcess, task_id: str) -> dict[str, Any]:
-    def terminal() -> dict[str, Any] | None:
-        body = _status(proc.base_url, task_id)
-        return body if body["status"] in ("completed", "failed") else None
-
-    body = wait_until(terminal, TASK_TIMEOUT_S, 0.1)
-    assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
-    result: dict[str, Any] = body
-    return result
-
-
-def _health(proc: ManagedProcess) -> httpx.Response:
-    response = http_get(f"{proc.base_url}/health", 5.0)
-    assert response is not None, proc.log_tail()
-    return response
 
 
 def _assert_engine_dead_body(body: dict[str, Any]) -> None:
@@ -71,7 +47,7 @@ def _assert_engine_dead_body(body: dict[str, Any]) -> None:
 
 def _assert_refuses_work(proc: ManagedProcess, pdf: bytes, server_url: str) -> None:
     for path in ("/tasks", "/file_parse"):
-        refused = _submit(proc.base_url, pdf, server_url, path=path)
+        refused = submit_task(proc.base_url, pdf, server_url, path=path)
         assert refused.status_code == 503, (path, refused.text)
         assert int(refused.headers["retry-after"]) > 0
         assert "engine" in refused.json()["message"]
@@ -91,18 +67,18 @@ def test_engine_death_end_to_end(
         env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_API_MAX_CONCURRENT_REQUESTS": "1",
              "MINERU_HEALTH_PORT": str(health_port)},
     )
-    health = _health(proc)
+    health = worker_health(proc)
     assert health.status_code == 200
     assert health.json()["status"] == "healthy" and health.json()["protocol_version"] == 2
 
-    first = _submit(proc.base_url, tiny_pdf, fake_vlm_url)
+    first = submit_task(proc.base_url, tiny_pdf, fake_vlm_url)
     assert first.status_code == 202, first.text
-    done = _wait_terminal(proc, first.json()["task_id"])
+    done = wait_task(proc, first.json()["task_id"])
     assert done["status"] == "completed", (done, proc.log_tail())
     result = httpx.get(f"{proc.base_url}/tasks/{done['task_id']}/result", timeout=30)
     assert result.status_code == 200
 
-    synchronous = _submit(proc.base_url, tiny_pdf, fake_vlm_url, path="/file_parse")
+    synchronous = submit_task(proc.base_url, tiny_pdf, fake_vlm_url, path="/file_parse")
     assert synchronous.status_code == 200, synchronous.text
 
     # Four tasks on a slow engine with one task at a time: the first runs, the
@@ -110,14 +86,14 @@ def test_engine_death_end_to_end(
     slow_url = f"{fake_vlm_url}/delay/1500/"
     ids = []
     for _ in range(4):
-        submitted = _submit(proc.base_url, tiny_pdf, slow_url)
+        submitted = submit_task(proc.base_url, tiny_pdf, slow_url)
         assert submitted.status_code == 202, submitted.text
         ids.append(submitted.json()["task_id"])
-    assert wait_until(lambda: _status(proc.base_url, ids[0])["status"] == "processing",
+    assert wait_until(lambda: task_status(proc.base_url, ids[0])["status"] == "processing",
                       TASK_TIMEOUT_S), proc.log_tail()
     write_plan(plan, "engine_dead")
 
-    finals = [_wait_terminal(proc, task_id) for task_id in ids]
+    finals = [wait_task(proc, task_id) for task_id in ids]
     statuses = [f["status"] for f in finals]
     assert "pending" not in statuses and "processing" not in statuses
     assert statuses.count("completed") <= 1  # only the call already in flight may finish
@@ -139,7 +115,7 @@ def test_engine_death_end_to_end(
     assert finals[-1]["started_at"] is None
     assert "inference engine of this worker became unusable" in finals[-1]["error"]
 
-    health = _health(proc)
+    health = worker_health(proc)
     assert health.status_code == 503
     _assert_engine_dead_body(health.json())
     assert health.json()["exception_type"] == "vllm.v1.engine.exceptions.EngineDeadError"
@@ -149,7 +125,7 @@ def test_engine_death_end_to_end(
     assert native.json()["rule"] == health.json()["rule"]
     assert native.json()["since"] == health.json()["since"]
     _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
-    assert _status(proc.base_url, ids[0])["task_id"] == ids[0]  # status endpoints still work
+    assert task_status(proc.base_url, ids[0])["task_id"] == ids[0]  # status endpoints still work
     assert proc.poll() is None
 
     scraped = httpx.get(f"{proc.base_url}/metrics", timeout=10)
@@ -174,13 +150,13 @@ def test_task_local_failure_keeps_the_worker(
     plan = tmp_path / "fault-plan"
     proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_FAULT_PLAN": str(plan)})
     write_plan(plan, "task_local")
-    failed = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    failed = wait_task(proc, submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
     assert failed["status"] == "failed"
     assert "corrupt" in failed["error"]
-    assert _health(proc).status_code == 200
-    later = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    assert worker_health(proc).status_code == 200
+    later = wait_task(proc, submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
     assert later["status"] == "completed", proc.log_tail()
-    health = _health(proc)
+    health = worker_health(proc)
     assert health.status_code == 200
     assert health.json()["failed_tasks"] == 1 and health.json()["completed_tasks"] == 1
 
@@ -195,9 +171,9 @@ def test_engine_dies_while_idle(
     plan = tmp_path / "fault-plan"
     proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_FAULT_PLAN": str(plan)})
     write_plan(plan, "engine_dead_idle")
-    unhealthy = wait_until(lambda: _health(proc).status_code == 503, 30.0, 0.2)
+    unhealthy = wait_until(lambda: worker_health(proc).status_code == 503, 30.0, 0.2)
     assert unhealthy, proc.log_tail()
-    body = _health(proc).json()
+    body = worker_health(proc).json()
     _assert_engine_dead_body(body)
     assert body["rule"].startswith("liveness:")
     _assert_refuses_work(proc, tiny_pdf, fake_vlm_url)
@@ -220,8 +196,8 @@ def test_exit_on_fatal(
         },
     )
     write_plan(plan, "engine_dead")
-    task_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
-    final = _wait_terminal(proc, task_id)
+    task_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    final = wait_task(proc, task_id)
     assert final["status"] == "failed" and final["verdict"]["role"] == "trigger"
     during_grace = http_get(f"{proc.base_url}/health", 2.0)
     assert during_grace is None or during_grace.status_code == 503
@@ -249,6 +225,15 @@ def _native_health(port: int) -> httpx.Response | None:
     return http_get(f"http://127.0.0.1:{port}/health", 5.0)
 
 
+def _native_503(proc: ManagedProcess, port: int, timeout_s: float) -> dict[str, Any]:
+    """The native endpoint's body once it answers 503 (asserted within ``timeout_s``)."""
+    answer = wait_until(lambda: (r := _native_health(port)) is not None and r.status_code == 503
+                        and r, timeout_s, 0.1)
+    assert answer, proc.log_tail()
+    body: dict[str, Any] = answer.json()
+    return body
+
+
 def test_native_endpoint_tells_busy_from_hung(
     patched_mineru_site: Path,
     mineru_api_factory: Callable[..., ManagedProcess],
@@ -261,7 +246,7 @@ def test_native_endpoint_tells_busy_from_hung(
         env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
              "MINERU_HEALTH_LOOP_HANG_S": "4"},
     )
-    assert _health(proc).json()["native_health_port"] == port
+    assert worker_health(proc).json()["native_health_port"] == port
     native = _native_health(port)
     assert native is not None and native.status_code == 200
     assert native.json()["loop_hung"] is False and native.json()["loop_lag_s"] < 4
@@ -279,7 +264,7 @@ def test_native_endpoint_tells_busy_from_hung(
     body = wait_until(busy, 30.0, 0.1)
     assert body and body["status"] == "healthy" and not body["loop_hung"], proc.log_tail()
     assert http_get(f"{proc.base_url}/health", 0.5) is None
-    assert wait_until(lambda: _health(proc).status_code == 200, 30.0, 0.2)
+    assert wait_until(lambda: worker_health(proc).status_code == 200, 30.0, 0.2)
 
     # Hung: blocked past the limit. 503 with loop_hung; healthy again once it resumes.
     write_plan(plan, "hang 8")
@@ -314,22 +299,18 @@ def test_engine_stall_is_fatal_and_fails_its_tasks(
              "MINERU_HEALTH_STALL_S": str(stall_s)},
     )
     write_plan(plan, "engine_stall")
-    ids = [_submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"] for _ in range(3)]
+    ids = [submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"] for _ in range(3)]
     assert wait_until(lambda: (r := _native_health(port)) is not None
                       and r.json()["engine_calls_in_flight"] > 0, 60.0, 0.1), proc.log_tail()
     # 503 within the stall time plus the watcher's second, while the HTTP server stays up.
-    stalled = wait_until(lambda: (r := _native_health(port)) is not None
-                         and r.status_code == 503, stall_s + 30.0, 0.1)
-    assert stalled, proc.log_tail()
-    body = _native_health(port)
-    assert body is not None
-    assert body.json()["category"] == "engine_stalled" and body.json()["engine_dead"] is True
-    finals = [_wait_terminal(proc, task_id) for task_id in ids]
+    body = _native_503(proc, port, stall_s + 30.0)
+    assert body["category"] == "engine_stalled" and body["engine_dead"] is True
+    finals = [wait_task(proc, task_id) for task_id in ids]
     assert [f["status"] for f in finals] == ["failed"] * 3, finals
     for final in finals:
         assert final["verdict"]["role"] == "collateral"
         assert final["verdict"]["category"] == "engine_stalled"
-    assert _health(proc).status_code == 503
+    assert worker_health(proc).status_code == 503
 
 
 def test_a_remote_server_that_never_answers_never_stalls_the_worker(
@@ -351,8 +332,8 @@ def test_a_remote_server_that_never_answers_never_stalls_the_worker(
         env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(stall_s)},
     )
     tarpit = f"{fake_vlm_url}/delay/60000/"  # each completion answers after 60 s
-    task_id = _submit(proc.base_url, tiny_pdf, tarpit).json()["task_id"]
-    assert wait_until(lambda: _status(proc.base_url, task_id)["status"] == "processing",
+    task_id = submit_task(proc.base_url, tiny_pdf, tarpit).json()["task_id"]
+    assert wait_until(lambda: task_status(proc.base_url, task_id)["status"] == "processing",
                       60.0, 0.1), proc.log_tail()
     # Well past the stall bound, the worker is healthy and counts nothing in flight.
     deadline = time.monotonic() + stall_s + 5.0
@@ -361,8 +342,8 @@ def test_a_remote_server_that_never_answers_never_stalls_the_worker(
         assert native is not None and native.status_code == 200, (native, proc.log_tail())
         assert native.json()["engine_calls_in_flight"] == 0
         time.sleep(0.25)
-    assert _status(proc.base_url, task_id)["status"] == "processing"
-    assert _health(proc).status_code == 200
+    assert task_status(proc.base_url, task_id)["status"] == "processing"
+    assert worker_health(proc).status_code == 200
 
 
 def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
@@ -383,27 +364,27 @@ def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
     )
     # A first parse warms MinerU's page-render pool: its cold start alone can
     # take seconds on a loaded machine, with no progress to show meanwhile.
-    warm = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
-    assert _wait_terminal(proc, warm)["status"] == "completed"
+    warm = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert wait_task(proc, warm)["status"] == "completed"
     write_plan(plan, "parse_hang")
     assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
-    hung_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
-    assert wait_until(lambda: _status(proc.base_url, hung_id)["status"] == "processing",
+    hung_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert wait_until(lambda: task_status(proc.base_url, hung_id)["status"] == "processing",
                       60.0, 0.1), proc.log_tail()
     # Another task that keeps making progress past the hung one's bound: a page
     # answered every 5 s, one at a time (8 pages: 40 s, longer than the bound).
     pages = make_pdf(pages=8, seed=3)
-    busy_id = _submit(proc.base_url, pages, f"{fake_vlm_url}/serial/5000/").json()["task_id"]
+    busy_id = submit_task(proc.base_url, pages, f"{fake_vlm_url}/serial/5000/").json()["task_id"]
 
-    hung = _wait_terminal(proc, hung_id)
+    hung = wait_task(proc, hung_id)
     assert hung["status"] == "failed" and "no progress" in hung["error"]
     assert hung["engine_dead"] is False
     assert hung["verdict"]["hung"] is True and hung["verdict"]["role"] == "trigger"
     assert hung["verdict"]["category"] == "task_hung"
     native = _native_health(port)
     assert native is not None and native.status_code == 200, proc.log_tail()
-    assert _wait_terminal(proc, busy_id)["status"] == "completed"
-    assert _health(proc).status_code == 200
+    assert wait_task(proc, busy_id)["status"] == "completed"
+    assert worker_health(proc).status_code == 200
 
 
 def test_a_worker_whose_every_task_hangs_is_stalled(
@@ -422,15 +403,11 @@ def test_a_worker_whose_every_task_hangs_is_stalled(
     )
     write_plan(plan, "parse_hang")
     assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
-    task_id = _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
-    assert _wait_terminal(proc, task_id)["verdict"]["hung"] is True
-    stalled = wait_until(lambda: (r := _native_health(port)) is not None
-                         and r.status_code == 503, 30.0, 0.1)
-    assert stalled, proc.log_tail()
-    body = _native_health(port)
-    assert body is not None
-    assert body.json()["rule"] == "watchdog.tasks_hung"
-    assert body.json()["category"] == "engine_stalled"
+    task_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert wait_task(proc, task_id)["verdict"]["hung"] is True
+    body = _native_503(proc, port, 30.0)
+    assert body["rule"] == "watchdog.tasks_hung"
+    assert body["category"] == "engine_stalled"
 
 
 def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:
@@ -482,8 +459,8 @@ def test_operator_rule_makes_a_failure_fatal(
         env={"MINERU_HEALTH_RULES": str(rules), "MINERU_HEALTH_FAULT_PLAN": str(plan)},
     )
     write_plan(plan, "task_local")
-    failed = _wait_terminal(proc, _submit(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
+    failed = wait_task(proc, submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
     assert failed["status"] == "failed"
-    health = _health(proc)
+    health = worker_health(proc)
     assert health.status_code == 503, health.text
     assert health.json()["rule"] == "site.corrupt_kills"

@@ -432,9 +432,13 @@ class Stream:
         if self._feeder is not None and self._feeder.is_alive():
             self._feeder.join(timeout=180)
 
-    def completed(self) -> list[Outcome]:
+    def ended(self) -> list[Outcome]:
+        """The documents with an outcome so far, in the order they were added."""
         with self._lock:
-            return [o for o in self._outcomes if o is not None and o.status == "completed"]
+            return [o for o in self._outcomes if o is not None]
+
+    def completed(self) -> list[Outcome]:
+        return [o for o in self.ended() if o.status == "completed"]
 
     def outcomes(self, timeout_s: float | None = None) -> list[Outcome]:
         """Every document's outcome once the feed ended (``count`` reached, or stopped now
