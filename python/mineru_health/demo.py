@@ -193,11 +193,14 @@ class Demo:
     # -- the watcher (a thread of its own) ---------------------------------------------------------
     def watch(self, stop: threading.Event, procs: Any) -> None:
         while not stop.wait(0.25):
-            self._read_documents()  # first: what ended before an ejection was not "while out"
-            self._read_audit()
-            self._read_rotation()
-            self._read_victim_health()
-            procs.record_descendants(self.router.proc)  # a router's workers, for the teardown
+            try:
+                self._read_documents()  # first: what ended before an ejection was not "while out"
+                self._read_audit()
+                self._read_rotation()
+                self._read_victim_health()
+                procs.record_descendants(self.router.proc)  # a router's workers, for teardown
+            except Exception as exc:  # noqa: BLE001 - one bad read must not end the watching
+                self.add("demo", f"watcher: {type(exc).__name__}: {exc}")
 
     def _read_audit(self) -> None:
         try:

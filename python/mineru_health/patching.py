@@ -340,12 +340,6 @@ def detect(mineru_dir: Path, root: Path | None = None) -> tuple[Manifest, list[_
     )
 
 
-def _resolve(mineru_path: str | os.PathLike[str] | None) -> tuple[Path, str, Manifest]:
-    mineru_dir = find_mineru(mineru_path)
-    manifest, _targets = detect(mineru_dir)
-    return mineru_dir, mineru_version(mineru_dir), manifest
-
-
 def startup_problem(mineru_dir: Path) -> str | None:
     """Why the running MinerU's files are not ones mineru-health patched, or None.
 

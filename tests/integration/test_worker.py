@@ -221,6 +221,14 @@ def test_hang_stops_answering(
                       and r.status_code == 200, 60.0, 0.2), proc.log_tail()
 
 
+def _native_worker(factory: Callable[..., ManagedProcess], site: Path, tmp_path: Path,
+                   **env: str) -> tuple[ManagedProcess, Path, int]:
+    """A worker with a fault plan and its native endpoint on a port of its own."""
+    plan, port = tmp_path / "fault-plan", free_port()
+    env = {"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port), **env}
+    return factory(site, env=env), plan, port
+
+
 def _native_health(port: int) -> httpx.Response | None:
     return http_get(f"http://127.0.0.1:{port}/health", 5.0)
 
@@ -239,13 +247,8 @@ def test_native_endpoint_tells_busy_from_hung(
     mineru_api_factory: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
-    plan = tmp_path / "fault-plan"
-    port = free_port()
-    proc = mineru_api_factory(
-        patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
-             "MINERU_HEALTH_LOOP_HANG_S": "4"},
-    )
+    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
+                                      MINERU_HEALTH_LOOP_HANG_S="4")
     assert worker_health(proc).json()["native_health_port"] == port
     native = _native_health(port)
     assert native is not None and native.status_code == 200
@@ -290,14 +293,9 @@ def test_engine_stall_is_fatal_and_fails_its_tasks(
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
-    plan = tmp_path / "fault-plan"
-    port = free_port()
     stall_s = 4.0
-    proc = mineru_api_factory(
-        patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
-             "MINERU_HEALTH_STALL_S": str(stall_s)},
-    )
+    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
+                                      MINERU_HEALTH_STALL_S=str(stall_s))
     write_plan(plan, "engine_stall")
     ids = [submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"] for _ in range(3)]
     assert wait_until(lambda: (r := _native_health(port)) is not None
@@ -354,14 +352,9 @@ def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
     tmp_path: Path,
 ) -> None:
     """Issue 17: a parse that hangs outside any engine call used to stay processing forever."""
-    plan = tmp_path / "fault-plan"
-    port = free_port()
     hang_s = 30.0  # a bound no parse reaches on a loaded machine
-    proc = mineru_api_factory(
-        patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
-             "MINERU_HEALTH_TASK_HANG_S": str(hang_s)},
-    )
+    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
+                                      MINERU_HEALTH_TASK_HANG_S=str(hang_s))
     # A first parse warms MinerU's page-render pool: its cold start alone can
     # take seconds on a loaded machine, with no progress to show meanwhile.
     warm = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
@@ -394,13 +387,8 @@ def test_a_worker_whose_every_task_hangs_is_stalled(
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
-    plan = tmp_path / "fault-plan"
-    port = free_port()
-    proc = mineru_api_factory(
-        patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port),
-             "MINERU_HEALTH_TASK_HANG_S": "3"},
-    )
+    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
+                                      MINERU_HEALTH_TASK_HANG_S="3")
     write_plan(plan, "parse_hang")
     assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
     task_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
