@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 from mineru_health import _native
+from mineru_health.mineru3.router.endpoints import _following_restarts
 from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.supervisor import Supervisor
@@ -458,6 +459,50 @@ def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
         assert record.upstream_base_url == "http://w0:3"
         fleet.phase["w0"] = P.RESTARTING  # booting: 503 + Retry-After, no upstream error counted
         assert not line.follow_restart(record)
+
+    run(scenario)
+
+
+class HTTPError(Exception):
+    def __init__(self, status_code: int, detail: str, headers: dict[str, str]) -> None:
+        super().__init__(detail)
+        self.status_code, self.headers = status_code, headers
+
+
+def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not() -> None:
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet, clock=SteppingClock(0.01))  # BOOT_TIMEOUT_S: 100 readings
+        record, _payload = track(line, "t1")
+        record.status = "completed"
+        fleet.phase["w0"] = P.RESTARTING
+        request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(
+            worker_pool=SimpleNamespace(task_line=line))))
+
+        async def proxy(request: Any, task: Any) -> str:
+            return f"result of {task.task_id} from {task.upstream_base_url}"
+
+        result_request = _following_restarts(proxy, HTTPError, synchronous=False)
+        file_parse = _following_restarts(proxy, HTTPError, synchronous=True)
+        try:
+            await result_request(request, record)
+            raise AssertionError("a result request while the worker restarts must get 503")
+        except HTTPError as error:
+            assert error.status_code == 503 and int(error.headers["Retry-After"]) > 0
+
+        waiting = asyncio.ensure_future(file_parse(request, record))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()  # holds the caller's connection while the worker boots
+        fleet.phase["w0"], fleet.servers["w0"].base_url = P.HEALTHY, "http://w0:2"
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        assert await asyncio.wait_for(waiting, 5.0) == "result of t1 from http://w0:2"
+
+        fleet.phase["w0"] = P.GAVE_UP  # never back: 503 once BOOT_TIMEOUT_S has passed
+        try:
+            await asyncio.wait_for(file_parse(request, record), 30.0)
+            raise AssertionError("a worker that never comes back must end the wait with 503")
+        except HTTPError as error:
+            assert error.status_code == 503
 
     run(scenario)
 

@@ -20,7 +20,9 @@ the module is fully defined) rebinds them:
   ``/file_parse`` polls through it, so it gets the same behaviour.
 - ``proxy_router_task_result`` and ``build_sync_router_task_result_response``
   send a finished task's result request to its worker's current instance
-  (503 with Retry-After while that worker is restarting).
+  (503 with Retry-After while that worker is restarting; ``/file_parse``,
+  whose caller waits on its connection, first waits up to ``BOOT_TIMEOUT_S``
+  for the restarted instance).
 - ``RouterTaskRecord.to_status_payload`` adds ``attempts`` (submissions
   made, 1 without resubmission) and ``workers_tried`` (server ids, in order).
 
@@ -129,23 +131,30 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     namespace["stage_multipart_request"] = stage_multipart_request
     namespace["submit_router_task"] = submit_router_task
     namespace["fetch_router_task_status"] = fetch_router_task_status
-    for name in ("proxy_router_task_result", "build_sync_router_task_result_response"):
-        namespace[name] = _following_restarts(namespace[name], http_exception)
+    for name, synchronous in (("proxy_router_task_result", False),
+                              ("build_sync_router_task_result_response", True)):
+        namespace[name] = _following_restarts(namespace[name], http_exception, synchronous)
     _add_attempts(namespace["RouterTaskRecord"])
     namespace[_INSTALLED] = True
 
 
-def _following_restarts(proxy: Callable[..., Any], http_exception: type) -> Callable[..., Any]:
+def _following_restarts(proxy: Callable[..., Any], http_exception: type,
+                        synchronous: bool) -> Callable[..., Any]:
     @functools.wraps(proxy)
     async def proxy_to_current_instance(request: Any, task: Any) -> Any:
         line = _line(request)
         if line is not None and not line.follow_restart(task):
-            raise http_exception(
-                status_code=503,
-                detail=f"worker {task.upstream_server_id} is restarting; the result of task "
-                       f"{task.task_id} is kept and will be served again, retry shortly",
-                headers={"Retry-After": str(line.supervisor.retry_after_s)},
-            )
+            # /file_parse's caller holds its connection for this result: wait for the
+            # restarted instance (bounded) rather than answer 503 for a kept result.
+            back = synchronous and await line.supervisor.wait_for_worker(
+                lambda: line.follow_restart(task))
+            if not back:
+                raise http_exception(
+                    status_code=503,
+                    detail=f"worker {task.upstream_server_id} is restarting; the result of "
+                           f"task {task.task_id} is kept and will be served again, retry shortly",
+                    headers={"Retry-After": str(line.supervisor.retry_after_s)},
+                )
         return await proxy(request, task)
 
     return proxy_to_current_instance

@@ -383,6 +383,17 @@ class Supervisor:
         return NotSent(Refusal.NO_WORKER, f"no healthy worker to send it to within "
                                           f"{self.wait_for_worker_s:g} s{detail}")
 
+    async def wait_for_worker(self, ready: Callable[[], bool]) -> bool:
+        """Until ``ready()``, checked when a worker comes back and each probe interval, for at
+        most ``BOOT_TIMEOUT_S``; False when it never was."""
+        deadline = self._clock() + self.wait_for_worker_s
+        while not ready():
+            left = deadline - self._clock()
+            if self._closed or left <= 0:
+                return False
+            await self._wait_for_worker(min(self.retry_interval_s, left))
+        return True
+
     async def _wait_for_worker(self, timeout_s: float) -> None:
         self._worker_back.clear()
         with contextlib.suppress(asyncio.TimeoutError):
