@@ -26,8 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-_ENUM_CLASS = re.compile(r"^class (\w+)\(enum\.Enum\):$", re.M)
-_ENUM_NEW = re.compile(r"^    @classmethod\n    def __new__\(cls, value\):\n        \.\.\.\n", re.M)
+_ENUM_CLASS = re.compile(r"^class (\w+)\(enum\.Enum\):$", re.MULTILINE)
+_ENUM_NEW = re.compile(r"^    @classmethod\n    def __new__\(cls, value\):\n        \.\.\.\n",
+                       re.MULTILINE)
 _NO_HASH = "__hash__: typing.ClassVar[None] = None"
 
 
@@ -47,7 +48,8 @@ def _parameters(line: str) -> str:
 
 def fix_up(stub: str) -> str:
     for name in _ENUM_CLASS.findall(stub):
-        stub = re.sub(rf"^(    \w+): typing\.ClassVar\[{name}\]$", r"\1 = ...", stub, flags=re.M)
+        stub = re.sub(rf"^(    \w+): typing\.ClassVar\[{name}\]$", r"\1 = ...", stub,
+                      flags=re.MULTILINE)
     stub = _ENUM_NEW.sub("", stub)
     stub = stub.replace(_NO_HASH, _NO_HASH + "  # type: ignore[assignment]")
     return "\n".join(_parameters(line) if line.lstrip().startswith("def ") else line

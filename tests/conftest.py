@@ -122,6 +122,21 @@ def worker_health(proc: ManagedProcess) -> httpx.Response:
     return response
 
 
+@pytest.fixture
+def fresh_worker_state() -> Iterator[None]:
+    """The process's worker health and runtime context, reset around a hook test."""
+    from mineru_health.runtime.worker import context
+    from mineru_health.worker import worker_health
+
+    worker_health().reset()
+    context.runtime.acted_on_fatal = False
+    yield
+    worker_health().reset()
+    context.runtime.apps.clear()
+    context.runtime.acted_on_fatal = False
+    context.runtime.advertised_port = None
+
+
 @pytest.fixture(scope="session")
 def mineru_python() -> str:
     python = sandbox.mineru_python()

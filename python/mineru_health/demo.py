@@ -340,7 +340,7 @@ class Demo:
             return False, "a worker is not in rotation"
         return True, "one task failed; the worker stayed in rotation, no restart"
 
-    # -- one run ------------------------------------------------------------------------------------
+    # -- one run -----------------------------------------------------------------------------------
     def run(self) -> tuple[int, str]:
         """The exit status and the verdict's reason; the marks and counters as they ended."""
         from .testing.processes import Processes

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -14,26 +13,9 @@ import pytest
 from mineru_health import demo
 from mineru_health.testing.router import LINE3
 
-MINERU_PYTHON = os.environ.get("MINERU_HEALTH_MINERU_PYTHON") or sys.executable
-
-
-def _mineru_importable() -> bool:
-    try:
-        done = subprocess.run(
-            [MINERU_PYTHON, "-c", "import mineru.cli.router, mineru.cli.fast_api"],
-            capture_output=True,
-            timeout=180,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
 
 @pytest.mark.integration
-def test_engine_death_demo_recovers() -> None:
-    if not _mineru_importable():
-        pytest.skip(f"MinerU is not importable by {MINERU_PYTHON}")
+def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips without MinerU
     done = subprocess.run(
         [sys.executable, "-m", "mineru_health", "demo", "--scenario", "engine-death", "--json"],
         capture_output=True,

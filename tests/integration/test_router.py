@@ -93,6 +93,17 @@ def _task_runner(router: Router, vlm_url: str, pdf: bytes) -> Callable[[], dict[
     return run
 
 
+def _kill_an_engine(router: Router) -> None:
+    """The shared fault plan: whichever worker reads it first has a dead engine."""
+    router.write_plan("engine_dead")
+    assert wait_until(lambda: not router.plan().exists(), 60.0, 0.1), "no worker read the plan"
+
+
+def _dead_worker(router: Router) -> str | None:
+    out = [sid for sid, s in router.servers().items() if not s["in_rotation"]]
+    return out[0] if len(out) == 1 else None
+
+
 def _run_until_one_meets_the_dead_engine(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Sequential tasks until one was resubmitted away from the dead engine; all complete."""
     for _ in range(MAX_PROBE_TASKS):
@@ -132,8 +143,6 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
 ) -> None:
     # Both workers inherit the plan; whichever reads it first consumes it.
     router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"}, fault_plan="fault-plan")
-    plan = router.plan()
-
     router.wait_in_rotation()
     first_urls = {sid: s["base_url"] for sid, s in router.servers().items()}
     for entry in router.servers().values():
@@ -143,8 +152,7 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
     assert run_task()["status"] == "completed"
 
-    router.write_plan("engine_dead")
-    assert wait_until(lambda: not plan.exists(), 60.0, 0.1), "no worker consumed the fault plan"
+    _kill_an_engine(router)
 
     # Sequential tasks until one lands on the dead engine (the router picks
     # the least loaded worker, ties at random). It does not fail: the router
@@ -153,13 +161,9 @@ def test_engine_death_is_ejected_restarted_and_tasks_complete(
     # task's status; the probes confirm it with the 503): looked for while the
     # tasks run, since on a loaded machine its restart can come first. How
     # fast it leaves is bench/recovery's to measure.
-    def dead_worker() -> str | None:
-        out = [sid for sid, s in router.servers().items() if not s["in_rotation"]]
-        return out[0] if len(out) == 1 else None
-
     with ThreadPoolExecutor(max_workers=1) as pool:
         meeting = pool.submit(_run_until_one_meets_the_dead_engine, run_task)
-        dead = wait_until(dead_worker, RESTART_TIMEOUT_S, 0.05)
+        dead = wait_until(lambda: _dead_worker(router), RESTART_TIMEOUT_S, 0.05)
         assert dead, router.servers()
         (other,) = [sid for sid in first_urls if sid != dead]
         assert router.servers()[other]["in_rotation"]
@@ -292,8 +296,6 @@ def test_metrics_agree_with_health_through_a_restart(
     tiny_pdf: bytes,
 ) -> None:
     router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"}, fault_plan="fault-plan")
-    plan = router.plan()
-
     # Start: in rotation is "healthy" in /metrics too.
     first_urls = {sid: s["base_url"] for sid, s in router.wait_in_rotation().items()}
     assert set(_agreed_states(router).values()) == {"healthy"}
@@ -302,16 +304,11 @@ def test_metrics_agree_with_health_through_a_restart(
     # looked for while the tasks run: on a loaded machine the resubmitted task
     # can take longer than the dead worker's restart.
     run_task = _task_runner(router, fake_vlm_url, tiny_pdf)
-    router.write_plan("engine_dead")
-    assert wait_until(lambda: not plan.exists(), 60.0, 0.1), "no worker consumed the fault plan"
-
-    def dead_worker() -> str | None:
-        out = [sid for sid, s in router.servers().items() if not s["in_rotation"]]
-        return out[0] if len(out) == 1 else None
+    _kill_an_engine(router)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         met = pool.submit(_run_until_one_meets_the_dead_engine, run_task)
-        dead = wait_until(dead_worker, RESTART_TIMEOUT_S, 0.05)
+        dead = wait_until(lambda: _dead_worker(router), RESTART_TIMEOUT_S, 0.05)
         assert dead, router.servers()
         (other,) = [sid for sid in first_urls if sid != dead]
         states = _agreed_states(router)

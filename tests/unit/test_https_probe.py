@@ -19,8 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from mineru_health.cli import probe_urls
 from mineru_health.errors import ConfigError
-from mineru_health.probe_cli import probe_urls
 from mineru_health.settings import HealthSettings
 
 HEALTHY = {

@@ -22,6 +22,8 @@ from mineru_health.settings import WorkerSettings
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
+pytestmark = pytest.mark.usefixtures("fresh_worker_state")
+
 
 def _upstream(error: BaseException) -> bool:
     return type(error).__name__ == "UpstreamOnly"
@@ -29,17 +31,6 @@ def _upstream(error: BaseException) -> bool:
 
 class UpstreamOnly(Exception):
     """An error only MinerU's own check calls fatal."""
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    worker_health().reset()
-    context.runtime.acted_on_fatal = False
-    yield
-    worker_health().reset()
-    context.runtime.apps.clear()
-    context.runtime.acted_on_fatal = False
-    context.runtime.advertised_port = None
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``mineru-health probe`` (probe_cli.probe_urls) against loopback fake workers."""
+"""``mineru-health probe`` (cli.probe_urls) against loopback fake workers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 from fake_fleet import HOSTILE_ERROR, Fleet
+from mineru_health.cli import probe_urls
 from mineru_health.errors import ConfigError
-from mineru_health.probe_cli import probe_urls
 from mineru_health.safe_text import printable
 from mineru_health.settings import HealthSettings
 

@@ -316,7 +316,7 @@ def test_readme_configuration_tables_are_the_generated_ones() -> None:
     assert match, "README.md has lost its generated configuration section"
     assert match.group(1) == markdown_tables(), (
         "README.md's configuration tables differ from the native table: regenerate them with "
-        "`mineru-health config --markdown`"
+        "scripts/generated_docs.py"
     )
 
 

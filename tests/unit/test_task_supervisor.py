@@ -38,9 +38,12 @@ class Unavailable(Exception):
 
 
 class Rejected(Exception):
-    def __init__(self, status_code: int, detail: str) -> None:
+    """MinerU's UpstreamSubmissionRejected, and FastAPI's HTTPException in its place."""
+
+    def __init__(self, status_code: int, detail: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
-        self.status_code, self.detail = status_code, detail
+        self.status_code, self.detail, self.headers = status_code, detail, headers or {}
 
 
 class Fleet:
@@ -463,12 +466,6 @@ def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
     run(scenario)
 
 
-class HTTPError(Exception):
-    def __init__(self, status_code: int, detail: str, headers: dict[str, str]) -> None:
-        super().__init__(detail)
-        self.status_code, self.headers = status_code, headers
-
-
 def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, clock=SteppingClock(0.01))  # BOOT_TIMEOUT_S: 100 readings
@@ -481,12 +478,12 @@ def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not()
         async def proxy(request: Any, task: Any) -> str:
             return f"result of {task.task_id} from {task.upstream_base_url}"
 
-        result_request = _following_restarts(proxy, HTTPError, synchronous=False)
-        file_parse = _following_restarts(proxy, HTTPError, synchronous=True)
+        result_request = _following_restarts(proxy, Rejected, synchronous=False)
+        file_parse = _following_restarts(proxy, Rejected, synchronous=True)
         try:
             await result_request(request, record)
             raise AssertionError("a result request while the worker restarts must get 503")
-        except HTTPError as error:
+        except Rejected as error:
             assert error.status_code == 503 and int(error.headers["Retry-After"]) > 0
 
         waiting = asyncio.ensure_future(file_parse(request, record))
@@ -501,7 +498,7 @@ def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not()
         try:
             await asyncio.wait_for(file_parse(request, record), 30.0)
             raise AssertionError("a worker that never comes back must end the wait with 503")
-        except HTTPError as error:
+        except Rejected as error:
             assert error.status_code == 503
 
     run(scenario)

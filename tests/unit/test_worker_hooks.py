@@ -6,7 +6,6 @@ import asyncio
 import json
 import sys
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,6 +16,8 @@ from mineru_health.mineru3.worker import tasks
 from mineru_health.runtime.worker import context, threads
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
+
+pytestmark = pytest.mark.usefixtures("fresh_worker_state")
 
 
 class _Task:
@@ -42,16 +43,6 @@ class _Manager:
         self.manager_wakeup.set()
         for event in self.task_events.values():
             event.set()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    worker_health().reset()
-    context.runtime.acted_on_fatal = False
-    yield
-    worker_health().reset()
-    context.runtime.apps.clear()
-    context.runtime.acted_on_fatal = False
 
 
 def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
