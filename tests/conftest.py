@@ -33,7 +33,9 @@ Fixtures and helpers (for every test module):
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +61,7 @@ __all__ = [
     "Router",
     "exception_groups",
     "free_port",
+    "generated_docs",
     "http_get",
     "make_pdf",
     "run_cli",
@@ -83,6 +86,17 @@ def http_get(url: str, timeout_s: float = 5.0) -> httpx.Response | None:
         return httpx.get(url, timeout=timeout_s)
     except httpx.TransportError:
         return None
+
+
+@functools.cache
+def generated_docs() -> Any:
+    """``scripts/generated_docs.py`` as a module: what rewrites the generated docs sections."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "generated_docs.py"
+    spec = importlib.util.spec_from_file_location("generated_docs", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # --- one 3.x worker's task API (its engine: vlm-http-client on server_url) ----------------------
@@ -125,13 +139,13 @@ def worker_health(proc: ManagedProcess) -> httpx.Response:
 @pytest.fixture
 def fresh_worker_state() -> Iterator[None]:
     """The process's worker health and runtime context, reset around a hook test."""
+    from mineru_health import worker
     from mineru_health.runtime.worker import context
-    from mineru_health.worker import worker_health
 
-    worker_health().reset()
+    worker.worker_health().reset()
     context.runtime.acted_on_fatal = False
     yield
-    worker_health().reset()
+    worker.worker_health().reset()
     context.runtime.apps.clear()
     context.runtime.acted_on_fatal = False
     context.runtime.advertised_port = None

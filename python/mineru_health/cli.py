@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from .errors import MineruHealthError, PatchError
+from .errors import ConfigError, MineruHealthError, PatchError
 
 if TYPE_CHECKING:
     from .settings import HealthSettings
@@ -200,7 +200,6 @@ def probe_urls(
     """
     from . import _native
     from ._names import enum_name
-    from .errors import ConfigError
     from .runtime.router.fleet import base_url_of, expectations
     from .settings import HealthSettings
 

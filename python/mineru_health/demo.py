@@ -235,10 +235,12 @@ class Demo:
     def _read_victim_health(self) -> None:
         import httpx
 
+        from .testing.router import http
+
         if not self.victim_url:
             return
         try:
-            response = httpx.get(f"{self.victim_url}{self.line.health}", timeout=1.0)
+            response = http("GET", f"{self.victim_url}{self.line.health}", 1.0)
             code = response.status_code
             body = response.json() if code != 200 and response.content else {}
             state = f"{code} unhealthy"
@@ -418,17 +420,16 @@ class Demo:
 
     def router_metrics(self) -> dict[str, float]:
         """The victim's restart, gave-up and ejection counters from the router's ``/metrics``."""
+        try:
+            samples = self.router.metric_samples(*ROUTER_METRICS)
+        except Exception:  # noqa: BLE001 - the summary just lacks metrics then
+            return {}
         found: dict[str, float] = {}
-        for name in ROUTER_METRICS:
-            try:
-                samples = self.router.metric_samples(name)
-            except Exception:  # noqa: BLE001 - the summary just lacks metrics then
-                return found
-            for sample in samples:
-                if sample.labels.get("worker") == self.victim:
-                    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
-                                      if k != "worker")
-                    found[f"{name}{{{labels}}}" if labels else name] = sample.value
+        for sample in samples:
+            if sample.labels.get("worker") == self.victim:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+                                  if k != "worker")
+                found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return found
 
     def summary(self, code: int, reason: str) -> dict[str, Any]:

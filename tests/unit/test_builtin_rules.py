@@ -8,7 +8,10 @@ the same text raised by MinerU's document code, which must never be fatal.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from conftest import generated_docs
 from mineru_health.classifier import builtin_rules, default_rules
 from mineru_health.frames import Frame
 
@@ -313,22 +316,16 @@ def test_engine_text_from_a_document_never_decides(rule_id: str, module: str, ty
     assert verdict.rule != rule_id
 
 
-def test_docs_list_every_builtin_rule() -> None:
-    from pathlib import Path
+RULES_DOC = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "rules.md").read_text(encoding="utf-8")
+
+def test_docs_list_every_builtin_rule() -> None:
+    docs = RULES_DOC.read_text(encoding="utf-8")
     missing = [rule.id for rule in builtin_rules() if f"`{rule.id}`" not in docs]
     assert missing == [], "docs/rules.md does not list: " + ", ".join(missing)
 
 
 def test_docs_rule_table_is_generated() -> None:
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "generated_docs.py"
-    spec = importlib.util.spec_from_file_location("generated_docs", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    text = (module.ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
-    assert module.rules_table(text) == text, "docs/rules.md is stale: run scripts/generated_docs.py"
+    text = RULES_DOC.read_text(encoding="utf-8")
+    assert generated_docs().rules_table(text) == text, (
+        "docs/rules.md is stale: run scripts/generated_docs.py")

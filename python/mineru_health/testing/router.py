@@ -66,6 +66,7 @@ __all__ = [
     "Stream",
     "Worker",
     "fleet",
+    "http",
     "run_fault",
     "start_fake_vlm",
     "start_router",
@@ -110,7 +111,7 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _http(method: str, url: str, timeout_s: float, **kwargs: Any) -> Any:
+def http(method: str, url: str, timeout_s: float, **kwargs: Any) -> Any:
     """One request: its ``httpx.Response`` (or ``httpx.HTTPError``).
 
     Every URL here is plain http on loopback; one shared TLS context spares
@@ -125,7 +126,7 @@ def _status_code(url: str, timeout_s: float = 5.0) -> int:
     import httpx
 
     try:
-        return int(_http("GET", url, timeout_s).status_code)
+        return int(http("GET", url, timeout_s).status_code)
     except httpx.HTTPError:
         return 0
 
@@ -206,7 +207,7 @@ class Line3(Line):
         import httpx
 
         try:
-            response = _http("GET", f"{base}/health", 10.0)
+            response = http("GET", f"{base}/health", 10.0)
             entries = response.json().get("servers", []) if response.status_code in (200, 503) \
                 else []
             servers = {str(s["server_id"]): s for s in entries}
@@ -246,7 +247,7 @@ class Line4(Line):
         import httpx
 
         try:
-            usage = _http("GET", f"{base}/v1/usage", 10.0).json()
+            usage = http("GET", f"{base}/v1/usage", 10.0).json()
             return int(usage["limits"]["max_concurrent_jobs"]), {}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return -1, {}
@@ -301,7 +302,7 @@ class Client:
              formats: Sequence[str] | None = None, timeout_s: float = 60.0) -> Any:
         """One submission as it is answered (an ``httpx.Response``)."""
         shape = self.line.request(self.engine_url, self.formats if formats is None else formats)
-        return _http("POST", f"{self.base}{path or self.line.tasks}", timeout_s,
+        return http("POST", f"{self.base}{path or self.line.tasks}", timeout_s,
                      files={"files": (name, pdf, "application/pdf")}, **shape)
 
     def submit(self, name: str, pdf: bytes) -> tuple[str, dict[str, Any]]:
@@ -323,7 +324,7 @@ class Client:
         import httpx
 
         try:
-            response = _http("GET", f"{self.base}{self.line.tasks}/{task_id}", timeout_s)
+            response = http("GET", f"{self.base}{self.line.tasks}/{task_id}", timeout_s)
             body = response.json() if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return {}
@@ -360,7 +361,7 @@ class Client:
 
     def result(self, task_id: str) -> Any:
         """``GET .../tasks/<id>/result`` as answered (an ``httpx.Response``)."""
-        return _http("GET", f"{self.base}{self.line.tasks}/{task_id}/result", 60.0)
+        return http("GET", f"{self.base}{self.line.tasks}/{task_id}/result", 60.0)
 
 
 class Stream:
@@ -591,15 +592,15 @@ class Router:
         write_plan(path, word)
         return path
 
-    def metric_samples(self, name: str) -> list[Any]:
-        """The samples named ``name`` of the router's ``/metrics`` (prometheus_client's)."""
+    def metric_samples(self, *names: str) -> list[Any]:
+        """The samples of the router's ``/metrics`` named one of ``names`` (one scrape)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        response = _http("GET", f"{self.base}/metrics", 10.0)
+        response = http("GET", f"{self.base}/metrics", 10.0)
         if response.status_code != 200:
             raise SandboxError(f"/metrics answered {response.status_code}")
         return [sample for family in text_string_to_metric_families(response.text)
-                for sample in family.samples if sample.name == name]
+                for sample in family.samples if sample.name in names]
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples ``name`` with these labels."""
@@ -660,10 +661,10 @@ class Worker:
         return self.proc.base_url
 
     def get(self, path: str, timeout_s: float = 10.0) -> Any:
-        return _http("GET", f"{self.base_url}{path}", timeout_s)
+        return http("GET", f"{self.base_url}{path}", timeout_s)
 
     def native(self, path: str = "/health", timeout_s: float = 5.0) -> Any:
-        return _http("GET", f"{self.native_url}{path}", timeout_s)
+        return http("GET", f"{self.native_url}{path}", timeout_s)
 
     def submit(self, pdf: bytes, *, path: str | None = None, name: str = "doc.pdf",
                formats: Sequence[str] = ("markdown",), timeout_s: float = 60.0) -> Any:
