@@ -113,8 +113,7 @@ def submit_task(base_url: str, pdf: bytes, server_url: str, *, path: str = "/tas
 def task_status(base_url: str, task_id: str) -> dict[str, Any]:
     response = httpx.get(f"{base_url}/tasks/{task_id}", timeout=10)
     assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    return response.json()
 
 
 def wait_task(proc: ManagedProcess, task_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -126,8 +125,7 @@ def wait_task(proc: ManagedProcess, task_id: str, timeout_s: float = 120.0) -> d
 
     body = wait_until(terminal, timeout_s, 0.1)
     assert body, f"task {task_id} did not finish:\n{proc.log_tail()}"
-    result: dict[str, Any] = body
-    return result
+    return body
 
 
 def worker_health(proc: ManagedProcess) -> httpx.Response:

@@ -579,11 +579,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
             signal.signal(sig, handler)
     if code in (EXIT_OK, EXIT_OUTCOME_MISSED) or args.json:
         summary = demo.summary(code, reason)
-        if args.json:
-            json.dump(summary, out, indent=2)
-            print(file=out)
-        else:
-            print(render_summary(summary), file=out)
+        print(json.dumps(summary, indent=2) if args.json else render_summary(summary), file=out)
     return code
 
 

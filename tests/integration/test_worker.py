@@ -238,8 +238,7 @@ def _native_503(proc: ManagedProcess, port: int, timeout_s: float) -> dict[str, 
     answer = wait_until(lambda: (r := _native_health(port)) is not None and r.status_code == 503
                         and r, timeout_s, 0.1)
     assert answer, proc.log_tail()
-    body: dict[str, Any] = answer.json()
-    return body
+    return answer.json()
 
 
 def test_native_endpoint_tells_busy_from_hung(
