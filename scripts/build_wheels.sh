@@ -8,6 +8,9 @@
 #   MINERU_HEALTH_WHEEL_PYTHONS="3.11" scripts/build_wheels.sh
 #   MINERU_HEALTH_WHEEL_CTEST=1 scripts/build_wheels.sh   # + the C++ tests on bullseye
 #
+# On an arm64 machine it builds manylinux_2_31_aarch64 wheels the same way (the release
+# workflow, .github/workflows/release.yml, runs it on both architectures).
+#
 # Needs root (debootstrap, chroot, bind mounts) and Debian's mirror and PyPI.
 # The extension does not link libpython, so a CPython's headers are enough.
 # Where Debian serves them they come from libpython3.X-dev of the suite that
@@ -27,7 +30,13 @@ source "$repo/scripts/roots.sh"
 out=${MINERU_HEALTH_DIST:-$repo/dist}
 pythons=${MINERU_HEALTH_WHEEL_PYTHONS:-3.10 3.11 3.12 3.13 3.14}
 pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-plat=${MINERU_HEALTH_WHEEL_PLAT:-manylinux_2_31_x86_64}
+# Where else CPythons with headers live: directories holding X.Y.Z/include/pythonX.Y or
+# X.Y.Z/<arch>/include/pythonX.Y (actions/setup-python's tool cache: /opt/hostedtoolcache/Python).
+python_roots=${MINERU_HEALTH_PYTHON_ROOTS:-}
+# The machine's architecture: the roots, the headers and the wheels are all of it
+# (x86_64 here; aarch64 on an arm64 machine such as GitHub's ubuntu-24.04-arm runners).
+arch=$(uname -m)
+plat=${MINERU_HEALTH_WHEEL_PLAT:-manylinux_2_31_$arch}
 jobs=${MINERU_HEALTH_JOBS:-2}
 root=$roots_dir/bullseye-build
 
@@ -74,12 +83,16 @@ fetch_headers() {
     source="Debian $suite libpython$version-dev"
   else
     suite=""
-    found=$(ls -d "$pyenv_root/versions/$version".*/include/python"$version" 2>/dev/null |
-      sort -V | tail -1) || true
+    local where
+    for where in "$pyenv_root/versions" $python_roots; do
+      found=$(ls -d "$where/$version".*/include/python"$version" \
+        "$where/$version".*/*/include/python"$version" 2>/dev/null | sort -V | tail -1) || true
+      [[ -z $found ]] || break
+    done
     if [[ -z $found || ! -f $found/Python.h ]]; then
       log "no headers for CPython $version: Debian serves no libpython$version-dev and" \
         "$pyenv_root/versions/$version.*/include/python$version/Python.h is missing" \
-        "(pyenv install $version, or set PYENV_ROOT)"
+        "(pyenv install $version, or set PYENV_ROOT or MINERU_HEALTH_PYTHON_ROOTS)"
       return 1
     fi
     source="pyenv ${found%/include/*}"
@@ -92,7 +105,7 @@ fetch_headers() {
   rm -rf "$dest"
   mkdir -p "$dest/usr/include"
   if [[ -z $suite ]]; then
-    # pyenv's include directory is self-contained (its pyconfig.h is x86_64's).
+    # pyenv's include directory is self-contained (its pyconfig.h is this machine's).
     cp -a "$found" "$dest/usr/include/python$version"
     echo "$source ($("${found%/include/*}/bin/python$version" -V 2>&1))" >"$dest/SOURCE"
     log "CPython $version headers: $(cat "$dest/SOURCE")"
@@ -120,8 +133,8 @@ EOF
     APT_CONFIG=$apt_dir/apt.conf apt-get download -q "libpython$version-dev/$suite" >/dev/null)
   dpkg -x "$apt_dir"/libpython"$version"-dev_*.deb "$dest"
   # Debian's pyconfig.h picks a per-architecture one by <...> include; put the
-  # x86_64 one in its place so that one include directory is enough.
-  cp "$dest/usr/include/x86_64-linux-gnu/python$version/pyconfig.h" \
+  # machine's one in its place so that one include directory is enough.
+  cp "$dest/usr/include/$arch-linux-gnu/python$version/pyconfig.h" \
     "$dest/usr/include/python$version/pyconfig.h"
   echo "$source $(dpkg-deb -f "$apt_dir"/libpython"$version"-dev_*.deb Version)" >"$dest/SOURCE"
   log "CPython $version headers: $(cat "$dest/SOURCE")"
@@ -140,11 +153,12 @@ print(prepare(\"/build/meta\"))"' >/dev/null 2>"$roots_dir/metadata.log") ||
 dist_info=$(cd "$root/build/meta" && echo *.dist-info)
 # The type stub is the same for every CPython and is generated from a built
 # extension, which none of the root's CPythons can import: it comes from a pip
-# build of this source by the development venv (scripts/setup.sh).
-log "type stub: a pip build with $repo/.venv"
+# build of this source on this machine (its -dev packages; pip's build isolation),
+# by $MINERU_HEALTH_STUB_PYTHON (default: the development venv of scripts/setup.sh).
+stub_python=${MINERU_HEALTH_STUB_PYTHON:-$repo/.venv/bin/python}
+log "type stub: a pip build with $stub_python"
 rm -rf "$roots_dir/stub"
-"$repo/.venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$roots_dir/stub" \
-  -Cbuild-dir="$roots_dir/stub/build" "$repo" >/dev/null
+"$stub_python" -m pip wheel -q --no-deps -w "$roots_dir/stub" "$repo" >/dev/null
 python3 -m zipfile -e "$roots_dir"/stub/mineru_health-*.whl "$roots_dir/stub/unpacked"
 cp "$roots_dir/stub/unpacked/mineru_health/_native.pyi" "$root/build/_native.pyi"
 
@@ -155,7 +169,7 @@ for version in $pythons; do
   stage_start=$SECONDS
   fetch_headers "$version"
   tag=cp${version/./}
-  soabi=cpython-${version/./}-x86_64-linux-gnu
+  soabi=cpython-${version/./}-$arch-linux-gnu
   log "CPython $version: configure and build in bullseye"
   in_root "$root" sh -c "cmake -S /src -B /build/$tag -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DMINERU_HEALTH_BUILD_PYTHON=ON -DMINERU_HEALTH_BUILD_TESTS=OFF \
@@ -168,10 +182,10 @@ for version in $pythons; do
     { tail -30 "$root/build/$tag.configure.log" "$root/build/$tag.build.log" >&2; exit 1; }
   in_root "$root" python /src/scripts/assemble_wheel.py --source /src \
     --install "/build/stage/$tag" --metadata "/build/meta/$dist_info" --stub /build/_native.pyi \
-    --tag "$tag-$tag-linux_x86_64" --out /build/raw >/dev/null
+    --tag "$tag-$tag-linux_$arch" --out /build/raw >/dev/null
   log "CPython $version: auditwheel repair --plat $plat"
   in_root "$root" auditwheel repair --plat "$plat" -w /build/dist \
-    "/build/raw/${dist_info%.dist-info}-$tag-$tag-linux_x86_64.whl" \
+    "/build/raw/${dist_info%.dist-info}-$tag-$tag-linux_$arch.whl" \
     >"$root/build/$tag.repair.log" 2>&1 || { tail -30 "$root/build/$tag.repair.log" >&2; exit 1; }
   wheel=$(cd "$root/build/dist" && ls ./*-"$tag"-"$tag"-*.whl)
   cp "$root/build/dist/$wheel" "$out/"

@@ -6,7 +6,10 @@ The build runs this (CMake, when MINERU_HEALTH_STUB is on): the stub is
 generated, never kept by hand, so a binding (a config row included) needs no
 second description. The extension is imported alone, from a scratch package
 beside a copy of it, so that the build needs none of the package's
-dependencies. Three fix-ups say what the generator cannot know:
+dependencies. pybind11-stubgen is a declared build requirement; a build
+without it (``--no-build-isolation`` in an environment that lacks it) says so
+and ships no stub rather than failing the install. Three fix-ups say what the
+generator cannot know:
 
 - members of the bound ``enum.Enum`` classes are written ``NAME = ...``, the
   form type checkers read as enum members;
@@ -18,6 +21,7 @@ dependencies. Three fix-ups say what the generator cannot know:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -30,6 +34,8 @@ _ENUM_CLASS = re.compile(r"^class (\w+)\(enum\.Enum\):$", re.MULTILINE)
 _ENUM_NEW = re.compile(r"^    @classmethod\n    def __new__\(cls, value\):\n        \.\.\.\n",
                        re.MULTILINE)
 _NO_HASH = "__hash__: typing.ClassVar[None] = None"
+#: The generator, as pyproject.toml requires it.
+STUBGEN = "pybind11-stubgen==3.0.0"
 
 
 def _loosen(annotations: str) -> str:
@@ -61,12 +67,21 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     extension, out = Path(argv[0]), Path(argv[1])
+    out.unlink(missing_ok=True)
+    if importlib.util.find_spec("pybind11_stubgen") is None:
+        print(f"mineru-health: pybind11-stubgen is not installed for {sys.executable}: the type "
+              "stub _native.pyi is not generated (the package works without it; "
+              f"pip install {STUBGEN} before building to get it)", file=sys.stderr)
+        return 0
     with tempfile.TemporaryDirectory(prefix="mineru-health-stub-") as scratch:
         package = Path(scratch, "mineru_health")
         package.mkdir()
         (package / "__init__.py").touch()
         shutil.copy(extension, package / extension.name)
-        env = {**os.environ, "PYTHONPATH": scratch}
+        # pip's isolated build environment reaches its build requirements through
+        # PYTHONPATH: the scratch directory goes in front of it, never in its place.
+        inherited = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [scratch, inherited]))}
         subprocess.run([sys.executable, "-m", "pybind11_stubgen", "--exit-code", "-o", scratch,
                         "mineru_health._native"], check=True, env=env, cwd=scratch)
         stub = (package / "_native.pyi").read_text(encoding="utf-8")

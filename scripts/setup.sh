@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for mineru-health: system libraries,
 # a Python 3.11 venv in .venv with mineru==3.4.5 (the newest 3.x) and this package (+ test and demo extras),
-# and .venv-mineru4 with mineru==4.0.12 (the 4.0 integration tests run MinerU there).
+# and .venv-mineru4 with mineru==4.0.12 and this package (the 4.0 integration tests run there).
 # Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ PYTHON="${PYTHON:-python3.11}"
 
 apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
               nlohmann-json3-dev libmicrohttpd-dev libgtest-dev clang-format ninja-build
-              clang-14 libclang-rt-14-dev git)
+              clang-14 libclang-rt-14-dev git debootstrap)
 # Debian's own Python 3.11, with venv (ensurepip) and headers for the extension.
 [ "$PYTHON" = python3.11 ] && apt_packages+=(python3.11 python3.11-venv python3.11-dev)
 missing=()
@@ -42,16 +42,18 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
 fi
+# mineru-health goes into each MinerU environment the way a user installs it: `pip install`
+# of this checkout with pip's default build isolation (pip fetches the build requirements
+# pyproject.toml declares; nothing is pre-installed for the build). CMake and Ninja in .venv
+# are for the C++ presets of scripts/test.sh.
 echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja "scikit-build-core>=0.10" "pybind11>=3.0" \
-  "pybind11-stubgen==3.0.0"
-.venv/bin/pip install -q --no-build-isolation ".[test,demo]"
-bash scripts/fetch_release_wheels.sh .cache/mineru-wheels
+.venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja
+.venv/bin/pip install -q ".[test,demo]"
+PYTHON=.venv/bin/python bash scripts/fetch_release_wheels.sh .cache/mineru-wheels
 
-# MinerU 4.0 brings its own FastAPI, pydantic, ...: a venv of its own. The tests
-# reach this package from there through PYTHONPATH (testing/sandbox.py); it
-# needs only what mineru-health imports at run time besides MinerU's own.
+# MinerU 4.0 brings its own FastAPI, pydantic, ...: a venv of its own, with its own
+# mineru-health (the 4.0 integration tests run that one, never this venv's).
 MINERU4_VERSION="${MINERU4_VERSION:-4.0.12}"
 if [ ! -x .venv-mineru4/bin/python ]; then
   echo "== creating .venv-mineru4 with $PYTHON"
@@ -61,6 +63,8 @@ if ! .venv-mineru4/bin/python -c "import importlib.metadata as m, sys; \
     sys.exit(m.version('mineru') != '$MINERU4_VERSION')" 2>/dev/null; then
   echo "== installing mineru==$MINERU4_VERSION into .venv-mineru4"
   .venv-mineru4/bin/pip install -q --upgrade pip >/dev/null
-  timeout 1800 .venv-mineru4/bin/pip install -q "mineru==$MINERU4_VERSION" patch-ng prometheus-client
+  timeout 1800 .venv-mineru4/bin/pip install -q "mineru==$MINERU4_VERSION"
 fi
+echo "== installing mineru-health into .venv-mineru4"
+.venv-mineru4/bin/pip install -q .
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

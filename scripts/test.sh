@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: lint, C++ (GoogleTest, normal and ASan/UBSan builds) and
-# Python (unit, then integration against the real MinerU 3.x processes (3.4.5 by default),
-# and the 3.x integration tests again on 3.4.4).
+# Runs every test: the install paths (checkout, sdist, wheel, the Dockerfile's fallback),
+# lint, C++ (GoogleTest, normal and ASan/UBSan builds) and Python (unit, then integration
+# against real MinerU 3.4.5 and 4.0.12 processes, each line's mineru-health installed into
+# its own venv, and the 3.x integration tests again on 3.4.4).
 # C++ runs four times: plain, ASan+UBSan, TSan, and clang with -Wthread-safety
 # -Werror (the lock annotations proven at compile time); then libFuzzer
 # targets, time-bounded.
@@ -13,8 +14,21 @@ export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"
 # Every MinerU release the manifests name (fetched by setup.sh), for the release matrix test.
 export MINERU_HEALTH_RELEASE_WHEELS="$PWD/.cache/mineru-wheels"
 
-echo "== reinstalling mineru-health from this checkout"
-pip install -q --no-build-isolation --no-deps --force-reinstall .
+# Into both MinerU environments, as a user installs it (pip's build isolation).
+for venv in .venv .venv-mineru4; do
+  [ -x $venv/bin/pip ] || continue
+  echo "== reinstalling mineru-health from this checkout into $venv"
+  timeout 900 $venv/bin/pip install -q --no-deps --force-reinstall .
+done
+
+# The ways users install, each from scratch (a full run only: `test.sh ARGS` passes ARGS
+# to pytest and skips them).
+if [ $# -eq 0 ]; then
+  echo "== install paths: the checkout, an sdist and its wheel, each into a fresh venv"
+  timeout 900 bash scripts/test_install.sh
+  echo "== the Dockerfile's fallback build and install, in Debian roots"
+  timeout 900 bash scripts/test_docker_fallback.sh
+fi
 
 echo "== lint"
 bash scripts/lint.sh

@@ -39,6 +39,10 @@ mineru=${MINERU_HEALTH_TEST_MINERU:-3.4.5}
 test_roots=${MINERU_HEALTH_TEST_ROOTS:-trixie bullseye pyenv}
 pyenv_versions=${MINERU_HEALTH_TEST_PYENV:-3.10 3.12}
 pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+# Other places CPythons live, as X.Y.Z/ or X.Y.Z/<arch>/ prefixes (actions/setup-python's
+# tool cache, /opt/hostedtoolcache/Python, on the release workflow's runners).
+python_roots=${MINERU_HEALTH_PYTHON_ROOTS:-}
+arch=$(uname -m)
 e2e=${MINERU_HEALTH_TEST_E2E:-1}
 docker_steps=${MINERU_HEALTH_TEST_DOCKER:-1}
 jobs=${MINERU_HEALTH_JOBS:-2}
@@ -183,7 +187,7 @@ docker_build_step() {
     PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
     PYTHON=/opt/python$cpython/bin/python$cpython SRC=/work/docker-src OUT=/tmp/docker-wheel \
       bash /work/docker-src/deploy/docker/build_wheel.sh >/build/docker-build.log 2>&1 &&
-    ls /tmp/docker-wheel/mineru_health-*-cp${cpython/./}-*manylinux_2_31_x86_64.whl" ||
+    ls /tmp/docker-wheel/mineru_health-*-cp${cpython/./}-*manylinux_2_31_$arch.whl" ||
     { tail -20 "$build_root/build/docker-build.log" >&2; return 1; }
 }
 
@@ -233,14 +237,19 @@ test_bullseye() {
   return 0
 }
 
-# pyenv_python X.Y ROOT: copies this machine's newest pyenv CPython X.Y into
+# pyenv_python X.Y ROOT: copies this machine's newest pyenv (or tool cache) CPython X.Y into
 # ROOT at the same path (its RUNPATH names it), without include/ (nothing
 # to build against) or site-packages, and prints its interpreter's path.
 pyenv_python() {
-  local version=$1 root=$2 prefix
-  prefix=$(ls -d "$pyenv_root/versions/$version".* 2>/dev/null | sort -V | tail -1) || true
+  local version=$1 root=$2 prefix="" where
+  for where in "$pyenv_root/versions" $python_roots; do
+    prefix=$(ls -d "$where/$version".*/bin/python"$version" "$where/$version".*/*/bin/python"$version" \
+      2>/dev/null | sort -V | tail -1) || true
+    prefix=${prefix%/bin/python$version}
+    [[ -z $prefix ]] || break
+  done
   [[ -n $prefix && -x $prefix/bin/python$version ]] ||
-    { echo "no pyenv CPython $version under $pyenv_root/versions" >&2; return 1; }
+    { echo "no CPython $version under $pyenv_root/versions $python_roots" >&2; return 1; }
   rm -rf "$root$prefix"
   mkdir -p "$root$prefix"
   tar -C "$prefix" --exclude=./include --exclude="./lib/python$version/site-packages/*" \

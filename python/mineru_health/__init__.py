@@ -21,7 +21,7 @@ from .errors import (
     UnsupportedMinerUError,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "ConfigError",

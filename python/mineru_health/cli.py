@@ -333,12 +333,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """``0.3.0 (patches MinerU 3.3.0-3.4.5, 4.0.12)``: the MinerU releases read from the
+    shipped patch manifests, so the answer is what ``patch apply`` accepts."""
+    from . import __version__, patching
+    from .errors import MineruHealthError
 
     try:
-        return version("mineru-health")
-    except PackageNotFoundError:
-        return "unknown"
+        return f"{__version__} (patches MinerU {patching.supported_releases()})"
+    except MineruHealthError as exc:
+        return f"{__version__} ({exc})"
 
 
 def build_parser() -> argparse.ArgumentParser:

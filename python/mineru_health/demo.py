@@ -247,7 +247,8 @@ class Demo:
             if code == 200:
                 state = "200 healthy"
             elif isinstance(body, dict) and body.get("engine_dead"):
-                state = f"{code} engine dead (rule {body.get('rule')}, {str(body['error'])[:60]})"
+                state = (f"{code} engine dead (rule {body.get('rule')}, "
+                         f"category {body.get('category')}, {body.get('exception_type')})")
         except httpx.TimeoutException:
             state = "no answer within 1s"
         except httpx.HTTPError as exc:

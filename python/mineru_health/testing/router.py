@@ -229,7 +229,8 @@ class Line4(Line):
 
     def env(self, site: Path, scratch: Path, python: str,
             extra: Mapping[str, str]) -> dict[str, str]:
-        return sandbox.mineru4_env(site, scratch, extra=extra)
+        return sandbox.mineru4_env(site, scratch, borrow=_health_path(python, site) is not None,
+                                   extra=extra)
 
     def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
         return [python, "-c", _ROUTER4, "--host", HOST, "--port", str(port),

@@ -48,6 +48,7 @@ __all__ = [
     "fake_vlm_command",
     "free_port",
     "health_path_for",
+    "interpreter",
     "make_pdf",
     "mineru_env",
     "mineru_health_path",
@@ -115,8 +116,22 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
 
 
 def mineru_python() -> str:
-    """The interpreter that runs MinerU: ``$MINERU_HEALTH_MINERU_PYTHON`` or this one."""
-    return os.environ.get(MINERU_PYTHON_ENV) or sys.executable
+    """The interpreter that runs MinerU: ``$MINERU_HEALTH_MINERU_PYTHON`` or this one.
+
+    Made absolute here, as the shell would find it, since MinerU's processes
+    start in directories of their own: a path relative to where the command was
+    typed (``.venv-mineru4/bin/python``) or a bare name looked up on ``PATH``.
+    Symbolic links are kept (a venv's ``python`` is one, and the venv is where
+    it points from).
+    """
+    return interpreter(os.environ.get(MINERU_PYTHON_ENV) or sys.executable)
+
+
+def interpreter(value: str) -> str:
+    """``value`` (a path or a name on ``PATH``) as an absolute path, links kept."""
+    if os.sep not in value:
+        return shutil.which(value) or value
+    return os.path.abspath(value)
 
 
 def mineru_package_dir(python: str | None = None, *, timeout_s: float = 120.0) -> Path:
@@ -348,7 +363,8 @@ WORKER4_TARGET = "parser/api_server.py"
 
 def mineru4_python() -> str | None:
     """The interpreter of the MinerU 4.0 venv (``$MINERU_HEALTH_MINERU4_PYTHON``), if set."""
-    return os.environ.get(MINERU4_PYTHON_ENV) or None
+    value = os.environ.get(MINERU4_PYTHON_ENV)
+    return interpreter(value) if value else None
 
 
 def health_link_dir(dest_dir: Path) -> Path:
@@ -393,13 +409,18 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
     return site
 
 
-def mineru4_env(site: Path, scratch: Path, *, health_path: Path | None = None,
+def mineru4_env(site: Path, scratch: Path, *, borrow: bool = False,
                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a 4.0 process: offline, ``MINERU_HOME`` and ``HOME`` in ``scratch``."""
+    """The environment of a 4.0 process: offline, ``MINERU_HOME`` and ``HOME`` in ``scratch``.
+
+    ``borrow``: the 4.0 venv has no mineru-health of its own, so it borrows
+    this one through a link (the demo allows it; the tests insist on the
+    venv's own install, as a user has it).
+    """
     home = scratch / "home"
     home.mkdir(parents=True, exist_ok=True)
-    link = health_path or health_link_dir(scratch / "health-path")
-    env = mineru_env(site, health_path=str(link), extra={
+    link = health_link_dir(scratch / "health-path") if borrow else None
+    env = mineru_env(site, health_path=str(link) if link else None, extra={
         "MINERU_HOME": str(home),
         "HOME": str(home),
         "HF_HUB_OFFLINE": "1",

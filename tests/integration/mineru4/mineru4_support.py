@@ -31,7 +31,35 @@ def python4() -> str:
         sandbox.mineru_package_dir(python, timeout_s=60)
     except sandbox.SandboxError as exc:
         pytest.skip(str(exc))
+    _insist_on_own_install(python)
     return python
+
+
+def _insist_on_own_install(python: str) -> None:
+    """The 4.0 venv runs the mineru-health a user would have there: its own `pip install`
+    of this checkout (scripts/setup.sh and test.sh make it), never this venv's borrowed."""
+    import hashlib
+    import subprocess
+
+    import mineru_health
+
+    digest = ("import hashlib, pathlib, mineru_health as m; d = hashlib.sha256(); "
+              "root = pathlib.Path(m.__file__).parent; "
+              "[d.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
+              "for p in sorted(root.rglob('*.py'))]; print(m.__file__); print(d.hexdigest())")
+    done = subprocess.run([python, "-I", "-c", digest], capture_output=True, text=True,
+                          timeout=60, check=False)
+    ours = hashlib.sha256()
+    root = Path(mineru_health.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        ours.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 2:
+        pytest.fail(f"mineru-health is not installed in the MinerU 4.0 venv ({python}): "
+                    f"pip install this checkout into it (scripts/setup.sh does) | {done.stderr[-300:]}")
+    if lines[1] != ours.hexdigest():
+        pytest.fail(f"the MinerU 4.0 venv's mineru-health ({lines[0]}) is not this checkout's: "
+                    "reinstall it (scripts/test.sh does)")
 
 
 @pytest.fixture(scope="session")
