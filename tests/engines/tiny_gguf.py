@@ -69,15 +69,17 @@ class TinyVlm:
     n_head_kv: int = 2
     n_ff: int = 128
     n_layer: int = 2
-    context_length: int = 4096
+    # A context that an A4 page's block fits (~1.4k tokens) and an A1 page's does not (~3.2k):
+    # a document with oversized pages meets a real ContextExceededError.
+    context_length: int = 2048
     vision_embd: int = 32
     vision_head: int = 2
     vision_ff: int = 64
     vision_layer: int = 1
     patch_size: int = 14
-    # Largest image the projector accepts before resizing it down: (448 / 14 / 2)^2 = 256
-    # tokens per image, so a page crop costs the LM a few hundred tokens.
-    image_max_pixels: int = 448 * 448
+    # Largest image the projector takes before resizing it down: high enough that an image's
+    # token count follows its size, as with MinerU's real projector.
+    image_max_pixels: int = 4096 * 4096
     seed: int = 26
 
 
