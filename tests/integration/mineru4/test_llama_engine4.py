@@ -15,7 +15,7 @@ the engine's own.
 * The same death in a fleet: the patched router restarts the worker and resubmits its jobs;
   none is lost.
 
-Runtimes on the 2-core CI machine: see the report in each test's docstring.
+Runtimes (shared 2-core machine): ~10 s, ~6 s and ~40 s, plus ~1 s once a run for the models.
 """
 
 # ruff: noqa: F811 - the fixtures are imported from llama4_support and named as parameters
@@ -124,7 +124,7 @@ def test_released_engine_is_verified_dead(
 
 def test_fleet_heals_a_released_engine_with_no_job_lost(
         tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path) -> None:
-    """~60 s: two standard workers behind the patched router; one engine released mid-job."""
+    """~40 s: two standard workers behind the patched router; one engine released mid-job."""
     arm = tmp_path / "close-engine"
     env = {**FLEET4_ENV, **worker_env(tiny_vlm_home, {engine_switch.ARM_ENV: str(arm)})}
     with Processes() as procs:
