@@ -65,6 +65,12 @@ if ! .venv-mineru4/bin/python -c "import importlib.metadata as m, sys; \
   .venv-mineru4/bin/pip install -q --upgrade pip >/dev/null
   timeout 1800 .venv-mineru4/bin/pip install -q "mineru==$MINERU4_VERSION"
 fi
+# The tests' tiny llama.cpp VLM (tests/engines: gguf writes the GGUF pair) and the stand-ins
+# for 4.0's small ONNX models (onnx writes them) are generated in this venv.
+if ! .venv-mineru4/bin/python -c "import gguf, onnx" 2>/dev/null; then
+  echo "== installing gguf and onnx into .venv-mineru4 (test models)"
+  timeout 600 .venv-mineru4/bin/pip install -q "gguf>=0.17" "onnx>=1.16"
+fi
 echo "== installing mineru-health into .venv-mineru4"
 .venv-mineru4/bin/pip install -q .
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

@@ -21,17 +21,26 @@ measured here (no model, no accelerator) and are not in these numbers.
 Ratios (verify / baseline) are what to compare across machines. Nothing here
 is a pass/fail test.
 
-    python bench/verification/run.py [--rounds 300] [--json out.json]
+``--real-llama`` adds the llama.cpp check on a real engine (``real_llama.py``, run in
+MinerU 4.0's venv: ``MINERU_HEALTH_MINERU4_PYTHON``): the tiny random-weight MinerU 2.5
+model of ``tests/engines``, verified idle, then while other requests decode on the other
+slots, then with every slot taken; busy medians as ratios to idle, measured in the same run.
+
+    python bench/verification/run.py [--rounds 300] [--json out.json] [--real-llama]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mineru_health import verification
@@ -78,6 +87,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--real-llama", action="store_true",
+                        help="also verify a real llama.cpp engine, idle and busy (MinerU 4.0 venv)")
     args = parser.parse_args()
 
     health = WorkerHealth()
@@ -111,10 +122,37 @@ def main() -> int:
         print(f"{row['case']:<{width}}  {row['median_us']:>10.1f}  {row['p99_us']:>10.1f}  "
               f"{row['ratio']:>10.1f}")
     print(f"\n{args.rounds} rounds each; one failure no rule knows; all engines alive")
+    results: dict[str, Any] = {"fakes": rows}
+    if args.real_llama:
+        results["real_llama"] = real_llama()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(rows, out, indent=2)
+            json.dump(results, out, indent=2)
     return 0
+
+
+def real_llama() -> dict[str, Any]:
+    """``real_llama.py`` in MinerU 4.0's venv, this package linked onto its path."""
+    python = os.environ.get("MINERU_HEALTH_MINERU4_PYTHON")
+    if not python:
+        raise SystemExit("--real-llama needs MINERU_HEALTH_MINERU4_PYTHON (MinerU 4.0's python)")
+    import mineru_health
+
+    with tempfile.TemporaryDirectory(prefix="mineru-health-path-") as link_dir:
+        (Path(link_dir) / "mineru_health").symlink_to(Path(mineru_health.__file__).parent)
+        done = subprocess.run([python, str(Path(__file__).with_name("real_llama.py"))],
+                              env={**os.environ, "PYTHONPATH": link_dir}, capture_output=True,
+                              text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"real_llama.py failed:\n{done.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\nreal llama.cpp engine (tiny MinerU 2.5 model, 4 slots), bound "
+          f"{report['bound_s']} s, {report['rounds']} rounds each")
+    print(f"{'case':<24}  {'median ms':>10}  {'p99 ms':>10}  {'× idle':>7}  outcomes")
+    for row in report["rows"]:
+        print(f"{row['case']:<24}  {row['median_ms']:>10.1f}  {row['p99_ms']:>10.1f}  "
+              f"{row['ratio_to_idle']:>7.2f}  {row['outcomes']}")
+    return report
 
 
 def _p99(samples: list[float]) -> float:

@@ -96,9 +96,12 @@ std::vector<Rule> builtin_rules() {
       // Its fixed message, for engine code that re-raises str() only.
       engine_message("vllm.engine_core_issue", kFatal, "engine_dead",
                      "engine ?core encountered an issue"),
+      // "EngineCore_0 died unexpectedly": the core process's own name, as
+      // its parent reports it when no "proc" precedes the name.
       engine_message("vllm.engine_core_fatal", kFatal, "engine_dead",
                      "engine ?core encountered a fatal error|engine ?core "
-                     "proc\\S* \\S+ died unexpectedly|engine core client "
+                     "proc\\S* \\S+ died unexpectedly|engine ?core(?:_\\w+)? "
+                     "died unexpectedly|engine core client "
                      "(?:is|has) (?:shut ?down|dead)|engine ?core hit an "
                      "exception|got fatal signal from worker processes|"
                      "asyncllm output_handler failed"),
@@ -249,6 +252,18 @@ std::vector<Rule> builtin_rules() {
       engine_message("lmdeploy.turbomind_fatal", kHeuristic, "engine_dead",
                      "\\[tm\\]\\[fatal\\]|\\[tm\\]\\[error\\] *(?:assertion "
                      "fail|check failed)"),
+      // TurboMind's CUDA checks (check_cuda_error in src/turbomind/utils)
+      // throw "[TM][ERROR] CUDA runtime error: <cudaGetErrorString>" from its
+      // allocator, kernels and cuBLAS wrapper; these codes mean the device or
+      // the install cannot run the engine at all, or the context is broken
+      // (sticky). Out of memory is not among them: it stays ambiguous.
+      engine_message(
+          "lmdeploy.turbomind_cuda_error", kFatal, "device",
+          "\\[tm\\]\\[error\\] *cuda runtime error: (?:operation not "
+          "supported|api call is not supported|invalid device "
+          "function|misaligned address|an illegal memory access|"
+          "illegal (?:address|instruction)|unspecified launch "
+          "failure|no kernel image)"),
       engine_message("lmdeploy.context_length", kTaskLocal, "request_too_long",
                      "the request exceeds the model context length"),
 
@@ -354,11 +369,21 @@ std::vector<Rule> builtin_rules() {
 
       // A C++ exception nobody caught: the process aborts (MLX without a
       // Metal device, TurboMind, custom kernels).
+      // A macOS crash report names the frames instead (libc++abi's
+      // demangling_terminate_handler, std::__terminate): MLX's check_error
+      // throwing on Metal's completion queue ends that way.
       engine_message("process.aborted", kFatal, "worker_dead",
                      "terminate called after throwing an instance of|"
                      "libc\\+\\+abi:? terminating (?:due to uncaught exception|"
                      "with uncaught exception)|terminating app due to uncaught "
-                     "exception"),
+                     "exception|\\bdemangling_terminate_handler\\b|"
+                     "\\bstd::__terminate\\b"),
+      // C's assert() (glibc: "Assertion `cond' failed.") and libstdc++'s
+      // checked accessors ("Assertion '__n < this->size()' failed.") abort
+      // the process: llama.cpp's own asserts in llama-server and the
+      // standard library's, seen as log text only.
+      engine_message("process.assert_failed", kFatal, "worker_dead",
+                     "\\bassertion [`'][^\\n]+' failed"),
       // vLLM's custom all-reduce checks every CUDA call and exits the
       // process on failure (CUDACHECK in csrc/custom_all_reduce.cuh).
       engine_message("vllm.custom_all_reduce_exit", kFatal, "device",
@@ -497,9 +522,10 @@ std::vector<Rule> builtin_rules() {
       // torch_npu's own words after a CANN inner error (E?9999: EZ9999,
       // EE9999, EH9999...), which torch_npu also reports as "CANN Inner
       // Error".
-      engine_message("npu.inner_error", kFatal, "device",
-                     "the process exits for this inner error|\\be[0-9a-z]9999: "
-                     "inner error|cann inner error"),
+      engine_message(
+          "npu.inner_error", kFatal, "device",
+          "the process exits for this inner error|\\be[0-9a-z]9999:? "
+          "inner error|cann inner error"),
       // CANN's device error report (device_error_proc.cc): printed only when
       // the device itself reports a task exception or timeout (AI Core, SDMA,
       // HCCL FFTS+ tasks), with the chip and die it came from.

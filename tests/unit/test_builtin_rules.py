@@ -86,6 +86,10 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
     "lmdeploy.turbomind_fatal": ("builtins", "RuntimeError", EXC,
                                  "[TM][ERROR] Assertion fail: llama_batch.cc:412",
                                  "lmdeploy.serve.async_engine"),
+    "lmdeploy.turbomind_cuda_error": ("builtins", "RuntimeError", EXC,
+                                      ("[TM][ERROR] CUDA runtime error: operation not supported "
+                                       "/lmdeploy/src/turbomind/utils/allocator.h:197"),
+                                      "lmdeploy.turbomind.turbomind"),
     "lmdeploy.context_length": ("builtins", "RuntimeError", EXC,
                                 "the request exceeds the model context length",
                                 "lmdeploy.serve.async_engine"),
@@ -144,6 +148,8 @@ EXAMPLES: dict[str, tuple[str, str, tuple[str, ...], str, str]] = {
                                  "SIGKILL"), ""),
     "process.aborted": ("", "", (), ("terminate called after throwing an instance of "
                         "'std::runtime_error'"), ""),
+    "process.assert_failed": ("", "", (), ("llama-server: src/llama-context.cpp:1021: "
+                              "Assertion `status == LLAMA_MEMORY_STATUS_SUCCESS' failed."), ""),
     "vllm.custom_all_reduce_exit": ("", "", (), ("Failed: Cuda error /workspace/csrc/"
                                     "custom_all_reduce.cuh:455 'invalid argument'"), ""),
     # CUDA-like sticky faults

@@ -123,6 +123,30 @@ def test_a_failure_escaping_a_local_engine_call_is_the_engines() -> None:
         assert engine_calls.raised_by_local_engine(wrapper)  # through the chain
 
 
+def test_a_local_engine_failure_is_judged_where_it_escapes_off_the_loop() -> None:
+    """4.0 asks on its loop; the judge gets the failure first on the parse thread, not on a loop."""
+    judged: list[BaseException] = []
+    health = _Health()
+    engine_calls.judge_failures_off_loop(judged.append)
+    try:
+        with (pytest.raises(RuntimeError) as off_loop,
+              engine_calls.local_engine_call(health)):  # type: ignore[arg-type]
+            raise RuntimeError("engine released")
+
+        async def on_loop() -> None:
+            with engine_calls.local_engine_call(health):  # type: ignore[arg-type]
+                raise RuntimeError("on the loop")
+
+        with pytest.raises(RuntimeError):
+            asyncio.run(on_loop())
+        with (pytest.raises(asyncio.CancelledError),
+              engine_calls.local_engine_call(health)):  # type: ignore[arg-type]
+            raise asyncio.CancelledError
+    finally:
+        engine_calls.judge_failures_off_loop(None)
+    assert judged == [off_loop.value]
+
+
 def test_calls_to_a_remote_server_are_never_in_flight() -> None:
     """Issue 17: a user's server_url that never answers made workers "stalled"."""
 

@@ -15,7 +15,11 @@ so (never narrower than upstream), except for a remote engine
 (``server_url`` set: the http-client backend), which never condemns the worker.
 A failure that escaped a call into a local engine
 (:func:`~mineru_health.runtime.worker.engine_calls.raised_by_local_engine`) is
-verified as a local one all the same.
+verified as a local one all the same. Such a failure is decided where it escapes
+the engine call, on the parse thread (engines 4.0 drives synchronously: llama.cpp,
+lmdeploy, MLX), so that verification can finish before ``_run_job`` asks on the
+loop: a dead engine found by verification then fails its own job ``engine_dead``
+too, and the router resubmits it.
 """
 
 from __future__ import annotations
@@ -132,6 +136,7 @@ def rebind(namespace: MutableMapping[str, Any] | None = None) -> int:
         return 0
     replacement = make_replacement(upstream)
     replacement.__wrapped__ = upstream  # type: ignore[attr-defined]
+    engine_calls.judge_failures_off_loop(replacement)
     count = 0
     for space in spaces:
         current = space.get(NAME)

@@ -30,6 +30,7 @@ Thread-safety: the wrappers run on any thread; install() runs once, at start-up.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
@@ -49,6 +50,7 @@ __all__ = [
     "current_task_id",
     "follow_tasks",
     "install",
+    "judge_failures_off_loop",
     "local_engine_call",
     "on_import",
     "raised_by_local_engine",
@@ -214,6 +216,8 @@ def local_engine_call(health: WorkerHealth) -> Iterator[None]:
     An exception escaping the block is marked, so that the worker treats it
     as a local engine's failure (:func:`raised_by_local_engine`) even in a
     task whose backend is remote: what failed ran here, not on the server.
+    On a thread without an event loop it is also handed to the judge of
+    :func:`judge_failures_off_loop`, if one is set.
     """
     health.engine_call_started()
     try:
@@ -221,9 +225,37 @@ def local_engine_call(health: WorkerHealth) -> Iterator[None]:
     except BaseException as error:
         with contextlib.suppress(Exception):  # an exception refusing attributes stays unmarked
             setattr(error, _LOCAL_ENGINE_ATTR, True)
+        _judge_off_loop(error)
         raise
     finally:
         health.engine_call_finished()
+
+
+_failure_judge: Callable[[BaseException], object] | None = None
+
+
+def judge_failures_off_loop(judge: Callable[[BaseException], object] | None) -> None:
+    """Sets the one judge of exceptions escaping local engine calls off an event loop.
+
+    MinerU 4.0 asks whether a job's failure is fatal on its event loop, where
+    verification must not wait; for engines it drives synchronously (llama.cpp,
+    lmdeploy, MLX) the failure first escapes the engine call on the parse
+    thread, where waiting costs nothing: the line decides (and verifies) it
+    there and answers the loop's question from that verdict.
+    """
+    global _failure_judge
+    _failure_judge = judge
+
+
+def _judge_off_loop(error: BaseException) -> None:
+    judge = _failure_judge
+    if judge is None or not isinstance(error, Exception):
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        with contextlib.suppress(Exception):  # the judge's own failure leaves MinerU's path as is
+            judge(error)
 
 
 def raised_by_local_engine(error: BaseException) -> bool:
