@@ -7,20 +7,24 @@ The patched ``mineru-router`` (MinerU 3.x) with two real local workers and
 router on the same state directory. Every task the first router accepted
 answers through the new one (no 404), the ones in flight are finished
 (sent again under the same id), every result is downloadable, none lost.
-A damaged router store is set aside with an audit record, and the router
-runs.
+A task on a remote worker (``--upstream-url``) that outlives the router is
+followed there, not sent again. A damaged router store is set aside with an
+audit record, and the router runs.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Router, make_pdf, wait_until
+from conftest import ManagedProcess, Router, free_port, make_pdf, wait_until
 from mineru_health.runtime.router.store import DB_NAME
-from mineru_health.testing.router import Client
+from mineru_health.testing.router import LINE3, Client
+from mineru_health.testing.sandbox import HOST, Processes
 from router_restart import kill_and_restart
 
 pytestmark = pytest.mark.integration
@@ -87,3 +91,42 @@ def test_a_damaged_router_store_is_set_aside_and_audited(
     assert (state / DB_NAME).read_bytes().startswith(b"SQLite format 3")
     done = Client(router.base, router.line, engine_url=fake_vlm_url).run("doc.pdf", tiny_pdf)
     assert done.status == "completed", (done.detail, router.proc.log_tail())
+
+
+def test_a_task_on_a_remote_worker_that_outlived_the_router_is_followed_there(
+    processes: Processes, mineru_api_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path, mineru_python: str, fake_vlm_url: str, tmp_path: Path,
+    tiny_pdf: bytes,
+) -> None:
+    worker = mineru_api_factory(patched_mineru_site)  # not the router's: it stays up
+    env = {**ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
+
+    def remote_router(name: str) -> Router:
+        scratch = tmp_path / name
+        scratch.mkdir()
+        port = free_port()
+        argv = [*LINE3.router_argv(mineru_python, port, "none"),
+                "--upstream-url", worker.base_url]
+        proc = processes.start("mineru-router", argv,
+                               env=LINE3.env(patched_mineru_site, scratch, mineru_python, env),
+                               log_path=scratch / "router.log", cwd=scratch)
+        proc.base_url = f"http://{HOST}:{port}"
+        router = Router(LINE3, proc, scratch, 1)
+        router.wait_in_rotation()
+        return router
+
+    first = remote_router("router")
+    slow = Client(first.base, LINE3, engine_url=f"{fake_vlm_url}/delay/4000/")
+    task_id, refusal = slow.submit("slow.pdf", tiny_pdf)
+    assert task_id, refusal
+    upstream = slow.status(task_id)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(30.0)
+
+    second = remote_router("router-1")
+    done = Client(second.base, LINE3).wait(task_id)
+    assert done.status == "completed", (done.detail, second.proc.log_tail())
+    assert done.detail["workers_tried"] == ["remote-1"] and done.attempts == 1, done.detail
+    assert Client(second.base, LINE3).result(task_id).status_code == 200
+    assert upstream.get("status") in ("pending", "processing"), upstream
+    assert second.metric("mineru_router_task_resubmissions_total") == 0

@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mineru_health import _native, metrics, safe_text
@@ -167,7 +167,7 @@ class Supervisor:
                               kept.instance, list(kept.workers), snapshot.source, kept.digest,
                               snapshot.record, kept.accepted_at))
 
-    def forget(self, keys: Any) -> None:
+    def forget(self, keys: Iterable[str]) -> None:
         """MinerU forgot these submissions (its retention): so does the store."""
         if self.store is not None:
             self.store.forget(keys)
