@@ -43,6 +43,7 @@ from mineru_health.runtime.router.line import (
 )
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_terminal
+from mineru_health.runtime.router.store import Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
 __all__ = ["RETAINED_CLASS", "WORKERS_ATTR", "Task", "TaskLine", "upload_names",
@@ -294,7 +295,7 @@ class TaskLine:
                                 "fields": [list(f) for f in getattr(payload, "fields", [])],
                                 "uploads": [] if done else uploads})
 
-    def revive(self, saved: Any) -> Revived | None:
+    def revive(self, saved: Saved) -> Revived | None:
         """Puts the task back into MinerU's registry; its staged form too if it is not over."""
         registry, ns = self._registry, self._ns
         fields = saved.record["task"]

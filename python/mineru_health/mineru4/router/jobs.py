@@ -68,7 +68,7 @@ from mineru_health.runtime.router.policy import (
     Refusal,
     is_terminal,
 )
-from mineru_health.runtime.router.store import RouterStore
+from mineru_health.runtime.router.store import RouterStore, Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
 __all__ = ["Job", "JobLine", "policy_payload"]
@@ -424,7 +424,7 @@ class JobLine:
                         record={"route": fields, "files": files, "body": job.body,
                                 "sources": sources, "resendable": job.resendable})
 
-    def revive(self, saved: Any) -> Revived | None:
+    def revive(self, saved: Saved) -> Revived | None:
         """Puts the job's route and its files' routes back; its inputs' bytes if it is not over."""
         record, registry = saved.record, self._registry
         fields = record["route"]

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .fleet import Fleet
 from .policy import Answer, AnswerKind, Refusal
+from .store import Saved
 
 __all__ = ["Kept", "Line", "NotSent", "Revived", "Sent", "Snapshot", "Unavailable",
            "ask_status"]
@@ -140,8 +141,8 @@ class Line(Protocol):
     def snapshot(self, kept: Kept) -> Snapshot:
         """What the router's store keeps of ``kept`` now."""
 
-    def revive(self, saved: Any) -> Revived | None:
-        """Puts a stored submission (a ``store.Saved``) back into MinerU's records.
+    def revive(self, saved: Saved) -> Revived | None:
+        """Puts a stored submission back into MinerU's records.
 
         One that is over is only put back (its status and result are served
         as before the restart): None. One that is not is returned to be kept
