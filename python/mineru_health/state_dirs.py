@@ -1,10 +1,12 @@
 """Ownership of state directories, and stores that a damaged file never stops.
 
-    dirs = StateDirs()                  # a router's local workers' state directories
+    dirs = StateDirs()                  # a router's own directory and its local workers'
     dirs.state_dir("local-gpu-0")       # MINERU_HEALTH_STATE_DIR of every launch of that worker
+    dirs.durable                        # True under an operator's MINERU_HEALTH_STATE_DIR
     lock = claim(directory)             # ConfigError if another live process owns it
     sweep_abandoned(tmp, "mineru-health-state-")   # what a SIGKILLed router left behind
     path = set_aside(db_path, error)    # a damaged store moved aside, kept for the operator
+    db, aside = open_database(path, schema, check="SELECT COUNT(*) FROM t")  # both stores
 
 A claim is an advisory ``flock`` on ``<directory>/.mineru-health.lock``, a
 file that also holds the owner's pid for the message. The kernel drops the
@@ -20,6 +22,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -27,11 +30,25 @@ from pathlib import Path
 from . import safe_text
 from .errors import ConfigError
 
-__all__ = ["LOCK_NAME", "STATE_DIR_ENV", "StateDirs", "StateLock", "claim", "set_aside",
-           "sweep_abandoned"]
+__all__ = [
+    "LOCK_NAME",
+    "OUTPUTS_NAME",
+    "OUTPUT_DIR_ENV",
+    "STATE_DIR_ENV",
+    "StateDirs",
+    "StateLock",
+    "claim",
+    "open_database",
+    "set_aside",
+    "sweep_abandoned",
+]
 
 LOCK_NAME = ".mineru-health.lock"
 STATE_DIR_ENV = "MINERU_HEALTH_STATE_DIR"
+#: Where a local worker of a router with a durable state directory writes its outputs.
+OUTPUT_DIR_ENV = "MINERU_HEALTH_OUTPUT_DIR"
+#: That directory's name inside the worker's state directory.
+OUTPUTS_NAME = "outputs"
 _TEMP_PREFIX = "mineru-health-state-"
 
 _log = safe_text.logger("mineru_health.state")
@@ -148,6 +165,44 @@ def set_aside(path: str | os.PathLike[str], reason: object) -> Path:
     return target
 
 
+def open_database(path: str | os.PathLike[str], schema: str, *,
+                  check: str) -> tuple[sqlite3.Connection, Path | None]:
+    """A connection to the SQLite file ``path`` (WAL, ``synchronous=NORMAL``, ``schema`` run).
+
+    ``check`` is a query read once, so that a damaged page shows now and not
+    mid-run. A file that is not a usable database is set aside first (kept
+    for the operator) and a fresh one started: returns the connection and
+    where the damaged file went (None when it was fine). Only an error that a
+    fresh file would hit too (cannot open, locked: ``OperationalError``) is
+    raised. The connection may be used from any thread, one at a time (the
+    caller holds the lock).
+
+    WAL with ``synchronous=NORMAL``: a commit is one append to the log and no
+    fsync; a process crash (``kill -9``) loses nothing, a power loss at most
+    the last commits.
+    """
+
+    def connect() -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(schema)
+            db.execute(check).fetchall()
+        except sqlite3.Error:
+            db.close()
+            raise
+        return db
+
+    try:
+        return connect(), None
+    except sqlite3.DatabaseError as error:
+        if isinstance(error, sqlite3.OperationalError):  # cannot open, locked: not damage
+            raise
+        aside = set_aside(path, error)
+    return connect(), aside
+
+
 def _set_aside_in(directory: Path) -> list[Path]:
     """The files ``set_aside`` left in ``directory`` (their SQLite companions not counted)."""
     try:
@@ -158,17 +213,20 @@ def _set_aside_in(directory: Path) -> list[Path]:
 
 
 class StateDirs:
-    """The state directories of a router's local workers, one per worker for its whole life.
+    """The router's state directory and its local workers', one per worker for its whole life.
 
-    Each holds the worker's task store (finished results survive its
+    Each worker's holds its task store (finished results survive its
     restarts) and is passed in its per-launch variables. Under an operator's
-    ``MINERU_HEALTH_STATE_DIR`` in the router's environment: one
-    subdirectory per worker, kept across router restarts, the directory
-    claimed for this router alone (``ConfigError`` if another live router
-    holds it: its workers would serve each other's tasks). Otherwise
-    temporary directories, claimed too, so that the next router sweeps those
-    a killed one left behind; ``close`` removes them. Not thread-safe: the
-    router's loop owns it.
+    ``MINERU_HEALTH_STATE_DIR`` in the router's environment (``durable``):
+    the router's own files (its store of accepted submissions, their kept
+    uploads: ``runtime/router/store.py``) and one subdirectory per worker
+    (its task store and its outputs, ``outputs_dir``), kept across router
+    restarts, the directory claimed for this router alone (``ConfigError``
+    if another live router holds it: its workers would serve each other's
+    tasks). Otherwise temporary directories, claimed too, so that the next
+    router sweeps those a killed one left behind; ``close`` removes them;
+    nothing of the router's own is kept. Not thread-safe: the router's loop
+    owns it.
     """
 
     def __init__(self, *, base: str | None = None) -> None:
@@ -180,6 +238,19 @@ class StateDirs:
             self._locks.append(claim(Path(self._base).expanduser(), variable=STATE_DIR_ENV))
         else:
             sweep_abandoned(tempfile.gettempdir(), _TEMP_PREFIX)
+
+    @property
+    def durable(self) -> bool:
+        """True when the directories outlive this router (an operator's state directory)."""
+        return bool(self._base)
+
+    def router_dir(self) -> Path | None:
+        """The router's own state directory when ``durable``, else None."""
+        return Path(self._base).expanduser() if self._base else None
+
+    def outputs_dir(self, worker_id: str) -> Path | None:
+        """Where the worker's outputs outlive the router (``durable`` only, else None)."""
+        return self.state_dir(worker_id) / OUTPUTS_NAME if self._base else None
 
     def state_dir(self, worker_id: str) -> Path:
         """The worker's state directory (created on first use)."""

@@ -261,3 +261,17 @@ def test_finished_jobs_come_back_when_their_blobs_do(api_server: None) -> None:
     restarted.expired = {"done"}
     restarted.collect_expired()
     assert current.count() == 0
+
+
+def test_jobs_its_shutdown_canceled_are_not_kept(api_server: None) -> None:
+    """4.0 cancels what is queued or running when it stops; no client canceled those."""
+    jobs, files = _Jobs(), _Files(set())
+    job_store.attach(types.SimpleNamespace(state=types.SimpleNamespace(
+        job_store=jobs, file_store=files)))
+    _finish(jobs, files, "client-canceled", "canceled", sha256sum="s1")
+    jobs._closing = True  # type: ignore[attr-defined]  # 4.0's JobStore.shutdown set it
+    _finish(jobs, files, "shutdown-canceled", "canceled", sha256sum="s1")
+    _finish(jobs, files, "done-while-stopping", "completed", sha256sum="s1")
+    current = context.runtime.store
+    assert current is not None
+    assert sorted(row[0] for row in current.rows()) == ["client-canceled", "done-while-stopping"]

@@ -42,7 +42,8 @@ Two kinds, by where the truth lives:
   - ``record_resubmission(reason)`` -- a task sent again to another worker:
     ``mineru_router_task_resubmissions_total{reason}`` (``engine_dead``: its
     upstream failed with the engine; ``lost``: the worker's current instance
-    does not know it; ``worker_failed``: its worker was declared failed).
+    does not know it; ``worker_failed``: its worker was declared failed;
+    ``router_restart``: a new router resumed it from its store).
   - ``record_resubmission_refused(cause)`` -- a task left failed instead:
     ``mineru_router_task_resubmissions_refused_total{cause}`` (``retries``,
     ``budget``, ``no_worker``, ``poison``, ``rejected``).
@@ -120,7 +121,7 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
-RESUBMIT_REASONS: tuple[str, ...] = ("engine_dead", "lost", "worker_failed")
+RESUBMIT_REASONS: tuple[str, ...] = ("engine_dead", "lost", "worker_failed", "router_restart")
 REFUSAL_CAUSES: tuple[str, ...] = ("retries", "budget", "no_worker", "poison", "rejected")
 
 # Healthy probes answer in milliseconds; failing ones run up to the probe

@@ -10,7 +10,11 @@ the module is fully defined) rebinds them:
   ``RetainedPayload``: MinerU calls its
   ``cleanup()`` in a ``finally`` right after submitting, which now does
   nothing once the task supervisor kept the payload; the supervisor deletes
-  the staged files when the task is terminal (or at shutdown).
+  the staged files when the task is terminal (or at shutdown). With the
+  router's store the staged directory is moved into the router's state
+  directory first, so that a new router can send the task again.
+- ``startup_router_state``: once MinerU's registry and pool are up, the
+  router's store is taken back (``TaskLine.resume``).
 - ``submit_router_task`` hashes the uploaded files (the poison guard's key),
   refuses a quarantined document with 422, submits as MinerU does, then
   hands the task to the supervisor; when MinerU finds no healthy worker but
@@ -39,7 +43,7 @@ from typing import Any
 
 from mineru_health.runtime.router.poison import content_digest
 
-from .tasks import TaskLine, upload_names, workers_tried
+from .tasks import RETAINED_CLASS, TaskLine, move_staged, upload_names, workers_tried
 
 __all__ = ["install_endpoints", "retained_payload_class"]
 
@@ -76,10 +80,12 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     if namespace.get(_INSTALLED):
         return
     retained_class: Any = retained_payload_class(namespace["MultipartPayload"])
+    namespace[RETAINED_CLASS] = retained_class
     http_exception = namespace["HTTPException"]
     stage = namespace["stage_multipart_request"]
     submit = namespace["submit_router_task"]
     fetch = namespace["fetch_router_task_status"]
+    startup = namespace["startup_router_state"]
 
     @functools.wraps(stage)
     async def stage_multipart_request(request: Any) -> Any:
@@ -93,7 +99,15 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
             )
         payload = await stage(request)
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
-        return retained_class(**fields)
+        retained = retained_class(**fields)
+        kept_dir = line.kept_dir() if line is not None else None
+        if kept_dir is not None:
+            try:
+                await asyncio.to_thread(move_staged, retained, kept_dir)
+            except BaseException:
+                retained.cleanup()
+                raise
+        return retained
 
     @functools.wraps(submit)
     async def submit_router_task(request: Any, payload: Any) -> Any:
@@ -128,9 +142,17 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
             return await line.refresh(task)
         return await fetch(request, task)
 
+    @functools.wraps(startup)
+    async def startup_router_state(app: Any, settings: Any) -> None:
+        await startup(app, settings)
+        line = getattr(app.state.worker_pool, "task_line", None)
+        if isinstance(line, TaskLine):
+            line.resume(app.state.router_task_registry)
+
     namespace["stage_multipart_request"] = stage_multipart_request
     namespace["submit_router_task"] = submit_router_task
     namespace["fetch_router_task_status"] = fetch_router_task_status
+    namespace["startup_router_state"] = startup_router_state
     for name, synchronous in (("proxy_router_task_result", False),
                               ("build_sync_router_task_result_response", True)):
         namespace[name] = _following_restarts(namespace[name], http_exception, synchronous)

@@ -38,6 +38,7 @@ from mineru_health.runtime.router.fleet import (
 )
 from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.policy import passive_reason
+from mineru_health.runtime.router.store import RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 
@@ -207,7 +208,8 @@ class HealingPool:
         retention = getattr(self.settings, "task_retention_seconds", 0)
         self.retired = RetiredOutputs(retention_s=float(retention or 0))
         self.task_line = TaskLine(self, ns)
-        self.supervisor = Supervisor(self.fleet, self.task_line, health_settings)
+        self.supervisor = Supervisor(self.fleet, self.task_line, health_settings,
+                                     store=RouterStore.of(self.fleet))
         for server in self._servers.values():
             local = server.local_server
             if local is not None and self._local_server_class is not None:

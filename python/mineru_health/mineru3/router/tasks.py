@@ -9,33 +9,52 @@ MinerU 3.x, and what the task endpoints call:
     await line.hold(payload, digest, registry)      # no healthy worker, one restarting: pending
     await line.refresh(record)                      # a client asked for its status
     line.follow_restart(record)                     # a result request: to the current instance
+    line.resume(registry)                           # start-up: the router's store taken back
 
 A task's status shows ``attempts`` and ``workers_tried`` (``workers_tried``).
-Runs on the router's event loop; not thread-safe.
+With the router's store, a task's row is MinerU's ``RouterTaskRecord`` and
+its staged form (fields, uploads); its uploads live in the router's state
+directory (``kept_dir``, moved there by ``endpoints.py`` when staged) until
+it ends. Runs on the router's event loop; not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import os
+import shutil
 from collections.abc import Mapping
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from mineru_health import safe_text
 from mineru_health.runtime.router.fleet import DECLARED_FAILED
-from mineru_health.runtime.router.line import Kept, NotSent, Sent, Unavailable, ask_status
+from mineru_health.runtime.router.line import (
+    Kept,
+    NotSent,
+    Revived,
+    Sent,
+    Snapshot,
+    Unavailable,
+    ask_status,
+)
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_terminal
+from mineru_health.runtime.router.store import Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
-__all__ = ["WORKERS_ATTR", "Task", "TaskLine", "upload_names", "workers_tried"]
+__all__ = ["RETAINED_CLASS", "WORKERS_ATTR", "Task", "TaskLine", "upload_names",
+           "workers_tried"]
 
 _log = safe_text.logger("mineru_health.router.tasks")
 
 #: Attribute on MinerU's RouterTaskRecord: the server ids it was submitted to, in order.
 WORKERS_ATTR = "_mineru_health_workers_tried"
+#: Name in the router module's globals of the payload class whose cleanup waits (endpoints.py).
+RETAINED_CLASS = "_mineru_health_retained_payload"
 
 
 def workers_tried(record: Any) -> list[str]:
@@ -61,6 +80,26 @@ def _upload_bytes(payload: Any) -> int:
     return total
 
 
+def _record_fields(record: Any) -> dict[str, Any]:
+    """MinerU's RouterTaskRecord as plain fields (ours left out)."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return {k: v for k, v in vars(record).items() if k != WORKERS_ATTR}
+
+
+def move_staged(payload: Any, kept_dir: Path) -> Any:
+    """Moves a staged upload's directory into ``kept_dir`` (blocking: a copy across file
+    systems); its uploads' paths follow. Returns ``payload``."""
+    old = Path(payload.temp_dir)
+    kept_dir.mkdir(parents=True, exist_ok=True)
+    new = kept_dir / old.name
+    shutil.move(str(old), str(new))
+    payload.temp_dir = str(new)
+    for upload in payload.uploads:
+        upload.path = str(new / Path(upload.path).relative_to(old))
+    return payload
+
+
 class Task:
     """A kept task: MinerU's record of it, its staged upload, the registry it is in."""
 
@@ -76,24 +115,32 @@ class TaskLine:
     def __init__(self, pool: Any, namespace: Mapping[str, Any]) -> None:
         self._pool = pool
         self._ns = namespace
+        self._registry: Any = None  # MinerU's task registry, once resumed
 
     @property
     def supervisor(self) -> Supervisor:
         return self._pool.supervisor  # type: ignore[no-any-return]
 
+    def kept_dir(self) -> Path | None:
+        """Where staged uploads go to outlive the router (its store's), or None."""
+        store = self.supervisor.store
+        return store.kept_dir if store is not None else None
+
     # -- what the endpoints call -------------------------------------------------------
     def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
-        """Keeps ``payload`` for ``record`` (MinerU registered the task) until it is terminal."""
+        """Keeps ``payload`` for ``record`` (MinerU registered the task) until it is terminal.
+
+        The router's store has its row when this returns (before the client's answer).
+        """
         tried: list[str] = []
         setattr(record, WORKERS_ATTR, tried)
-        if is_terminal(record.status):
-            tried.append(record.upstream_server_id)
-            payload.release()
-            return
         payload.retained = True
-        self.supervisor.keep(record.task_id, Task(record, payload, registry),
-                             record.upstream_server_id, record.upstream_base_url, digest=digest,
-                             size_bytes=_upload_bytes(payload), workers=tried)
+        kept = self.supervisor.keep(record.task_id, Task(record, payload, registry),
+                                    record.upstream_server_id, record.upstream_base_url,
+                                    digest=digest, size_bytes=_upload_bytes(payload),
+                                    workers=tried)
+        if is_terminal(record.status):
+            self.supervisor.release(kept)
 
     async def hold(self, payload: Any, digest: str | None, registry: Any) -> Any:
         """A pending task for ``payload``, sent once a worker is healthy (bounded, as a
@@ -233,3 +280,62 @@ class TaskLine:
 
     def terminal(self, kept: Kept) -> bool:
         return is_terminal(kept.item.record.status)
+
+    # -- the router's store ---------------------------------------------------------------
+    def snapshot(self, kept: Kept) -> Snapshot:
+        record, payload = kept.item.record, kept.item.payload
+        done = is_terminal(record.status)
+        uploads = [{"field_name": getattr(u, "field_name", "files"),
+                    "upload_name": str(u.upload_name),
+                    "content_type": getattr(u, "content_type", "application/octet-stream"),
+                    "path": str(u.path)} for u in getattr(payload, "uploads", [])]
+        return Snapshot(state=str(record.status), upstream_id=str(record.upstream_task_id),
+                        source="" if done else str(getattr(payload, "temp_dir", "") or ""),
+                        record={"task": _record_fields(record),
+                                "fields": [list(f) for f in getattr(payload, "fields", [])],
+                                "uploads": [] if done else uploads})
+
+    def revive(self, saved: Saved) -> Revived | None:
+        """Puts the task back into MinerU's registry; its staged form too if it is not over."""
+        registry, ns = self._registry, self._ns
+        fields = saved.record["task"]
+        known = {f.name for f in dataclasses.fields(ns["RouterTaskRecord"])}
+        record = ns["RouterTaskRecord"](**{k: v for k, v in fields.items() if k in known})
+        tried = list(saved.workers)
+        setattr(record, WORKERS_ATTR, tried)
+        registry._tasks[record.task_id] = record  # MinerU's registry has no insert by id
+        if is_terminal(record.status):
+            return None
+        payload = ns[RETAINED_CLASS](
+            temp_dir=saved.source, fields=[tuple(f) for f in saved.record.get("fields") or []],
+            uploads=[ns["StagedUpload"](**u) for u in saved.record.get("uploads") or []])
+        payload.retained = True
+        return Revived(Task(record, payload, registry), tried, _upload_bytes(payload))
+
+    def resume(self, registry: Any) -> None:
+        """Takes the router's store back (start-up, workers up, before any request).
+
+        MinerU's retention then takes rows out of the store with the tasks
+        it expires; staged uploads no unfinished task holds (left by a router
+        killed while staging) are deleted.
+        """
+        self._registry = registry
+        if self.supervisor.store is None:
+            return
+        self.supervisor.resume()
+        expire = registry.cleanup_expired_tasks
+
+        @functools.wraps(expire)
+        async def cleanup_and_forget() -> int:
+            before = set(registry._tasks)
+            expired: int = await expire()
+            self.supervisor.forget(before.difference(registry._tasks))
+            return expired
+
+        registry.cleanup_expired_tasks = cleanup_and_forget
+        kept_dir = self.kept_dir()
+        if kept_dir is not None and kept_dir.is_dir():
+            held = {Path(k.item.payload.temp_dir) for k in self.supervisor.kept()}
+            for leftover in kept_dir.iterdir():
+                if leftover not in held:
+                    shutil.rmtree(leftover, ignore_errors=True)

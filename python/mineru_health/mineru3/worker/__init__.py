@@ -29,6 +29,8 @@ What they give the worker:
   ``POST /tasks`` and ``POST /file_parse`` get 503 with ``Retry-After``.
 * ``MINERU_HEALTH_EXIT_ON_FATAL=1``: after a fatal failure, exit with status 75
   (EX_TEMPFAIL) after ``MINERU_HEALTH_EXIT_GRACE_S`` seconds.
+* ``MINERU_HEALTH_OUTPUT_DIR`` (set by a router with a durable state
+  directory): MinerU's output root, so that results outlive the router.
 
 Nothing here may break MinerU: every hook catches and logs its own errors,
 except :func:`install`, which refuses a bad configuration at start-up.
@@ -43,6 +45,7 @@ the loop watcher, threads, engine calls, the task store).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ...runtime.worker import store
@@ -74,5 +77,9 @@ def install(app: Any) -> None:
     settings, rules, first_install = started
     if not first_install:
         return
+    if settings.output_dir:
+        # A router with a durable state directory: outputs live there, so that
+        # the results this worker's task store restores outlive the router.
+        os.environ["MINERU_API_OUTPUT_ROOT"] = str(settings.output_dir)
     store.configure(settings, state_dir(settings))  # a bad MINERU_HEALTH_STATE_DIR stops start-up
     finish_install(settings, rules, "3.x")

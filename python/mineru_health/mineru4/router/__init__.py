@@ -5,9 +5,11 @@ The patch (``patches/mineru-4.0/``) adds a few lines:
 - ``workers.py``, after ``class WorkerPool``: ``WorkerPool =
   install(globals())``, a subclass whose supervision is the runtime's fleet
   (``pool.py``), and whose local workers start with their own variables
-  (``ManagedLocalWorker`` is rebound too);
+  (``ManagedLocalWorker`` is rebound too: with a durable state directory,
+  its upload directory is in the worker's state directory);
 - ``app.py``, in ``create_app``: ``install_app(application, globals())``
-  (``/metrics``, the job supervisor, the job helpers it wraps) and, in
+  (``/metrics``, the job supervisor, the job helpers it wraps, the router's
+  store, resumed by the pool once its workers are up) and, in
   ``submit_job``, ``job_submitted(application, job_route, body)``: the job
   is kept until it ends (``jobs.py``); ``submit_job = failover(application,
   submit_job)``: a submission its worker lost on the way is sent to another.
@@ -27,9 +29,10 @@ from typing import Any
 
 from mineru_health import metrics
 from mineru_health.runtime.router.launch import launching_class
+from mineru_health.runtime.router.store import RouterStore
 
 from .jobs import JobLine
-from .pool import healing_pool_class
+from .pool import healing_pool_class, outputs_kept_class
 
 __all__ = ["failover", "install", "install_app", "job_submitted"]
 
@@ -43,7 +46,8 @@ def install(namespace: MutableMapping[str, Any]) -> type:
     base = namespace["WorkerPool"]
     if getattr(base, "_mineru_health", False):
         return base  # type: ignore[no-any-return]
-    namespace["ManagedLocalWorker"] = launching_class(namespace["ManagedLocalWorker"])
+    namespace["ManagedLocalWorker"] = outputs_kept_class(
+        launching_class(namespace["ManagedLocalWorker"]))
     return healing_pool_class(base, namespace)
 
 
@@ -56,7 +60,8 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     metrics.mount_metrics(app, role="router")
     state = app.state
     pool = state.worker_pool
-    line = JobLine(pool, state.registry, state.source_store, namespace)
+    line = JobLine(pool, state.registry, state.source_store, namespace,
+                   store=RouterStore.of(pool.fleet))
     line.install()
     pool.job_line = line
     pool.fleet.listen(line.supervisor.on_event)

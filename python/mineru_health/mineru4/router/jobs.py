@@ -19,26 +19,48 @@ and each 404 (``missing``, wrapping ``_mark_missing_job``). A submission its
 worker lost on the way (502/504, a 503 ``engine_dead``) is made again on
 another worker (``submit_with_failover``).
 
-    line = JobLine(pool, registry, source_store, app_globals)   # install_app
+    line = JobLine(pool, registry, source_store, app_globals, store=store)   # install_app
     line.track(route, body)       # submit_job handed ``body`` on (patched line)
+    line.resume()                 # start-up, workers up: the router's store taken back
 
-Runs on the router's event loop; not thread-safe.
+With the router's store (``store``), a job's row is its route (worker,
+upstream id, payload, input aliases, the caller's authorization for 4.0's
+reconciliation), the routes of its input and output files, its kept body
+and its inputs' bytes, which the source store then keeps in the router's
+state directory (``sources/``) rather than a temporary one. The row is
+written when 4.0 first reads the created job's payload, before the client's
+answer, again when the job is sent again and when it ends. A new router
+answers for an ended job from its stored payload (its outputs are read from
+the worker, whose outputs and task store outlive the router too); an
+unfinished one is kept and checked again. Runs on the router's event loop;
+not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
+import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mineru_health import safe_text
 from mineru_health.mineru4 import TASK_HUNG_CODE
-from mineru_health.runtime.router.line import Kept, NotSent, Sent, Unavailable, ask_status
+from mineru_health.runtime.router.line import (
+    Kept,
+    NotSent,
+    Revived,
+    Sent,
+    Snapshot,
+    Unavailable,
+    ask_status,
+)
 from mineru_health.runtime.router.policy import (
     Action,
     Answer,
@@ -46,6 +68,7 @@ from mineru_health.runtime.router.policy import (
     Refusal,
     is_terminal,
 )
+from mineru_health.runtime.router.store import RouterStore, Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
 __all__ = ["Job", "JobLine", "policy_payload"]
@@ -53,6 +76,8 @@ __all__ = ["Job", "JobLine", "policy_payload"]
 _log = safe_text.logger("mineru_health.router.jobs")
 
 _ENGINE_DEAD = "engine_dead"
+#: The source store's directory inside the router's state directory (with a store).
+SOURCES_NAME = "sources"
 
 
 @dataclass
@@ -65,6 +90,7 @@ class Job:
     pins: ExitStack
     headers: dict[str, str]
     resendable: bool  # False: an input has no bytes here (e.g. an earlier job's output)
+    saved: bool = False  # its row, with the payload 4.0 answers with, is in the router's store
 
 
 def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
@@ -90,15 +116,20 @@ class JobLine:
     """MinerU 4.0's side of the supervisor: jobs, their statuses, their submissions."""
 
     def __init__(self, pool: Any, registry: Any, sources: Any,
-                 namespace: MutableMapping[str, Any]) -> None:
+                 namespace: MutableMapping[str, Any], *, store: RouterStore | None = None) -> None:
         self._pool = pool
         self._registry = registry
         self._sources = sources
         self._ns = namespace
-        self.supervisor = Supervisor(pool.fleet, self, pool.fleet.settings)
+        self.supervisor = Supervisor(pool.fleet, self, pool.fleet.settings, store=store)
         rewrite, missing = namespace["rewrite_job_payload"], namespace["_mark_missing_job"]
         self._rewrite = getattr(rewrite, "__wrapped__", rewrite)
         self._mark_missing = getattr(missing, "__wrapped__", missing)
+        self._sources_dir: Path | None = None
+        if store is not None and store.path is not None and sources is not None:
+            # Nothing staged yet (create_app): inputs land where they outlive the router.
+            self._sources_dir = store.path.parent / SOURCES_NAME
+            sources._root = self._sources_dir
 
     def install(self) -> None:
         """Wraps the two helpers of ``app.py`` through which 4.0 ends a job its worker lost."""
@@ -115,6 +146,21 @@ class JobLine:
         mark_missing_job.__wrapped__ = self._mark_missing  # type: ignore[attr-defined]
         self._ns["rewrite_job_payload"] = rewrite_job_payload
         self._ns["_mark_missing_job"] = mark_missing_job
+        if self.supervisor.store is not None:
+            self._forget_expired()
+
+    def _forget_expired(self) -> None:
+        """4.0's retention takes the rows of the jobs it expires out of the router's store."""
+        registry, collect = self._registry, self._registry.collect_expired
+
+        @functools.wraps(collect)
+        def collect_and_forget(sources: Any) -> None:
+            before = {r.public_id for r in registry.list("job", include_expired=True)}
+            collect(sources)
+            after = {r.public_id for r in registry.list("job", include_expired=True)}
+            self.supervisor.forget(before - after)
+
+        registry.collect_expired = collect_and_forget
 
     # -- keeping -------------------------------------------------------------------------
     def track(self, route: Any, body: dict[str, Any]) -> None:
@@ -146,8 +192,9 @@ class JobLine:
         job = Job(route=route, body=kept_body, sources=sources, pins=pins,
                   headers=dict(route.metadata.get("upstream_headers") or {}),
                   resendable=resendable)
+        # Saved once 4.0 has read its payload (``observe``), still before the client's answer.
         self.supervisor.keep(route.public_id, job, route.worker_id,
-                             self._pool.get(route.worker_id).base_url, digest=digest)
+                             self._pool.get(route.worker_id).base_url, digest=digest, save=False)
 
     def file_payloads(self, worker_id: str) -> list[tuple[str, dict[str, Any]]]:
         """(upstream id, metadata) of every file the router knows on ``worker_id``."""
@@ -159,6 +206,9 @@ class JobLine:
     def observe(self, rewritten: dict[str, Any], worker: Any) -> dict[str, Any]:
         """Every job payload 4.0 read from a worker: send an engine death again, else let go."""
         kept = self.supervisor.find(str(rewritten.get("job_id") or ""))
+        if kept is not None and not kept.item.saved:
+            kept.item.saved = True  # the first read: submit_job answers the client next
+            self.supervisor.save(kept)
         if (kept is None or kept.busy or kept.worker != worker.worker_id
                 or not is_terminal(rewritten.get("status"))):
             return rewritten
@@ -334,6 +384,114 @@ class JobLine:
 
     def terminal(self, kept: Kept) -> bool:
         return is_terminal((kept.item.route.metadata.get("payload") or {}).get("status"))
+
+    # -- the router's store -----------------------------------------------------------------
+    def _file_ids(self, job: Job) -> Iterator[str]:
+        """Public ids of the job's input and output files."""
+        yield from job.sources
+        yield from (job.route.metadata.get("input_aliases") or {}).values()
+        for file in (job.route.metadata.get("payload") or {}).get("files") or []:
+            if not isinstance(file, dict):
+                continue
+            if isinstance(file.get("file_id"), str):
+                yield file["file_id"]
+            for output in (file.get("output_files") or {}).values():
+                if isinstance(output, dict) and isinstance(output.get("file_id"), str):
+                    yield output["file_id"]
+
+    def snapshot(self, kept: Kept) -> Snapshot:
+        job = kept.item
+        route = job.route
+        payload = route.metadata.get("payload")
+        state = str((payload or {}).get("status") or "queued")
+        done = is_terminal(state)
+        files = []
+        for public_id in dict.fromkeys(self._file_ids(job)):
+            found = self._registry.find("file", public_id)
+            if found is not None:
+                files.append(_route_fields(found))
+        sources = {} if done else {
+            public_id: {"path": str(stored.path), "bytes": stored.bytes,
+                        "sha256sum": stored.sha256sum, "mime_type": stored.mime_type,
+                        "name": name}
+            for public_id, (stored, name) in job.sources.items()}
+        fields = _route_fields(route)
+        fields.update(input_aliases=dict(route.metadata.get("input_aliases") or {}),
+                      headers=dict(job.headers),
+                      finalized_at=route.metadata.get("finalized_at"))
+        return Snapshot(state=state, upstream_id=str(route.upstream_id),
+                        source="\n".join(s["path"] for s in sources.values()),
+                        record={"route": fields, "files": files, "body": job.body,
+                                "sources": sources, "resendable": job.resendable})
+
+    def revive(self, saved: Saved) -> Revived | None:
+        """Puts the job's route and its files' routes back; its inputs' bytes if it is not over."""
+        record, registry = saved.record, self._registry
+        fields = record["route"]
+        route = registry.register("job", owner_scope=fields["owner_scope"],
+                                  worker_id=fields["worker_id"],
+                                  upstream_id=fields["upstream_id"], public_id=saved.key)
+        route.created_at = fields["created_at"]
+        for file in record.get("files") or []:
+            file_route = registry.register("file", owner_scope=file["owner_scope"],
+                                           worker_id=file["worker_id"],
+                                           upstream_id=file["upstream_id"],
+                                           public_id=file["public_id"])
+            file_route.created_at = file["created_at"]
+            if isinstance(file.get("payload"), dict):
+                file_route.metadata["payload"] = file["payload"]
+        route.metadata.update(input_aliases=dict(fields.get("input_aliases") or {}),
+                              upstream_headers=dict(fields.get("headers") or {}))
+        if isinstance(fields.get("payload"), dict):
+            route.metadata["payload"] = fields["payload"]
+        if is_terminal(saved.state):
+            # 4.0 answers for it from this payload; its outputs are read from its worker.
+            route.metadata["upstream_lost"] = True
+            route.metadata["finalized_at"] = fields.get("finalized_at") or \
+                self._ns["utc_now_iso"]()
+            return None
+        stored_class = sys.modules[type(self._sources).__module__].StoredSourceFile
+        sources: dict[str, tuple[Any, str]] = {}
+        pins = ExitStack()
+        resendable = bool(record.get("resendable", True))
+        for public_id, source in (record.get("sources") or {}).items():
+            stored = stored_class(path=Path(source["path"]), bytes=int(source["bytes"]),
+                                  sha256sum=str(source["sha256sum"]),
+                                  mime_type=str(source["mime_type"]))
+            if not stored.path.is_file():
+                resendable = False
+                continue
+            self._sources.bind_source(public_id, stored, owner_scope=route.owner_scope)
+            pins.enter_context(self._sources.pin(stored))
+            sources[public_id] = (stored, str(source["name"]))
+        job = Job(route=route, body=dict(record.get("body") or {}), sources=sources, pins=pins,
+                  headers=dict(fields.get("headers") or {}), resendable=resendable, saved=True)
+        return Revived(job, list(saved.workers), 0)
+
+    def resume(self) -> None:
+        """Takes the router's store back (start-up, workers up, before any request).
+
+        Inputs' bytes no unfinished job holds (those of ended jobs, or left by
+        a router killed while staging) are deleted from the sources directory.
+        """
+        if self.supervisor.store is None:
+            return
+        self.supervisor.resume()
+        uploads = self._sources_dir / "uploads" if self._sources_dir is not None else None
+        if uploads is None or not uploads.is_dir():
+            return
+        held = {stored.path for kept in self.supervisor.kept()
+                for stored, _ in kept.item.sources.values()}
+        for leftover in uploads.iterdir():
+            if leftover not in held and leftover.is_file():
+                leftover.unlink(missing_ok=True)
+
+
+def _route_fields(route: Any) -> dict[str, Any]:
+    """A 4.0 ``ResourceRoute`` as the router's store keeps it."""
+    return {"public_id": route.public_id, "owner_scope": route.owner_scope,
+            "worker_id": route.worker_id, "upstream_id": route.upstream_id,
+            "created_at": route.created_at, "payload": route.metadata.get("payload")}
 
 
 def _pending(payload: dict[str, Any]) -> dict[str, Any]:

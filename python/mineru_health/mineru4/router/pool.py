@@ -16,8 +16,11 @@ uses after the patch. What it replaces of 4.0.12's pool:
 Local workers launch with the fleet's variables (native port and bind,
 state directory, the router's pid). The upload directory of an instance a
 restart replaces is kept (``retired.py``) so that its finished results stay
-downloadable. Runs on the router's event loop; not thread-safe, like the
-class it extends.
+downloadable. With a durable state directory (the router's store), every
+instance of a worker uses one upload directory in the worker's state
+directory instead (``outputs_kept_class``): its finished jobs, in its task
+store, outlive the router. Runs on the router's event loop; not
+thread-safe, like the class it extends.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from mineru_health.runtime.router.fleet import (
     probe_reason,
     router_settings,
 )
+from mineru_health.state_dirs import OUTPUT_DIR_ENV
 
 from .retired import RetiredOutputs
 
-__all__ = ["HealingPool", "Worker", "healing_pool_class"]
+__all__ = ["HealingPool", "Worker", "healing_pool_class", "outputs_kept_class"]
 
 _log = safe_text.logger("mineru_health.router")
 #: MinerU 4.0's main port says this when healthy (the native endpoint: "healthy").
@@ -54,6 +58,21 @@ def healing_pool_class(base: type, namespace: Mapping[str, Any]) -> type:
         "__doc__": HealingPool.__doc__,
     }
     return type(base.__name__, (HealingPool, base), attrs)
+
+
+def outputs_kept_class(base: type) -> type:
+    """4.0's local-worker class whose upload directory is the fleet's ``OUTPUT_DIR_ENV``
+    when the launch gives one (a durable state directory), else 4.0's temporary one."""
+
+    class OutputsKept(base):  # type: ignore[misc]
+        launch_env: dict[str, str] | None
+
+        def command(self, port: int, upload_dir: Path) -> list[str]:
+            outputs = (self.launch_env or {}).get(OUTPUT_DIR_ENV)
+            return super().command(port, Path(outputs) if outputs else upload_dir)  # type: ignore[no-any-return]
+
+    OutputsKept.__name__ = OutputsKept.__qualname__ = base.__name__
+    return OutputsKept
 
 
 def _workers_serve_native() -> bool:
@@ -119,7 +138,9 @@ class Worker:
         # Its finished outputs stay downloadable from the kept upload directory.
         line = self._pool.job_line
         temp_dir, local.temp_dir = local.temp_dir, None
-        self._pool.retired.retire(temp_dir, line.file_payloads(self.id) if line else [])
+        outputs = (local.launch_env or {}).get(OUTPUT_DIR_ENV)
+        self._pool.retired.retire(temp_dir, line.file_payloads(self.id) if line else [],
+                                  uploads=Path(outputs) if outputs else None)
         # As 4.0: a new generation, so late answers of the old one publish nothing.
         state.generation += 1
         state.active_jobs = 0
@@ -172,6 +193,8 @@ class HealingPool:
         # As 4.0's start: every worker routable (its capabilities read) or out of its boot.
         await self.fleet.start(ready=lambda member, status: (
             self._capabilities_of.get(member.id) == self._workers[member.id].generation))
+        if self.job_line is not None:
+            self.job_line.resume()  # before 4.0's lifespan serves any request
 
     async def close(self) -> None:
         if self.job_line is not None:

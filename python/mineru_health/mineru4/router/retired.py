@@ -40,12 +40,17 @@ class RetiredOutputs:
         self._dirs: list[Any] = []  # TemporaryDirectory objects, cleaned up by close()
         self._files: dict[str, tuple[Path, dict[str, Any]]] = {}
 
-    def retire(self, temp_dir: Any, files: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
-        """Keeps ``temp_dir`` (4.0's per-instance directory); returns the files now served."""
+    def retire(self, temp_dir: Any, files: Iterable[tuple[str, Mapping[str, Any]]], *,
+               uploads: Path | None = None) -> int:
+        """Keeps ``temp_dir`` (4.0's per-instance directory); returns the files now served.
+
+        ``uploads``: the instance's upload directory when it is not the one in
+        ``temp_dir`` (a durable one, shared by the worker's instances).
+        """
         if temp_dir is None:
             return 0
         self._dirs.append(temp_dir)
-        blobs = Path(temp_dir.name) / "uploads" / "blobs"
+        blobs = (uploads if uploads is not None else Path(temp_dir.name) / "uploads") / "blobs"
         served = 0
         for upstream_id, payload in files:
             sha = payload.get("sha256sum")

@@ -11,7 +11,8 @@ blobs are all there and its retention has not run out.
 ``JobStore``: ``_record_usage``, which 4.0 calls once a job's task is done
 (its status and output expiry final), writes the row there;
 ``collect_expired`` (run on every job lookup) deletes the rows of the jobs
-MinerU expired.
+MinerU expired. A job its shutdown canceled (4.0 cancels what is queued or
+running when it stops) is not finished work: it is not kept.
 """
 
 from __future__ import annotations
@@ -81,6 +82,14 @@ def attach(app: Any) -> int:
     file_store = getattr(state, "file_store", None)
     if jobs is None or file_store is None:
         return 0
+    def row_of(record: Any) -> store.Row | None:
+        # 4.0's shutdown cancels what is still queued or running: no client
+        # canceled those, they are unfinished work, never kept as canceled
+        # (a new instance answers 404 for them, and the router sends them again).
+        if getattr(record, "status", None) == "canceled" and getattr(jobs, "_closing", False):
+            return None
+        return _row(record)
+
     return store.attach(jobs, functools.partial(_put_back, jobs, file_store),
-                        finish="_record_usage", row_of=_row, expire="collect_expired",
+                        finish="_record_usage", row_of=row_of, expire="collect_expired",
                         live=lambda: jobs._jobs)

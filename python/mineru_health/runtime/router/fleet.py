@@ -15,7 +15,8 @@ line:
   routing and other restarts never wait on it;
 - each local worker launches with its own variables: its native health
   port and bind address, a state directory that outlives its restarts
-  (``state_dirs.py``), the router's pid (it dies with the router);
+  (``state_dirs.py``) and, when that one outlives the router too, the
+  directory of its outputs in it; the router's pid (it dies with the router);
 - a launched worker's process is polled every interval, so an exit is
   reported at once; a worker's own verdict seen in traffic is reported as a
   passive failure;
@@ -50,7 +51,7 @@ from mineru_health._names import enum_name
 from mineru_health.audit import AuditLog
 from mineru_health.errors import ConfigError
 from mineru_health.settings import HealthSettings
-from mineru_health.state_dirs import STATE_DIR_ENV, StateDirs
+from mineru_health.state_dirs import OUTPUT_DIR_ENV, STATE_DIR_ENV, StateDirs
 
 from .launch import HEALTH_BIND_ENV, HEALTH_PORT_ENV, PARENT_PID_ENV, free_port
 
@@ -333,6 +334,10 @@ class Fleet:
         """A local worker's variables for one launch: state directory, native port and bind."""
         # The same task store on every launch: results survive restarts.
         env = {STATE_DIR_ENV: str(self.state_dirs.state_dir(member.id))}
+        outputs = self.state_dirs.outputs_dir(member.id)
+        if outputs is not None:  # durable: the outputs outlive this router too
+            outputs.mkdir(parents=True, exist_ok=True)
+            env[OUTPUT_DIR_ENV] = str(outputs)
         if self.native_probes:
             # A fresh port per launch (the old process may still hold its own),
             # bound where the router connects (loopback for 0.0.0.0), so the

@@ -4,28 +4,35 @@ A ``Kept`` is one submission the router keeps; a :class:`Line` asks about it,
 writes statuses back, sends it again or fails it, the way its MinerU line
 does (``mineru3.router.tasks.TaskLine``, ``mineru4.router.jobs.JobLine``);
 ``send`` answers with a :class:`Sent`, :class:`Unavailable` or
-:class:`NotSent`. ``ask_status`` is the HTTP status request both lines make.
-Not thread-safe: all on the router's event loop.
+:class:`NotSent`. For the router's store (``store.py``) the line says what
+a submission's row holds (``snapshot``: a :class:`Snapshot`) and puts a
+row back into MinerU's objects when a new router resumes (``revive``: a
+:class:`Revived` for one that is not over). ``ask_status`` is the HTTP
+status request both lines make. Not thread-safe: all on the router's event
+loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .fleet import Fleet
 from .policy import Answer, AnswerKind, Refusal
+from .store import Saved
 
-__all__ = ["Kept", "Line", "NotSent", "Sent", "Unavailable", "ask_status"]
+__all__ = ["Kept", "Line", "NotSent", "Revived", "Sent", "Snapshot", "Unavailable",
+           "ask_status"]
 
 
 class Kept:
     """One unfinished submission the router keeps, and what is needed to send it again."""
 
-    __slots__ = ("busy", "check", "counted", "digest", "generation", "instance", "item", "key",
-                 "last_check", "size_bytes", "workers")
+    __slots__ = ("accepted_at", "busy", "check", "counted", "digest", "generation", "instance",
+                 "item", "key", "last_check", "resumed", "size_bytes", "workers")
 
     def __init__(self, key: str, item: Any, workers: list[str], instance: str,
                  digest: str | None, size_bytes: int) -> None:
@@ -40,6 +47,8 @@ class Kept:
         self.generation = 0  # +1 per submission made: answers about an older one are stale
         self.check: asyncio.Task[None] | None = None
         self.last_check = 0.0
+        self.accepted_at = time.time()  # unix time the router accepted it (its store row's)
+        self.resumed = False  # taken back by a new router: its next submission is not a retry
 
     @property
     def worker(self) -> str:
@@ -72,6 +81,25 @@ class NotSent:
 
     refusal: Refusal
     note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the router's store keeps of a submission, in the line's words (``Line.snapshot``)."""
+
+    state: str  # its status as the router knows it now
+    upstream_id: str  # its worker's id of it: where its status and result are
+    source: str  # where its kept upload lives while it may be sent again, else ""
+    record: dict[str, Any]  # the line's record of it (JSON-serialisable)
+
+
+@dataclass(frozen=True, slots=True)
+class Revived:
+    """An unfinished submission a line put back from the store (``Line.revive``)."""
+
+    item: Any  # the line's own record of it, as ``Kept.item``
+    workers: list[str]  # the workers tried, the list the line shows its client
+    size_bytes: int  # what keeping it costs on disk
 
 
 class Line(Protocol):
@@ -109,6 +137,17 @@ class Line(Protocol):
 
     def terminal(self, kept: Kept) -> bool:
         """True once the router's own record of ``kept`` is terminal."""
+
+    def snapshot(self, kept: Kept) -> Snapshot:
+        """What the router's store keeps of ``kept`` now."""
+
+    def revive(self, saved: Saved) -> Revived | None:
+        """Puts a stored submission back into MinerU's records.
+
+        One that is over is only put back (its status and result are served
+        as before the restart): None. One that is not is returned to be kept
+        and checked again.
+        """
 
 
 async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,

@@ -5,6 +5,7 @@
     quarantine = guard.record_trigger(digest, "local-gpu-1", "vllm.engine_dead")
     quarantine.message(["report.pdf"])   # the error the task fails with
     guard.quarantined(digest)            # the same Quarantine, for later submissions
+    guard.deaths(digest); guard.load(digest, deaths)   # what the router's store keeps
 
 A document is identified by ``content_digest`` of its uploaded files (their
 bytes, in upload order), not by its name. Only *trigger* deaths count (the
@@ -102,6 +103,20 @@ class PoisonGuard:
             return None
         self._deaths.move_to_end(digest)
         return Quarantine(digest, deaths)
+
+    def deaths(self, digest: str) -> tuple[Death, ...]:
+        """The trigger deaths remembered for ``digest`` (one per worker, in order)."""
+        return self._deaths.get(digest, ())
+
+    def load(self, digest: str, deaths: Iterable[Death]) -> None:
+        """Remembers ``deaths`` for ``digest`` as they were (a new router resuming)."""
+        unique: dict[str, Death] = {}
+        for death in deaths:
+            unique.setdefault(death.worker_id, death)
+        self._deaths[digest] = tuple(unique.values())[: self.workers_needed]
+        self._deaths.move_to_end(digest)
+        while len(self._deaths) > self.capacity:
+            self._deaths.popitem(last=False)
 
     def suspects(self) -> int:
         """Documents with at least one trigger death remembered (quarantined ones included)."""

@@ -26,18 +26,28 @@ budget bound the resubmissions; a resubmission waits for a healthy worker
 at most ``BOOT_TIMEOUT_S``. A submission not sent again fails with its
 upstream error and a note saying why.
 
+With a store (``store.py``, the router's state directory), every
+submission it keeps is written there before its client hears of it, again
+each time it is sent again and when it ends; a router started on that
+directory ``resume``s: what had ended is served as before, what had not is
+kept again and checked at once (its worker's new instance does not know it:
+it is sent again under the same id, neither a retry nor counted by the
+budget), and the poison guard remembers its documents.
+
 What differs between MinerU lines (how a status is asked and written back,
 how a submission is sent or failed) is the line's :class:`Line`; the
 supervisor never knows which line it serves. Its view of the workers is the
 :class:`~mineru_health.runtime.router.fleet.Fleet`.
 
-    supervisor = Supervisor(fleet, line, settings)
+    supervisor = Supervisor(fleet, line, settings, store=RouterStore.of(fleet))
+    supervisor.resume()                  # start-up, workers up, before any request
     kept = supervisor.keep(key, item, worker_id, instance_url)   # after the line submitted it
     await supervisor.refresh(kept)       # a client asked for its status
     supervisor.decide(kept, answer)      # an answer the line read itself
     supervisor.hold(kept)                # no worker took it yet: send it once one is back
     supervisor.on_event(event)           # every poller event (the fleet calls it)
-    await supervisor.close()             # router shutdown: everything kept is released
+    supervisor.forget(keys)              # MinerU's retention expired them: out of the store
+    await supervisor.close()             # router shutdown: released, or left for the next one
 
 Runs on the router's event loop; not thread-safe.
 """
@@ -48,7 +58,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mineru_health import _native, metrics, safe_text
@@ -56,7 +66,7 @@ from mineru_health.settings import HealthSettings
 
 from .fleet import DECLARED_FAILED, Fleet
 from .line import Kept, Line, NotSent, Sent, Unavailable
-from .poison import PoisonGuard, Quarantine
+from .poison import Death, PoisonGuard, Quarantine
 from .policy import (
     Action,
     Answer,
@@ -71,8 +81,9 @@ from .policy import (
     refuse_resubmission,
     trigger_rule,
 )
+from .store import RouterStore, Saved
 
-__all__ = ["Supervisor"]
+__all__ = ["RESUMED", "Supervisor"]
 
 _log = safe_text.logger("mineru_health.router.supervisor")
 
@@ -85,15 +96,19 @@ HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
 #: finished one lets go of what it kept even if no client polls it.
 SWEEP_S = 30.0
 _SWEEP_BATCH = 32
+#: The resubmission reason of a submission a new router took back from its store.
+RESUMED = "router_restart"
 
 
 class Supervisor:
     """Keeps unfinished submissions and sends again those a worker lost."""
 
     def __init__(self, fleet: Fleet, line: Line, settings: HealthSettings, *,
+                 store: RouterStore | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.fleet = fleet
         self.line = line
+        self.store = store  # None: nothing outlives this router
         self._clock = clock
         self.task_retries = int(settings.task_retries)
         self.budget = RetryBudget(float(settings.retry_budget_percent),
@@ -116,21 +131,101 @@ class Supervisor:
     # -- keeping --------------------------------------------------------------------------
     def keep(self, key: str, item: Any, worker_id: str, instance: str, *,
              digest: str | None = None, size_bytes: int = 0,
-             workers: list[str] | None = None) -> Kept:
+             workers: list[str] | None = None, save: bool = True) -> Kept:
         """Keeps a submission its line made (``worker_id`` "" for one no worker took yet).
 
         ``workers`` is the list to record the workers tried in (the line may
-        show it to clients); it gets ``worker_id``.
+        show it to clients); it gets ``worker_id``. Written to the store now
+        (before its client hears of it), unless not ``save``: then the line
+        calls :meth:`save` itself before it answers.
         """
         tried = workers if workers is not None else []
         tried[:] = [worker_id] if worker_id else []
         kept = Kept(key, item, tried, instance, digest, size_bytes)
-        self._kept[key] = kept
-        self._kept_bytes += size_bytes
+        self._add(kept)
+        if save:
+            self.save(kept)
+        return kept
+
+    def _add(self, kept: Kept) -> None:
+        self._kept[kept.key] = kept
+        self._kept_bytes += kept.size_bytes
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="mineru-health-sweep")
-        return kept
+
+    def save(self, kept: Kept) -> None:
+        """Writes what the router knows of ``kept`` to the store (no store: nothing)."""
+        if self.store is None:
+            return
+        try:
+            snapshot = self.line.snapshot(kept)
+        except Exception:  # noqa: BLE001 -- the submission goes on; only its row is missing
+            _log.exception("%s: cannot describe it for the router's store", kept.key)
+            return
+        self.store.save(Saved(kept.key, snapshot.state, kept.worker, snapshot.upstream_id,
+                              kept.instance, list(kept.workers), snapshot.source, kept.digest,
+                              snapshot.record, kept.accepted_at))
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """MinerU forgot these submissions (its retention): so does the store."""
+        if self.store is not None:
+            self.store.forget(keys)
+
+    def kept(self) -> list[Kept]:
+        """Every submission kept now."""
+        return list(self._kept.values())
+
+    # -- resuming ---------------------------------------------------------------------------
+    def resume(self) -> tuple[int, int]:
+        """Takes back what the store holds; returns (ended, unfinished) submissions.
+
+        Once, at start-up, once the workers had their first answers and before
+        any request is served. Each row goes back into MinerU's records
+        (``Line.revive``); an unfinished one is kept again and checked now:
+        its worker's current instance may know it (a remote worker that kept
+        running, a local one that restored it from its task store: followed
+        there), else it is sent again under the same id. A row the line
+        cannot put back is logged and dropped. The poison guard gets its
+        memory back.
+        """
+        if self.store is None:
+            return 0, 0
+        for digest, deaths in self.store.poison():
+            self.poison.load(digest, [Death(worker, rule) for worker, rule in deaths])
+        ended: list[str] = []
+        unfinished: list[Kept] = []
+        dropped: list[str] = []
+        for saved in self.store.rows():
+            try:
+                revived = self.line.revive(saved)
+            except Exception:  # noqa: BLE001 -- e.g. a record of another MinerU version
+                _log.exception("%s: cannot be resumed from the router's store; dropped",
+                               saved.key)
+                dropped.append(saved.key)
+                continue
+            if revived is None:
+                ended.append(saved.key)
+                continue
+            kept = Kept(saved.key, revived.item, revived.workers, saved.instance, saved.digest,
+                        revived.size_bytes)
+            kept.accepted_at, kept.resumed = saved.accepted_at, True
+            self._add(kept)
+            unfinished.append(kept)
+        self.store.forget(dropped)
+        for kept in unfinished:
+            if not kept.workers:
+                self.hold(kept)
+            elif self.fleet.status(kept.worker) is None:
+                self.resubmit(kept, RESUMED, f"worker {kept.worker} is not in this router's "
+                                             "fleet any more", None)
+            else:
+                self._spawn_check(kept)
+        if ended or unfinished:
+            _log.warning("resumed from the router's store: %d finished submission(s) served "
+                         "again, %d unfinished one(s) checked and sent again if lost",
+                         len(ended), len(unfinished))
+        return len(ended), len(unfinished)
 
     def find(self, key: str) -> Kept | None:
         return self._kept.get(key)
@@ -247,6 +342,7 @@ class Supervisor:
 
     async def _act(self, kept: Kept, step: Step, answer: Answer, url: str) -> None:
         if step.action in (Action.APPLY, Action.ADOPT):
+            kept.resumed = False  # its worker has it: a later loss is that worker's
             adopt = step.action is Action.ADOPT
             if adopt:
                 _log.info("%s: %s restored it; following it there", kept.key, kept.worker)
@@ -265,7 +361,9 @@ class Supervisor:
         if reason:  # the worker's own verdict: out of rotation before the next probe
             self.fleet.report_passive(kept.worker, reason)
         error = str(payload.get("error") or "") or self._lost_text(kept, step)
-        self.resubmit(kept, step.reason, error, trigger_rule(payload) if payload else None)
+        reason = RESUMED if kept.resumed and step.reason in ("lost", "worker_failed") \
+            else step.reason
+        self.resubmit(kept, reason, error, trigger_rule(payload) if payload else None)
 
     @staticmethod
     def _lost_text(kept: Kept, step: Step) -> str:
@@ -289,7 +387,9 @@ class Supervisor:
                      kept.key)
 
     async def _resubmit(self, kept: Kept, reason: str, error: str, trigger: str | None) -> None:
-        failed_on = kept.worker
+        # A resumed submission's worker did nothing wrong: it may take it again.
+        lost_on = kept.worker
+        failed_on = "" if kept.resumed and trigger is None else lost_on
         try:
             refusal = await self._refusal(kept, failed_on, trigger)
             if refusal is not None:
@@ -302,10 +402,12 @@ class Supervisor:
             kept.workers.append(outcome.worker_id)
             kept.instance = outcome.instance
             kept.generation += 1
+            kept.resumed = False
+            self.save(kept)
             if reason:
                 metrics.router.record_resubmission(reason)
                 _log.warning("%s: sent again to %s (%s on %s; submission %d)", kept.key,
-                             outcome.worker_id, reason, failed_on, len(kept.workers))
+                             outcome.worker_id, reason, lost_on, len(kept.workers))
             else:
                 _log.info("%s: held submission sent to %s", kept.key, outcome.worker_id)
         except asyncio.CancelledError:
@@ -325,6 +427,9 @@ class Supervisor:
             if kept.digest is not None:
                 if trigger is not None:
                     quarantine = self.poison.record_trigger(kept.digest, failed_on, trigger)
+                    if self.store is not None:
+                        self.store.save_poison(kept.digest, [
+                            (d.worker_id, d.rule) for d in self.poison.deaths(kept.digest)])
                     if quarantine is not None:
                         self._quarantined(kept, quarantine)
                 quarantine = self.poison.quarantined(kept.digest)
@@ -332,6 +437,9 @@ class Supervisor:
                     return NotSent(Refusal.POISON, quarantine.message(self.line.names(kept)))
         if not kept.workers:
             return None  # held: its first submission
+        if kept.resumed and trigger is None:
+            # Its router died, not its worker's engine: no retry, not the budget's.
+            return None
         refusal = await self._within_budget(kept)
         return None if refusal is None else NotSent(refusal, self._refusal_note(refusal, kept))
 
@@ -429,10 +537,11 @@ class Supervisor:
 
     # -- the end ----------------------------------------------------------------------------
     def release(self, kept: Kept) -> None:
-        """Forgets ``kept`` and lets go of what it holds (it is over)."""
+        """Forgets ``kept`` and lets go of what it holds (it is over; the store keeps its end)."""
         if self._kept.get(kept.key) is kept:
             del self._kept[kept.key]
             self._kept_bytes -= kept.size_bytes
+            self.save(kept)
         self.line.release(kept)
 
     async def _sweep(self) -> None:
@@ -452,13 +561,22 @@ class Supervisor:
         return task
 
     async def close(self) -> None:
-        """Stops checks and resubmissions; everything kept is released (router shutdown)."""
+        """Stops checks and resubmissions (router shutdown).
+
+        Without a store everything kept is released (its uploads deleted);
+        with one it stays as it is, on disk, for the next router to resume.
+        """
         self._closed = True
         pending = [t for t in (*self._background, self._sweeper) if t is not None and not t.done()]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self.store is not None:
+            self._kept.clear()
+            self._kept_bytes = 0
+            self.store.close()
+            return
         for kept in list(self._kept.values()):
             self.release(kept)
 

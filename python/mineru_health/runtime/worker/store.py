@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS finished (
     record    TEXT NOT NULL,     -- the line's record of it, JSON
     verdict   TEXT,              -- our verdict, JSON, or NULL
     stored_at REAL NOT NULL
-)
+);
 """
 
 
@@ -87,16 +87,11 @@ class Store:
     """One SQLite file of finished tasks or jobs. Thread-safe (one connection, one lock)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Opens ``path``; a damaged file is set aside first (``state_dirs.open_database``)."""
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
-        except sqlite3.Error:
-            self._db.close()
-            raise
+        self._db, self.set_aside = state_dirs.open_database(
+            self.path, _SCHEMA, check="SELECT COUNT(*) FROM finished")
 
     def save(self, key: str, record: dict[str, Any],
              verdict: dict[str, Any] | None = None) -> None:
@@ -158,26 +153,6 @@ def read(directory: str | os.PathLike[str],
     return None if row is None else _decoded(*row)
 
 
-def _open(path: Path) -> Store:
-    """The store at ``path``; a damaged file is set aside (kept for the operator) first.
-
-    It must not keep the worker down, and with it every restart the router
-    tries. Only an error that a fresh file would hit too is raised.
-    """
-    current: Store | None = None
-    try:
-        current = Store(path)
-        current.count()  # reads the table: a damaged page shows here, not mid-run
-        return current
-    except sqlite3.DatabaseError as error:
-        if current is not None:
-            current.close()
-        if isinstance(error, sqlite3.OperationalError):  # cannot open, locked: not damage
-            raise
-        state_dirs.set_aside(path, error)
-    return Store(path)
-
-
 def state_dir(settings: WorkerSettings, default: str | os.PathLike[str]) -> Path:
     """``MINERU_HEALTH_STATE_DIR``, or the line's ``default`` when it is unset."""
     return Path(str(settings.state_dir) or default).expanduser().resolve()
@@ -196,7 +171,7 @@ def configure(settings: WorkerSettings, directory: Path) -> Store | None:
     variable = WorkerSettings.variable_name("state_dir")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        runtime.store = _open(directory / DB_NAME)
+        runtime.store = Store(directory / DB_NAME)
     except (OSError, sqlite3.Error) as error:
         where = "" if settings.state_dir else " (unset: MinerU's own directory)"
         raise ConfigError(

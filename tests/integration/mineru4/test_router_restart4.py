@@ -1,0 +1,69 @@
+"""A router restart loses nothing (issue 24): ``kill -9`` of the 4.0 router mid-stream.
+
+The patched MinerU 4.0 ``mineru-router`` with two real local workers (flash
+tier, text PDFs) and ``MINERU_HEALTH_STATE_DIR`` set; a steady stream of
+jobs through ``/v1/tasks``; ``kill -9`` of the router (its workers die with
+it); a new router on the same state directory. Every job the first router
+accepted answers through the new one (no 404), the ones in flight are
+finished (sent again under the same id), every result and output file is
+downloadable and is its own document's, none lost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from mineru_health.testing import sandbox
+from mineru_health.testing.router import (
+    FLEET4_ENV,
+    LINE4,
+    Client,
+    Router,
+    start_router,
+    text_pdf,
+)
+from mineru_health.testing.sandbox import Processes
+from router_restart import kill_and_restart
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(sandbox.mineru4_python() is None,
+                       reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
+]
+
+
+def test_a_router_killed_mid_stream_resumes_every_job(tmp_path: Path) -> None:
+    python = sandbox.mineru4_python()
+    assert python is not None
+    site = LINE4.site(tmp_path / "mineru-site", python)
+    env = {**FLEET4_ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
+    with Processes() as procs:
+        count = 0
+
+        def start() -> Router:
+            nonlocal count
+            count += 1
+            router = start_router(procs, LINE4, site, python, tmp_path / f"router-{count}",
+                                  env=env, fault_plan=None)
+            router.wait_in_rotation()
+            return router
+
+        # Eight pages a job, one every 0.3 s: both workers hold queued jobs at the kill.
+        run = kill_and_restart(start(), start, lambda r: Client(r.base, r.line),
+                               lambda n: (f"doc{n}.pdf", text_pdf(8, seed=n)), every_s=0.3)
+        log = run.second.proc.log_tail(8000)
+        assert run.completed_before and run.in_flight, (run.completed_before, run.in_flight)
+        assert run.not_found == [], (run.not_found, log)
+        assert run.lost == [], (run.lost, log)
+        with httpx.Client(base_url=run.second.base, timeout=60) as client:
+            for number, task_id in run.accepted:
+                result = client.get(f"/v1/tasks/{task_id}/result")
+                assert result.status_code == 200, (number, result.text[:300], log)
+                output = run.outcomes[task_id]["files"][0]["output_files"]["markdown"]
+                content = client.get(f"/v1/files/{output['file_id']}/content")
+                assert content.status_code == 200, (number, content.text[:300], log)
+                assert f"Document {number}," in content.text
+        assert run.second.metric("mineru_router_task_resubmissions_total",
+                                 reason="router_restart") >= 1, log
