@@ -237,6 +237,11 @@ class StateDirs:
         if self._base:
             self._locks.append(claim(Path(self._base).expanduser(), variable=STATE_DIR_ENV))
         else:
+            # Opt-in, not a default under $HOME: the directory holds users' uploaded
+            # documents, so the operator chooses where (and on what storage) they persist.
+            _log.warning("%s is not set: the tasks this router accepts do not survive its "
+                         "restart; set it to a directory on persistent storage (README: "
+                         "Configure)", STATE_DIR_ENV)
             sweep_abandoned(tempfile.gettempdir(), _TEMP_PREFIX)
 
     @property
