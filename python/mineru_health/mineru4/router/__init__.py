@@ -56,6 +56,7 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     metrics.mount_metrics(app, role="router")
     state = app.state
     pool = state.worker_pool
+    pool.keep_in_scratch(state.source_store)
     line = JobLine(pool, state.registry, state.source_store, namespace)
     line.install()
     pool.job_line = line
