@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 from conftest import submit_task, wait_until
-from mineru_health import _native
 from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
-from mineru_health.testing.children import CHILDREN_ENV, family, survivors
+from mineru_health.testing.children import CHILDREN_ENV, cgroups_here, family, survivors
 from mineru_health.testing.router import LINE3, Router, start_router
 from mineru_health.testing.sandbox import Processes
 
@@ -53,17 +52,13 @@ class Fleet:
     env: dict[str, str]
 
 
-def _modes() -> list[str]:
-    return ["cgroup", "process_group"]
-
-
-@pytest.fixture(scope="module", params=_modes())
+@pytest.fixture(scope="module", params=["cgroup", "process_group"])
 def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
           patched_mineru_site: Path, mineru_python: str) -> Iterator[Fleet]:
     mode = str(request.param)
-    home = _native.find_cgroup_home()
-    if mode == "cgroup" and home.error:
-        pytest.skip(f"no cgroup for the router here: {home.error}")
+    no_cgroup = cgroups_here() if mode == "cgroup" else ""
+    if no_cgroup:
+        pytest.skip(f"no cgroup for the router here: {no_cgroup}")
     scratch = tmp_path_factory.mktemp(f"whole-{mode}")
     children, tmp = scratch / "children", scratch / "tmp"
     children.mkdir()

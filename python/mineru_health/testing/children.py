@@ -25,7 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHILDREN_ENV", "LIFE_S", "family", "read_children", "start_from_env", "survivors"]
+__all__ = ["CHILDREN_ENV", "LIFE_S", "cgroups_here", "family", "read_children", "start_from_env",
+           "survivors"]
 
 CHILDREN_ENV = "MINERU_HEALTH_FAULT_CHILDREN"
 #: How long a test child lives if nothing ends it.
@@ -101,6 +102,25 @@ def family(directory: Path, worker_pid: int, timeout_s: float = 60.0) -> dict[st
     if gone:
         raise ProcessLookupError(f"already gone: {gone} of {recorded}")
     return found
+
+
+def cgroups_here() -> str:
+    """Why a router here would keep its workers in process groups, not cgroups ("": it
+    would not): a real process is put in a cgroup the way a router puts a worker there."""
+    from ..runtime.router.processes import WorkerProcesses
+
+    processes = WorkerProcesses(cgroups=True, grace_s=1.0)
+    launch = processes.prepare("cgroup-probe")
+    probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             stdin=subprocess.DEVNULL)
+    try:
+        processes.adopt(launch, probe.pid)
+        return "" if launch.cgroup else launch.no_cgroup or processes.no_cgroup
+    finally:
+        processes.end(launch)
+        probe.wait(30)
+        processes.release(launch)
+        processes.close()
 
 
 def survivors(members: dict[str, Any]) -> dict[str, int]:

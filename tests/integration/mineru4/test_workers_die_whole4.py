@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health import _native
 from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
 from mineru_health.testing import sandbox
-from mineru_health.testing.children import CHILDREN_ENV, family, survivors
+from mineru_health.testing.children import CHILDREN_ENV, cgroups_here, family, survivors
 from mineru_health.testing.router import (
     FLEET4_ENV,
     LINE4,
@@ -66,9 +65,9 @@ class Fleet:
 def fleet(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     mode = str(request.param)
-    home = _native.find_cgroup_home()
-    if mode == "cgroup" and home.error:
-        pytest.skip(f"no cgroup for the router here: {home.error}")
+    no_cgroup = cgroups_here() if mode == "cgroup" else ""
+    if no_cgroup:
+        pytest.skip(f"no cgroup for the router here: {no_cgroup}")
     python = sandbox.mineru4_python()
     assert python is not None
     scratch = tmp_path_factory.mktemp(f"whole4-{mode}")

@@ -35,7 +35,8 @@ __all__ = ["SCRATCH_PREFIX", "claim_scratch", "release_scratch"]
 
 SCRATCH_PREFIX = "mineru-health-router-"
 
-_claimed: tuple[Path, StateLock, int] | None = None  # (root, lock, owner pid)
+# (root, its lock, the owner's pid, tempfile.tempdir before the claim)
+_claimed: tuple[Path, StateLock, int, str | None] | None = None
 
 
 def claim_scratch() -> Path:
@@ -43,25 +44,26 @@ def claim_scratch() -> Path:
     those of routers that died), made ``tempfile``'s directory. Idempotent."""
     global _claimed
     if _claimed is None or _claimed[2] != os.getpid():
+        before = tempfile.tempdir
         system_tmp = tempfile.gettempdir()
         sweep_abandoned(system_tmp, SCRATCH_PREFIX)
         root = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=system_tmp))
-        _claimed = (root, claim(root), os.getpid())
+        _claimed = (root, claim(root), os.getpid(), before)
         atexit.register(_remove, root, os.getpid())
     tempfile.tempdir = str(_claimed[0])
     return _claimed[0]
 
 
 def release_scratch() -> None:
-    """Removes this process's scratch directory and lets go of it (``tempfile`` back to the
-    system's directory). Idempotent."""
+    """Removes this process's scratch directory and lets go of it (``tempfile`` back to
+    where it was). Idempotent."""
     global _claimed
     claimed, _claimed = _claimed, None
     if claimed is None or claimed[2] != os.getpid():
         return
-    root, lock, _owner = claimed
+    root, lock, _owner, before = claimed
     if tempfile.tempdir == str(root):
-        tempfile.tempdir = None
+        tempfile.tempdir = before
     shutil.rmtree(root, ignore_errors=True)
     lock.release()
 
