@@ -30,4 +30,6 @@ PYBIND11_MODULE(_native, m) {
   mineru_health::bindings::register_config(m);
   mineru_health::bindings::register_probe(m);
   mineru_health::bindings::register_poller(m);
+  mineru_health::bindings::register_process_scope(m);
+  mineru_health::bindings::register_cgroups(m);
 }

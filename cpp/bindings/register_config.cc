@@ -33,6 +33,7 @@ void register_config(py::module_& m) {
       .value("PORT", ConfigType::kPort)
       .value("ADDRESS", ConfigType::kAddress)
       .value("CHOICE", ConfigType::kChoice)
+      .value("LABEL", ConfigType::kLabel)
       .finalize();
   m.def("to_string", py::overload_cast<ConfigType>(&to_string),
         py::arg("value"));

@@ -13,6 +13,8 @@ void register_parent_watch(pybind11::module_& m);
 void register_config(pybind11::module_& m);
 void register_probe(pybind11::module_& m);
 void register_poller(pybind11::module_& m);
+void register_process_scope(pybind11::module_& m);
+void register_cgroups(pybind11::module_& m);
 
 }  // namespace mineru_health::bindings
 

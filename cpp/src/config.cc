@@ -230,6 +230,8 @@ std::string allowed_text(const ConfigVariable& v, PathCheck check) {
       return "IPv4 or IPv6 address";
     case ConfigType::kChoice:
       return fmt::format("{}", fmt::join(v.choices, ", "));
+    case ConfigType::kLabel:
+      return "unset, or any text";
     case ConfigType::kPath:
       switch (check) {
         case PathCheck::kReadableFile:
@@ -606,6 +608,8 @@ const char* to_string(ConfigType type) {
       return "address";
     case ConfigType::kChoice:
       return "choice";
+    case ConfigType::kLabel:
+      return "label";
   }
   return "unknown";
 }

@@ -675,7 +675,7 @@ TEST(ConfigTest, TableDescribesEveryVariable) {
       EXPECT_EQ(config_variable_for(v.component, v.field).name, v.name);
     }
   }
-  EXPECT_EQ(router, 25);
+  EXPECT_EQ(router, 27);
   EXPECT_THROW(config_variable_for(ConfigComponent::kRouter, "nope"),
                std::out_of_range);
   EXPECT_THROW(config_variable_for(ConfigComponent::kWorker, ""),
@@ -696,11 +696,26 @@ TEST(ConfigTest, PresetValuesComeFromThePresets) {
             "unset, or integer [0, 65535]");
 }
 
+// A label is kept as written, whatever it holds; empty is unset.
+TEST(ConfigTest, LabelsAreKeptAsWritten) {
+  EXPECT_EQ(config_variable_for(ConfigComponent::kWorker, "worker_tag").allowed,
+            "unset, or any text");
+  EXPECT_EQ(worker_config_from_env({}).worker_tag, "");
+  EXPECT_EQ(
+      worker_config_from_env({{"MINERU_HEALTH_WORKER_TAG", ""}}).worker_tag,
+      "");
+  const std::string tag = "4026531836.12.345/local-gpu-0.1/";
+  EXPECT_EQ(
+      worker_config_from_env({{"MINERU_HEALTH_WORKER_TAG", tag}}).worker_tag,
+      tag);
+}
+
 TEST(ConfigTest, EnumNames) {
   EXPECT_STREQ(to_string(ConfigComponent::kRouter), "router");
   EXPECT_STREQ(to_string(ConfigComponent::kTooling), "tooling");
   EXPECT_STREQ(to_string(ConfigType::kSeconds), "seconds");
   EXPECT_STREQ(to_string(ConfigType::kChoice), "choice");
+  EXPECT_STREQ(to_string(ConfigType::kLabel), "label");
   EXPECT_STREQ(env_prefix(ConfigComponent::kRouter), "MINERU_ROUTER_HEALTH_");
   EXPECT_STREQ(env_prefix(ConfigComponent::kWorker), "MINERU_HEALTH_");
   EXPECT_STREQ(env_prefix(ConfigComponent::kTooling), "MINERU_HEALTH_");

@@ -114,6 +114,6 @@ def test_an_attacked_endpoint_is_not_ejected(
         assert FLOOD_CONNECTIONS - budget[0] > 100, "the flood never ran"
 
     assert out_of_rotation == [], [e.get("last_error") for e in out_of_rotation]
-    records = router.audit_records()
+    records = [r for r in router.audit_records() if "from" in r]  # the policy's transitions
     assert [r["action"] for r in records] == ["admitted", "admitted"], records
     assert router.servers()[victim_id]["consecutive_failures"] == 0

@@ -65,6 +65,7 @@ enum class ConfigType {
   kPort,     // "" = unset, else an integer 0..65535 (0 = any free port)
   kAddress,  // IPv4 or IPv6 literal
   kChoice,   // one of `choices`
+  kLabel,    // any text, kept as written; "" = unset
 };
 
 // One documented environment variable: everything the parser, the

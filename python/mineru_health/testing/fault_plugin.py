@@ -21,6 +21,8 @@ imports:
   blocks that loop), for as long as the worker's loop watcher runs
   (``loop_watch.watch_loop``, which both lines start once MinerU's start-up
   is over); engine and parse calls read it too.
+* **Child processes** (``MINERU_HEALTH_FAULT_CHILDREN``, :mod:`.children`)
+  are started when the loop watcher starts, as an engine starts its own.
 * **The task's upload names** are kept in context for ``poison``
   (:func:`current_uploads`): 3.x's task manager's ``_run_task`` is wrapped
   when the watcher starts (:func:`follow_uploads`; its module may be
@@ -46,6 +48,7 @@ from typing import Any
 
 from ..runtime.worker import engine_calls
 from ..worker import WorkerHealth, worker_health
+from . import children
 from .faults import FaultInjector, hang_s_from_env
 
 __all__ = ["current_uploads", "faulted", "follow_uploads", "injector", "load"]
@@ -177,6 +180,7 @@ def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
 
         for manager in task_managers():  # 3.x's; 4.0's jobs are followed at import
             follow_uploads(manager)
+        children.start_from_env()  # its start-up is over: an engine's processes, if asked
         planned = injector()
         reads = None if planned is None else asyncio.get_running_loop().create_task(
             _read_plan(planned), name="mineru-health-fault-plan")

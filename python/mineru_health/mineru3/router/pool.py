@@ -39,6 +39,7 @@ from mineru_health.runtime.router.fleet import (
 from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.policy import passive_reason
 from mineru_health.runtime.router.store import RouterStore
+from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 
@@ -199,6 +200,9 @@ class HealingPool:
         # Configuration first: a bad value refuses the router before any
         # worker process is spawned, and the message names the variable.
         health_settings = router_settings()
+        # Every temporary directory of this router (workers' outputs, staged
+        # uploads) in one that the next router removes if this one is killed.
+        claim_scratch()
         super().__init__(*args, **kwargs)
         ns = self._router
         self.fleet = Fleet.refusing(
@@ -234,6 +238,7 @@ class HealingPool:
         await super().shutdown()  # type: ignore[misc]
         self.retired.close()  # after MinerU stopped the current instances
         self.fleet.close_files()
+        release_scratch()  # what MinerU made there and did not remove
 
     async def refresh_all(self) -> None:
         """MinerU's probe-everything pass is the poller's job now; only check processes."""
@@ -269,4 +274,5 @@ class HealingPool:
             if status is not None:
                 add_policy_fields(entry, status, restarting=self.fleet.restarting(status.id),
                                   now=now)
+                entry["process_scope"] = self.fleet.process_scope(status.id)
         return healthy, payload

@@ -60,6 +60,7 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     metrics.mount_metrics(app, role="router")
     state = app.state
     pool = state.worker_pool
+    pool.keep_in_scratch(state.source_store)
     line = JobLine(pool, state.registry, state.source_store, namespace,
                    store=RouterStore.of(pool.fleet))
     line.install()

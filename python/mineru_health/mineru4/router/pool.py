@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +40,7 @@ from mineru_health.runtime.router.fleet import (
     router_settings,
 )
 from mineru_health.state_dirs import OUTPUT_DIR_ENV
+from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
 
 from .retired import RetiredOutputs
 
@@ -163,6 +165,10 @@ class HealingPool:
     def __init__(self, settings: Any, *, transport: Any = None,
                  on_local_worker_replaced: Any = None) -> None:
         health_settings = router_settings()
+        # Every temporary directory of this router from here on (workers' upload
+        # directories) in one that the next router removes if this one is killed;
+        # the job sources' store, made just before, moves there (keep_in_scratch).
+        claim_scratch()
         # 4.0's replacement hook fails the replaced worker's jobs and drops its
         # routes; the job supervisor and the retired outputs take its place.
         del on_local_worker_replaced
@@ -186,6 +192,21 @@ class HealingPool:
     def health_settings(self) -> Any:
         return self.fleet.settings
 
+    @staticmethod
+    def keep_in_scratch(source_store: Any) -> None:
+        """Moves 4.0's job-source store, made before this pool and still empty, into the
+        router's scratch directory (``scratch.py``), so that a killed router's successor
+        removes the sources it kept."""
+        old = getattr(source_store, "_temp_dir", None)
+        if (old is None or not hasattr(source_store, "_root")
+                or getattr(source_store, "_uploads", None)):
+            _log.warning("4.0's job-source store is not the one this adapter knows; its "
+                         "directory stays where 4.0 made it")
+            return
+        source_store._temp_dir = tempfile.TemporaryDirectory(prefix="mineru-v1-router-sources-")
+        source_store._root = Path(source_store._temp_dir.name)
+        old.cleanup()
+
     async def start(self) -> None:
         self._build_workers()
         for state in self.workers:
@@ -208,6 +229,8 @@ class HealingPool:
         await super().close()  # type: ignore[misc]
         self.retired.close()
         self.fleet.close_files()
+        # What 4.0 made there (its job sources, which it removes next) goes too.
+        release_scratch()
 
     # 4.0's refresh is the poller's job now; callers still get a process check.
     async def refresh_all(self) -> None:

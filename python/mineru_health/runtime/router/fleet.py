@@ -16,7 +16,13 @@ line:
 - each local worker launches with its own variables: its native health
   port and bind address, a state directory that outlives its restarts
   (``state_dirs.py``) and, when that one outlives the router too, the
-  directory of its outputs in it; the router's pid (it dies with the router);
+  directory of its outputs in it; the router's pid (it dies with the router),
+  and a tag that every process it starts inherits; it is kept in a cgroup of
+  its own where the machine allows it (``processes.py``);
+- whenever a local worker is replaced, restarted or lost, and when the
+  router shuts down, all its processes are ended (SIGTERM, STOP_GRACE_S,
+  SIGKILL) before anything takes its place, so no engine process keeps a
+  GPU; each launch and each end is an audit record;
 - a launched worker's process is polled every interval, so an exit is
   reported at once; a worker's own verdict seen in traffic is reported as a
   passive failure;
@@ -54,6 +60,7 @@ from mineru_health.settings import HealthSettings
 from mineru_health.state_dirs import OUTPUT_DIR_ENV, STATE_DIR_ENV, StateDirs
 
 from .launch import HEALTH_BIND_ENV, HEALTH_PORT_ENV, PARENT_PID_ENV, free_port
+from .processes import Launch, WorkerProcesses
 
 __all__ = [
     "DECLARED_FAILED",
@@ -172,6 +179,14 @@ class Fleet:
         self.audit = AuditLog(settings.audit_path)
         self.native_probes = native_probes
         self.state_dirs = StateDirs()
+        # What routers that died left running is ended before any worker starts.
+        self.processes = WorkerProcesses(cgroups=bool(settings.worker_cgroups),
+                                         grace_s=float(settings.stop_grace_s))
+        self._audit_swept(self.processes.swept)
+        _log.info("local workers' processes are kept in %s", self.processes.describe())
+        self._launches: dict[str, Launch] = {}  # local worker -> its current launch
+        self._scope_kinds: dict[str, str] = {}  # local worker -> how its last launch is kept
+        self._endings: dict[str, asyncio.Task[None]] = {}
         self._poller = _native.Poller(settings.native, expect, seed)
         self._members: dict[str, Member] = {}
         self._listeners: list[Callable[[Any], None]] = []
@@ -301,7 +316,8 @@ class Fleet:
         self._poller.start()
 
     async def close(self) -> None:
-        """Stops probing, restarts and the process watch (before the pool stops its workers)."""
+        """Stops probing, restarts and the process watch, then ends every local worker's
+        processes, all at once (before the pool stops its workers, which finds them gone)."""
         if self._loop is not None:
             self._loop.remove_reader(self._poller.notify_fd())
             self._loop = None
@@ -313,19 +329,42 @@ class Fleet:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._restarts.clear()
+        endings = [self._end_processes(worker_id, "shutdown") for worker_id in list(self._launches)]
+        endings += [t for t in self._endings.values() if not t.done()]
+        if endings:
+            await asyncio.gather(*{t for t in endings if t is not None}, return_exceptions=True)
 
     def close_files(self) -> None:
-        """Removes the state directories it made and closes the audit file (after the workers)."""
+        """Ends what is left of its workers' processes, removes their cgroups and the state
+        directories it made, closes the audit file (after the workers)."""
+        self.processes.close()
         self.state_dirs.close()
         self.audit.close()
+
+    def process_scope(self, worker_id: str) -> str | None:
+        """How a local worker's processes are kept: "cgroup" or "process_group" (None: never
+        launched, or remote)."""
+        return self._scope_kinds.get(worker_id)
 
     # -- launches ------------------------------------------------------------------------
     async def _launch(self, member: Member) -> str | None:
         """Starts a local worker's process (no health wait); why it could not, or None."""
+        launch = self.processes.prepare(member.id)
         try:
-            await member.launch(self._launch_env(member))
+            await member.launch({**self._launch_env(member), **launch.env})
         except Exception as exc:  # noqa: BLE001 -- any spawn failure is the policy's to handle
+            self.processes.discard(launch)
             return str(exc) or type(exc).__name__
+        # Nothing awaited since the spawn yielded to the loop: the worker is still
+        # starting its interpreter and has started nothing of its own.
+        process = member.process()
+        if process is not None:
+            self.processes.adopt(launch, process.pid)
+            self._launches[member.id] = launch
+            self._scope_kinds[member.id] = launch.kind
+            self._audit_launch(launch)
+        else:
+            self.processes.discard(launch)
         self._poller.set_url(member.id, base_url_of(member.probe_base()), self._health_url(member))
         self._launched.add(member.id)
         return None
@@ -372,6 +411,11 @@ class Fleet:
         # Stop probing the old process: its answers say nothing about the new one.
         self._poller.set_url(member.id, "", "")
         member.show_rotation(False)
+        # Every process of the old instance is gone before the new one starts:
+        # an engine process left behind would keep the GPU the new one needs.
+        ending = self._end_processes(member.id, "restart")
+        if ending is not None:
+            await asyncio.shield(ending)
         try:
             await member.stop()
         except Exception as exc:  # noqa: BLE001 -- a failed stop must not block the new start
@@ -407,6 +451,71 @@ class Fleet:
             return
         self._exit_reported.add(process.pid)
         self.report_exit(worker_id, f"worker process {process.pid} exited with code {code}", code)
+        # What it started may live on (its engine, in a session of its own): ended now, not
+        # at the restart, which may be a backoff away or never come (gave_up).
+        self._end_processes(worker_id, "exit")
+
+    # -- a worker's processes -------------------------------------------------------------
+    def _end_processes(self, worker_id: str, why: str) -> asyncio.Task[None] | None:
+        """Ends every process of the worker's current launch, in a thread; the task doing it
+        (the one already doing it, if any), or None when there is nothing to end."""
+        running = self._endings.get(worker_id)
+        if running is not None and not running.done():
+            return running
+        launch = self._launches.pop(worker_id, None)
+        if launch is None:
+            return None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): end them here
+            self._audit_end(launch, why, self.processes.end(launch))
+            self.processes.release(launch)
+            return None
+        task = loop.create_task(self._end(launch, why), name=f"mineru-health-end-{worker_id}")
+        self._endings[worker_id] = task
+        return task
+
+    async def _end(self, launch: Launch, why: str) -> None:
+        report = await asyncio.to_thread(self.processes.end, launch)
+        self._audit_end(launch, why, report)
+        # Reaped by its owner's Popen (which keeps the exit code): a zombie
+        # still holds its cgroup.
+        member = self._members.get(launch.worker_id)
+        process = member.process() if member is not None else None
+        if process is not None and process.pid == launch.pid:
+            process.poll()
+        await asyncio.to_thread(self.processes.release, launch)
+
+    def _audit_launch(self, launch: Launch) -> None:
+        if launch.cgroup:
+            reason = f"process {launch.pid} and all it starts kept in cgroup {launch.cgroup}"
+        else:
+            reason = (f"process {launch.pid} and all it starts kept by process group and tag "
+                      f"(no cgroup: {launch.no_cgroup})")
+        self.audit.write_record(
+            "worker_processes", worker_id=launch.worker_id, reason=reason, pid=launch.pid,
+            scope=launch.kind, cgroup=launch.cgroup or None, tag=launch.tag)
+        _log.info("worker %s: %s", launch.worker_id, safe_text.printable(reason))
+
+    def _audit_end(self, launch: Launch, why: str, report: Any) -> None:
+        reason = (f"{why}: {report.terminated} process(es) of pid {launch.pid}'s "
+                  f"{launch.kind.replace('_', ' ')} sent SIGTERM, {report.killed} SIGKILL "
+                  f"after {self.processes.grace_s:g} s, {report.survivors} left")
+        record = self.audit.write_record(
+            "worker_processes_ended", worker_id=launch.worker_id, reason=reason,
+            pid=launch.pid, scope=launch.kind, after=why, terminated=report.terminated,
+            killed=report.killed, survivors=report.survivors)
+        log_audit(record, in_rotation=report.survivors == 0)
+
+    def _audit_swept(self, swept: list[dict[str, Any]]) -> None:
+        for found in swept:
+            record = self.audit.write_record(
+                "abandoned_processes_ended", worker_id=str(found["worker"]),
+                reason=(f"a router that died (owner {found['owner']}) left {found['ended']} "
+                        f"process(es) of this worker running; {found['killed']} needed "
+                        f"SIGKILL, {found['survivors']} left"),
+                **found)
+            log_audit(record, in_rotation=False)
 
     def report_exit(self, worker_id: str, reason: str, exit_code: int | None = None) -> None:
         self._poller.report_process_exit(worker_id, reason, exit_code)

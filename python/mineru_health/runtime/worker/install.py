@@ -23,7 +23,14 @@ from ...settings import WorkerSettings
 from ...worker import HealthEndpoint, WorkerHealth, configure_worker_health
 from . import engine_calls
 from .context import current_health, log, runtime
-from .threads import exit_after_fatal, exit_with_parent, liveness_loop, start_thread
+from .threads import (
+    exit_after_fatal,
+    exit_with_parent,
+    lead_own_group,
+    liveness_loop,
+    start_thread,
+    take_children_along,
+)
 
 __all__ = ["begin_install", "finish_install"]
 
@@ -101,10 +108,14 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     health = current_health()
     engine_calls.install(current_health)
     if settings.parent_pid:
-        exit_with_parent(int(settings.parent_pid))
+        # Launched by a router: what it starts is its group's, carries its tag,
+        # and ends with it however it ends.
+        lead_own_group()
+        take_children_along(settings.worker_tag)
+        exit_with_parent(int(settings.parent_pid), settings.worker_tag)
     start_thread(liveness_loop, health, name="mineru-health-liveness")
     if settings.exit_on_fatal:
-        start_thread(exit_after_fatal, health, settings.exit_grace_s,
+        start_thread(exit_after_fatal, health, settings.exit_grace_s, settings.worker_tag,
                      name="mineru-health-exit-on-fatal")
     runtime.installed = True
     problem = patching.running_problem()

@@ -1,7 +1,9 @@
-"""The worker's own daemon threads: liveness, exit on fatal, exit with the router."""
+"""The worker's own daemon threads: liveness, exit on fatal, exit with the router; and the
+processes it started, which end with it."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _native, metrics, verification
+from ...settings import WorkerSettings
 from ...worker import WorkerHealth, describe_exception, fatal_cause
 from .context import EXIT_CODE, LIVENESS_INTERVAL_S, log
 
@@ -43,7 +46,7 @@ def liveness_loop(health: WorkerHealth) -> None:
         check_liveness(health)
 
 
-def exit_after_fatal(health: WorkerHealth, grace_s: float) -> None:
+def exit_after_fatal(health: WorkerHealth, grace_s: float, tag: str = "") -> None:
     while not health.wait_until_unhealthy(60.0):
         pass
     first = health.snapshot().first_fatal
@@ -53,10 +56,72 @@ def exit_after_fatal(health: WorkerHealth, grace_s: float) -> None:
     # A plain wait: this daemon thread does nothing else, and the event loop
     # and the native endpoint keep answering 503 meanwhile.
     threading.Event().wait(grace_s)
+    end_own_processes(tag)  # its engine processes must not outlive it
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream must not prevent the exit
             stream.flush()
     os._exit(EXIT_CODE)
+
+
+#: When the worker ends what it started itself (its router gone, or its own
+#: exit): how long they have between SIGTERM and SIGKILL.
+CHILDREN_GRACE_S = 5.0
+
+
+def lead_own_group() -> None:
+    """Makes this worker the leader of a process group of its own, so that what it starts
+    is in that group (3.x's router starts it in a session of its own already, 4.0's does
+    not); before anything is started."""
+    if os.getpgid(0) == os.getpid():
+        return
+    try:
+        os.setpgid(0, 0)
+    except OSError as error:
+        log("WARNING", f"cannot lead a process group of its own ({error}); the router finds "
+                        "this worker's processes by their tag")
+
+
+def end_own_processes(tag: str, grace_s: float = CHILDREN_GRACE_S) -> None:
+    """Ends every process this worker started (its group, its descendants, what carries its
+    ``tag``, sessions of their own included): SIGTERM, ``grace_s``, SIGKILL. Blocks."""
+    scope = _native.ProcessScope()
+    scope.leader = os.getpid()
+    scope.tag = f"{WorkerSettings.variable_name('worker_tag')}={tag}" if tag else ""
+    report = _native.end_scope(scope, grace_s)
+    if report.terminated:
+        log("WARNING", f"ended {report.terminated} process(es) this worker started "
+                        f"({report.killed} needed SIGKILL, {report.survivors} left)")
+
+
+def take_children_along(tag: str) -> None:
+    """At this worker's exit, however it exits short of SIGKILL (then its router, or the
+    next one, ends them), the processes it started end too.
+
+    A normal exit runs ``atexit``; a SIGTERM does not: uvicorn shuts down on
+    it, then raises it again with the handler it found at start-up, which is
+    this one (installed first, from the main thread): it ends the processes,
+    then lets SIGTERM do what it did before.
+    """
+    owner = os.getpid()
+
+    def end_children() -> None:
+        if os.getpid() == owner:  # never from a forked child
+            end_own_processes(tag)
+
+    atexit.register(end_children)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    before = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        end_children()
+        if callable(before):
+            before(signum, frame)
+            return
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 #: After the router died, how long uvicorn's own graceful shutdown (on the
@@ -64,16 +129,20 @@ def exit_after_fatal(health: WorkerHealth, grace_s: float) -> None:
 PARENT_GONE_GRACE_S = 30.0
 
 
-def exit_with_parent(parent_pid: int) -> None:
-    """Dies with the router that launched this worker, however the router dies.
+def exit_with_parent(parent_pid: int, tag: str = "") -> None:
+    """Dies with the router that launched this worker, however the router dies, and takes
+    the processes it started along.
 
     The kernel sends SIGTERM when the router exits (uvicorn then shuts MinerU
-    down cleanly); a watcher thread exits regardless if that has not ended
-    the process within ``PARENT_GONE_GRACE_S``.
+    down cleanly); a watcher thread ends the processes the worker started at
+    once (an engine in a session of its own would not see that SIGTERM), and
+    exits regardless if the shutdown has not ended the process within
+    ``PARENT_GONE_GRACE_S``.
     """
     watch = _native.exit_with_parent(signal.SIGTERM, parent_pid)
     if watch is _native.ParentWatch.PARENT_GONE:
         log("ERROR", f"the router (pid {parent_pid}) that launched this worker is gone; exiting")
+        end_own_processes(tag)
         os._exit(1)
     if watch is _native.ParentWatch.UNSUPPORTED:
         log("WARNING", "cannot ask the kernel to end this worker with its router; "
@@ -83,7 +152,9 @@ def exit_with_parent(parent_pid: int) -> None:
         while os.getppid() == parent_pid:
             time.sleep(1.0)
         log("ERROR", f"the router (pid {parent_pid}) is gone; exiting")
-        threading.Event().wait(PARENT_GONE_GRACE_S)
+        gone_at = time.monotonic()
+        end_own_processes(tag)
+        threading.Event().wait(max(0.0, PARENT_GONE_GRACE_S - (time.monotonic() - gone_at)))
         os._exit(1)
 
     start_thread(watch_parent, name="mineru-health-parent-watch")
