@@ -38,8 +38,8 @@ from mineru_health.runtime.router.fleet import (
 )
 from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.policy import passive_reason
-from mineru_health.runtime.router.store import RouterStore
 from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
+from mineru_health.runtime.router.store import RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 

@@ -39,8 +39,8 @@ from mineru_health.runtime.router.fleet import (
     probe_reason,
     router_settings,
 )
-from mineru_health.state_dirs import OUTPUT_DIR_ENV
 from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
+from mineru_health.state_dirs import OUTPUT_DIR_ENV
 
 from .retired import RetiredOutputs
 
