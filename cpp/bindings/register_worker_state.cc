@@ -152,6 +152,10 @@ void register_worker_state(py::module_& m) {
       .def("set_service", &WorkerState::set_service, py::arg("service"))
       .def("task_started", &WorkerState::task_started, py::arg("task_id"))
       .def("task_progress", &WorkerState::task_progress, py::arg("task_id"))
+      .def("remote_wait_started", &WorkerState::remote_wait_started,
+           py::arg("task_id"))
+      .def("remote_wait_finished", &WorkerState::remote_wait_finished,
+           py::arg("task_id"))
       .def("task_finished", &WorkerState::task_finished, py::arg("task_id"))
       .def("take_hung_tasks", &WorkerState::take_hung_tasks)
       .def("healthy", &WorkerState::healthy)

@@ -159,7 +159,8 @@ struct WorkerState::Impl {
   std::string manager_error GUARDED_BY(mu);
   struct TrackedTask {
     SteadyTime last_progress;
-    bool hung = false;  // reported by take_hung_tasks()
+    bool hung = false;     // reported by take_hung_tasks()
+    int remote_waits = 0;  // nested remote waits in progress
   };
   std::map<std::string, TrackedTask> running GUARDED_BY(mu);
 };
@@ -264,6 +265,21 @@ void WorkerState::task_progress(const std::string& task_id) {
   }
 }
 
+void WorkerState::remote_wait_started(const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found != impl_->running.end()) ++found->second.remote_waits;
+}
+
+void WorkerState::remote_wait_finished(const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found == impl_->running.end()) return;
+  Impl::TrackedTask& task = found->second;
+  if (task.remote_waits > 0) --task.remote_waits;
+  task.last_progress = impl_->clock.steady();
+}
+
 void WorkerState::task_finished(const std::string& task_id) {
   MutexLock lock(impl_->mu);
   impl_->running.erase(task_id);
@@ -279,6 +295,10 @@ std::vector<std::string> WorkerState::take_hung_tasks() {
     const SteadyTime now = s.clock.steady();
     bool all_hung = true;
     for (auto& [id, task] : s.running) {
+      if (task.remote_waits > 0) {  // a remote server's wait, not ours
+        all_hung = false;  // and a task that may yet end: not "every task hung"
+        continue;
+      }
       if (!task.hung && now - task.last_progress > s.options.task_hang) {
         task.hung = true;
         hung.push_back(id);

@@ -426,6 +426,52 @@ TEST(WorkerState, TaskWatchdogFailsHungTasksOnceAndStallsWhenAllAreHung) {
   EXPECT_EQ(snap.first_fatal->category, kStallCategory);
 }
 
+TEST(WorkerState, TaskWaitingOnARemoteEngineIsNeverHung) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.task_hang = std::chrono::seconds(10);
+  WorkerState state(o, fake.clock());
+  state.task_started("remote");
+  state.remote_wait_started("remote");
+  state.remote_wait_started("remote");  // nested: a request inside a call
+  fake.advance(std::chrono::hours(1));
+  EXPECT_TRUE(state.take_hung_tasks().empty());
+  EXPECT_TRUE(state.healthy());
+  state.remote_wait_finished("remote");
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_TRUE(state.take_hung_tasks().empty());  // still in the outer wait
+  state.remote_wait_finished("remote");          // its end is progress
+  fake.advance(std::chrono::seconds(9));
+  EXPECT_TRUE(state.take_hung_tasks().empty());
+  // Out of the wait, the task's own silence counts again.
+  fake.advance(std::chrono::seconds(2));
+  EXPECT_EQ(state.take_hung_tasks(), std::vector<std::string>{"remote"});
+}
+
+TEST(WorkerState, ATaskWaitingOnARemoteEngineIsNotEveryTaskHung) {
+  FakeClock fake;
+  WorkerStateOptions o = options(60, 300);
+  o.task_hang = std::chrono::seconds(10);
+  WorkerState state(o, fake.clock());
+  state.task_started("remote");
+  state.remote_wait_started("remote");
+  state.remote_wait_finished("unknown");  // a task not tracked: ignored
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_TRUE(state.take_hung_tasks().empty());
+  EXPECT_TRUE(state.healthy());  // only remote waits: never stalled
+  state.task_started("local");
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_EQ(state.take_hung_tasks(), std::vector<std::string>{"local"});
+  EXPECT_TRUE(state.healthy());  // failed alone: the remote task may yet end
+  state.remote_wait_finished("remote");
+  fake.advance(std::chrono::seconds(11));
+  EXPECT_EQ(state.take_hung_tasks(), std::vector<std::string>{"remote"});
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  ASSERT_TRUE(snap.first_fatal.has_value());
+  EXPECT_EQ(snap.first_fatal->rule, kTasksHungRule);
+}
+
 TEST(WorkerState, TaskWatchdogForgetsFinishedTasksAndCanBeOff) {
   FakeClock fake;
   WorkerStateOptions o = options(60, 300);

@@ -18,8 +18,10 @@ Thread-safety: every method may be called from any thread at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -236,6 +238,15 @@ class WorkerHealth:
     def task_progress(self, task_id: str) -> None:
         """Progress made for this task (an engine call or request of its own ended)."""
         self._state.task_progress(task_id)
+
+    @contextlib.contextmanager
+    def remote_wait(self, task_id: str) -> Iterator[None]:
+        """The task waits on a remote engine inside the block: never hung meanwhile."""
+        self._state.remote_wait_started(task_id)
+        try:
+            yield
+        finally:
+            self._state.remote_wait_finished(task_id)
 
     def task_finished(self, task_id: str) -> None:
         self._state.task_finished(task_id)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -189,6 +190,42 @@ def test_poison_document_is_quarantined_after_two_engine_deaths(
     # The same bytes are refused at once, whatever their name.
     task_id, answer = client.submit("renamed.pdf", poison)
     assert not task_id and answer["code"] == 422 and "Not sent again" in answer["body"], answer
+
+
+def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothing(
+    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+) -> None:
+    """Issue 24: a user whose tasks name a server that answers nothing, with the task
+    watchdog's bound (MINERU_HEALTH_TASK_HANG_S) far below MinerU's client timeout.
+
+    The tasks wait on their server, the watchdog never calls them hung, no
+    worker leaves rotation or restarts, and the same bytes from an honest
+    user parse (the poison guard counts only the workers' own engines).
+    """
+    hang_s = 8.0  # past it a task of the worker's own engine would be hung
+    router = start_healing_router({"MINERU_HEALTH_TASK_HANG_S": str(hang_s),
+                                   "MINERU_HEALTH_STALL_S": str(hang_s)})
+    honest = Client(router.base, router.line, engine_url=fake_vlm_url)
+    _warm(honest, pdf)
+    public = make_pdf(text="a public document anyone may send")
+    hostile = Client(router.base, router.line, engine_url=f"{fake_vlm_url}/tarpit/60000/")
+    waiting = [hostile.submit(f"bait-{n}.pdf", public)[0] for n in range(2)]
+    assert all(waiting), waiting
+    # Two bounds and a watcher's second later: still waiting, nobody ejected.
+    deadline = time.monotonic() + 2 * hang_s + 3.0
+    while time.monotonic() < deadline:
+        statuses = [hostile.status(task_id).get("status") for task_id in waiting]
+        assert all(status in ("pending", "processing") for status in statuses), (
+            statuses, router.proc.log_tail(6000))
+        assert all(s["in_rotation"] for s in router.servers().values()), router.servers()
+        time.sleep(0.5)
+    parsed = honest.run("public.pdf", public)
+    assert parsed.status == "completed", parsed.detail
+    assert router.metric("mineru_router_ejections_total") == 0
+    assert router.metric("mineru_router_restarts_total") == 0
+    assert router.metric("mineru_router_poison_documents_total") == 0
+    actions = {r["action"] for r in router.audit_records()}
+    assert not actions & {"ejected", "restart_scheduled", "poison_document_quarantined"}, actions
 
 
 def test_kill_9_of_a_worker_mid_stream_loses_nothing(

@@ -310,36 +310,43 @@ def test_engine_stall_is_fatal_and_fails_its_tasks(
     assert worker_health(proc).status_code == 503
 
 
+@pytest.mark.parametrize("silent", ["delay", "tarpit"])
 def test_a_remote_server_that_never_answers_never_stalls_the_worker(
     patched_mineru_site: Path,
     mineru_api_factory: Callable[..., ManagedProcess],
     fake_vlm_url: str,
     tiny_pdf: bytes,
+    silent: str,
 ) -> None:
-    """Issue 17: a user's ``server_url`` that answers /v1/models and then nothing.
+    """Issues 17 and 24: a user's ``server_url`` that never answers a completion (``delay``)
+    or not even the model listing (``tarpit``).
 
-    MinerU's HTTP client waits up to 600 s; past STALL_S the watchdog used to
-    call those remote calls a stalled engine and the worker 503'd, failing
-    every other user's tasks. A remote server is not this worker's engine.
+    MinerU's HTTP client waits up to 600 s; past STALL_S the stall watchdog
+    used to call those remote calls a stalled engine, and past TASK_HANG_S
+    the task watchdog called the task hung (every task hung: the worker 503'd
+    and was restarted). A remote server is not this worker's engine: the task
+    waits on the client's own timeout and fails alone.
     """
     port = free_port()
-    stall_s = 3.0
+    bound_s = 3.0
     proc = mineru_api_factory(
         patched_mineru_site,
-        env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(stall_s)},
+        env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(bound_s),
+             "MINERU_HEALTH_TASK_HANG_S": str(bound_s)},
     )
-    tarpit = f"{fake_vlm_url}/delay/60000/"  # each completion answers after 60 s
+    tarpit = f"{fake_vlm_url}/{silent}/60000/"  # answers after 60 s
     task_id = submit_task(proc.base_url, tiny_pdf, tarpit).json()["task_id"]
     assert wait_until(lambda: task_status(proc.base_url, task_id)["status"] == "processing",
                       60.0, 0.1), proc.log_tail()
-    # Well past the stall bound, the worker is healthy and counts nothing in flight.
-    deadline = time.monotonic() + stall_s + 5.0
+    # Well past both bounds, the worker is healthy, counts nothing in flight
+    # and the task still waits on its server.
+    deadline = time.monotonic() + 3 * bound_s + 5.0
     while time.monotonic() < deadline:
         native = _native_health(port)
         assert native is not None and native.status_code == 200, (native, proc.log_tail())
         assert native.json()["engine_calls_in_flight"] == 0
         time.sleep(0.25)
-    assert task_status(proc.base_url, task_id)["status"] == "processing"
+    assert task_status(proc.base_url, task_id)["status"] == "processing", proc.log_tail()
     assert worker_health(proc).status_code == 200
 
 

@@ -209,3 +209,15 @@ def test_a_hung_task_is_resubmitted_and_counts_against_its_document() -> None:
     guard = PoisonGuard()
     assert guard.record_trigger("doc", "w1", "watchdog.task_hung") is None
     assert guard.record_trigger("doc", "w2", "watchdog.task_hung") is not None  # a 2nd worker
+
+
+def test_a_hung_task_of_a_remote_engine_never_counts_against_its_document() -> None:
+    """Issue 24: whoever names the server decides whether it answers."""
+    remote = {**HUNG, "verdict": {**HUNG["verdict"], "remote_engine": True}}
+    step = next_step(Answer(AnswerKind.STATUS, remote), IN_ROTATION)
+    assert (step.action, step.reason) == (Action.RESUBMIT, "hung")
+    assert trigger_rule(remote) is None
+    # A death of the worker's own engine counts, whatever the task's backend.
+    dead_remote_backend = {**DEAD_TRIGGER,
+                           "verdict": {**DEAD_TRIGGER["verdict"], "remote_engine": True}}
+    assert trigger_rule(dead_remote_backend) == "vllm.engine_dead"

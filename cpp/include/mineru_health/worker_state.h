@@ -158,8 +158,17 @@ class WorkerState {
   // a page window) is task_progress(id). take_hung_tasks() returns the tasks
   // with no progress for `task_hang`, each once; when every tracked task is
   // hung it also records a fatal failure (kTasksHungRule, engine_stalled).
+  //
+  // A task waiting on a remote engine (an http client, a user's server_url)
+  // is between remote_wait_started(id) and remote_wait_finished(id): it is
+  // never hung meanwhile, since no restart of this worker would make a remote
+  // server answer (the client's own timeout bounds the wait), nor is every
+  // task hung while it waits (the stall watchdog still sees a stalled engine
+  // call). The wait's end is the task's progress.
   void task_started(const std::string& task_id);
   void task_progress(const std::string& task_id);
+  void remote_wait_started(const std::string& task_id);
+  void remote_wait_finished(const std::string& task_id);
   void task_finished(const std::string& task_id);
   std::vector<std::string> take_hung_tasks();
 

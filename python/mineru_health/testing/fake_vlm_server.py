@@ -13,7 +13,9 @@ A slow engine is a ``server_url`` ending in ``/delay/<ms>/`` (the trailing
 slash makes MinerU's client keep the path): every completion under that prefix
 answers after ``<ms>`` milliseconds (at most 60 s). Under ``/serial/<ms>/``
 completions are answered one at a time, each after ``<ms>``: a steady trickle
-of progress, however many the client sends at once.
+of progress, however many the client sends at once. Under ``/tarpit/<ms>/``
+the model listing too answers only after ``<ms>`` (a server that accepts the
+connection and then says nothing).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ def create_app() -> FastAPI:
     @app.get("/delay/{delay_ms}/v1/models")
     @app.get("/serial/{delay_ms}/v1/models")
     async def models(delay_ms: int = 0) -> dict[str, Any]:
+        return model_list()
+
+    @app.get("/tarpit/{delay_ms}/v1/models")
+    async def slow_models(delay_ms: int) -> dict[str, Any]:
+        await asyncio.sleep(min(delay_ms, 60_000) / 1000)
+        return model_list()
+
+    def model_list() -> dict[str, Any]:
         return {
             "object": "list",
             "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "mineru-health"}],
@@ -57,6 +67,7 @@ def create_app() -> FastAPI:
 
     @app.post("/v1/chat/completions")
     @app.post("/delay/{delay_ms}/v1/chat/completions")
+    @app.post("/tarpit/{delay_ms}/v1/chat/completions")
     async def chat_completions(request: Request, delay_ms: int = 0) -> dict[str, Any]:
         body = await request.json()
         if delay_ms > 0:

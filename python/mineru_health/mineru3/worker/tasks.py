@@ -192,7 +192,8 @@ def fail_hung_tasks() -> int:
                           f"{runtime.settings.task_hang_s:g} s (hung); resubmit it")
             task.completed_at = utc_now_iso()
             _set_verdict(task, fatal=False, engine_dead=False, role="trigger",
-                         rule=HUNG_RULE, category=HUNG_CATEGORY, hung=True)
+                         rule=HUNG_RULE, category=HUNG_CATEGORY, hung=True,
+                         remote_engine=_remote_backend(task))
             manager._signal_task_event(task_id)  # wakes waiters; the task store keeps it
             for processor in list(getattr(manager, "active_tasks", ())):
                 if _processes(processor, task_id) and not processor.done():
@@ -241,6 +242,11 @@ def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
     return runtime.classify_pool
 
 
+def _remote_backend(task: Any) -> bool:
+    """The task's engine is a remote server (an ``*-http-client`` backend)."""
+    return str(getattr(task, "backend", "") or "").endswith("http-client")
+
+
 def _record(health: WorkerHealth, exc: BaseException, remote_engine: bool) -> Recorded:
     """Classifies and records; an undecided local failure then asks the engine (issue 18)."""
     outcome = health.record(exc, remote_engine=remote_engine)
@@ -267,7 +273,7 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
 async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     health = current_health()
     try:
-        remote_engine = str(getattr(task, "backend", "") or "").endswith("http-client")
+        remote_engine = _remote_backend(task)
         record = functools.partial(_record, health, exc, remote_engine)
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
     except asyncio.CancelledError:

@@ -138,11 +138,15 @@ def trigger_rule(payload: Mapping[str, Any]) -> str | None:
 
     Collateral failures (queued or running when another task found the
     engine dead, or failed by the stall watchdog) never count against a
-    document.
+    document, nor does a hung task whose engine is remote: whoever names the
+    server decides whether it answers, and must not get a document that
+    someone else also sends quarantined.
     """
     verdict = payload.get("verdict")
-    lost = engine_dead_failure(payload) or hung_failure(payload)
-    if not lost or not isinstance(verdict, Mapping):
+    if not isinstance(verdict, Mapping):
+        return None
+    remote_hang = hung_failure(payload) and verdict.get("remote_engine") is True
+    if not (engine_dead_failure(payload) or hung_failure(payload)) or remote_hang:
         return None
     if verdict.get("role") != "trigger":
         return None

@@ -7,8 +7,12 @@ Two kinds of call site are wrapped, each once per process:
   (VLM and hybrid backends) and the pipeline backend's ``BatchAnalyze.__call__``.
   Each is counted in flight while it runs; its end (success or failure) is
   progress. A call whose client is ``http-client`` talks to a remote server,
-  not this worker's engine, and is never counted (issue 17: a user's
-  ``server_url`` that never answers must not make the worker stalled).
+  not this worker's engine: it is never counted in flight, and its task waits
+  on the remote server meanwhile (``WorkerHealth.remote_wait``), which the
+  task watchdog never counts as hung (issues 17 and 24: a user's
+  ``server_url`` that never answers must not stall the worker, restart it,
+  or get a document quarantined). So does the http client's construction,
+  which asks the server for its model name.
   A local call is a :func:`local_engine_call`: an exception escaping it is
   marked as this worker's engine's (:func:`raised_by_local_engine`).
 * **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
@@ -46,6 +50,7 @@ from ...worker import WorkerHealth
 
 __all__ = [
     "ENGINE_CALL_SITES",
+    "REMOTE_SITES",
     "REQUEST_SITES",
     "current_task_id",
     "follow_tasks",
@@ -85,6 +90,11 @@ REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
         ("mlx_client", "MlxVlmClient"),
         ("llama_cpp_engine_client", "LlamaCppEngineVlmClient"),
     )
+)
+
+#: (module, class, methods) that wait on a remote server whatever the backend.
+REMOTE_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (f"{_VLM_CLIENTS}http_client", "HttpVlmClient", ("__init__",)),
 )
 
 _MARK = "__mineru_health_tracked__"
@@ -279,7 +289,8 @@ def _engine_call(original: Callable[..., Any],
             state = health()
             try:
                 if _is_remote(args):
-                    return await original(*args, **kwargs)
+                    with state.remote_wait(current_task_id()):
+                        return await original(*args, **kwargs)
                 with local_engine_call(state):
                     return await original(*args, **kwargs)
             finally:
@@ -292,7 +303,8 @@ def _engine_call(original: Callable[..., Any],
         state = health()
         try:
             if _is_remote(args):
-                return original(*args, **kwargs)
+                with state.remote_wait(current_task_id()):
+                    return original(*args, **kwargs)
             with local_engine_call(state):
                 return original(*args, **kwargs)
         finally:
@@ -328,6 +340,16 @@ def _engine_request(original: Callable[..., Any],
     return request
 
 
+def _remote_wait(original: Callable[..., Any],
+                 health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def waiting(*args: Any, **kwargs: Any) -> Any:
+        with health().remote_wait(current_task_id()):
+            return original(*args, **kwargs)
+
+    return waiting
+
+
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
     import inspect
 
@@ -361,4 +383,10 @@ def install(health: Callable[[], WorkerHealth]) -> None:
             module_name,
             functools.partial(_wrap_class, class_name=class_name, methods=methods,
                               make=lambda fn: _engine_request(fn, health)),
+        )
+    for module_name, class_name, methods in REMOTE_SITES:
+        on_import(
+            module_name,
+            functools.partial(_wrap_class, class_name=class_name, methods=methods,
+                              make=lambda fn: _remote_wait(fn, health)),
         )
