@@ -142,10 +142,12 @@ def fresh_worker_state() -> Iterator[None]:
 
     worker.worker_health().reset()
     context.runtime.acted_on_fatal = False
+    context.runtime.trigger_task = ""
     yield
     worker.worker_health().reset()
     context.runtime.apps.clear()
     context.runtime.acted_on_fatal = False
+    context.runtime.trigger_task = ""
     context.runtime.advertised_port = None
 
 

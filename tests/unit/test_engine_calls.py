@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ class _Health:
     def __init__(self) -> None:
         self.started = self.finished = self.progress_calls = 0
         self.task_progress_for: list[str] = []
+        self.remote_waits: list[str] = []
 
     def engine_call_started(self) -> None:
         self.started += 1
@@ -55,6 +58,11 @@ class _Health:
 
     def task_progress(self, task_id: str) -> None:
         self.task_progress_for.append(task_id)
+
+    @contextlib.contextmanager
+    def remote_wait(self, task_id: str) -> Iterator[None]:
+        self.remote_waits.append(task_id)
+        yield
 
 
 def test_engine_calls_are_counted_and_the_fault_plugin_raises_in_one(tmp_path: Path) -> None:
@@ -167,12 +175,34 @@ def test_calls_to_a_remote_server_are_never_in_flight() -> None:
     engine_calls._wrap_class(module, "MinerUClient",
                              ("aio_batch_two_step_extract", "batch_two_step_extract"), make)
     remote, local = Client("http-client"), Client("vllm-async-engine")
-    assert asyncio.run(remote.aio_batch_two_step_extract([1])) == ["ok"]
-    assert remote.batch_two_step_extract([1]) == ["sync"]
+    with engine_calls.task_context("task-remote"):
+        assert asyncio.run(remote.aio_batch_two_step_extract([1])) == ["ok"]
+        assert remote.batch_two_step_extract([1]) == ["sync"]
     assert (health.started, health.finished) == (0, 0)
+    # Issue 24: the task waits on the server meanwhile, never hung.
+    assert health.remote_waits == ["task-remote", "task-remote"]
     assert asyncio.run(local.aio_batch_two_step_extract([1])) == ["ok"]
     assert local.batch_two_step_extract([1]) == ["sync"]
     assert (health.started, health.finished) == (2, 2)
+    assert len(health.remote_waits) == 2
+
+
+def test_the_http_clients_construction_is_a_remote_wait() -> None:
+    """Issue 24: it asks the server for its model name, which may never answer."""
+
+    class HttpVlmClient:
+        def __init__(self, server_url: str) -> None:
+            self.server_url = server_url
+
+    module = type(sys)("fake_http_client")
+    module.HttpVlmClient = HttpVlmClient  # type: ignore[attr-defined]
+    health = _Health()
+    site = next(s for s in engine_calls.REMOTE_SITES if s[1] == "HttpVlmClient")
+    engine_calls._wrap_class(module, "HttpVlmClient", site[2],
+                             lambda fn: engine_calls._remote_wait(fn, lambda: health))
+    with engine_calls.task_context("task-1"):
+        assert HttpVlmClient("http://127.0.0.1:1").server_url == "http://127.0.0.1:1"
+    assert health.remote_waits == ["task-1"]
 
 
 def test_requests_are_progress_only() -> None:

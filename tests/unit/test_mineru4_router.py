@@ -200,6 +200,21 @@ def test_retired_outputs_delete_and_missing_blob(tmp_path: Path) -> None:
     assert retired.retire(None, []) == 0
 
 
+def test_retired_outputs_of_an_earlier_instance_survive_a_second_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: the router still lists the first instance's files on the worker."""
+    retired, _, _ = _retired(tmp_path)
+    second = tmp_path / "second"
+    (second / "uploads" / "blobs").mkdir(parents=True)
+    meta = {"id": "file-public", "sha256sum": "cd" * 32}
+    served = retired.retire(_Dir(second), [("file-0123abcd", {"sha256sum": "ab" * 32}),
+                                           ("file-4567cdef", meta)])
+    assert served == 1  # only the second instance's own file
+    answer = retired.answer("GET", "/v1/files/file-0123abcd/content")
+    assert answer is not None and answer[0] == 200 and answer[2] == b"# Document 7\n"
+
+
 class _ProxyError(Exception):
     def __init__(self, status_code: int) -> None:
         super().__init__(f"HTTP {status_code}")

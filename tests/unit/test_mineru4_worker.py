@@ -155,6 +155,48 @@ def test_act_on_fatal_fails_every_app_once() -> None:
     watch.report_jobs()  # MinerU's own error is pushed with the figures
 
 
+def _failed_job(job_id: str, code: str = "engine_dead") -> Any:
+    error = types.SimpleNamespace(code=code)
+    return types.SimpleNamespace(id=job_id, status="failed",
+                                 files=[types.SimpleNamespace(error=error)])
+
+
+def test_the_job_whose_failure_was_first_fatal_is_the_trigger(
+        modules: list[types.ModuleType]) -> None:
+    """Issue 24: 4.0 fails every job of a dead engine alike; the worker tells the trigger."""
+    from mineru_health.runtime.worker import engine_calls
+
+    verdicts.rebind()
+    error = make_engine_dead_error()
+    assert modules[0].is_fatal_engine_error(error) is True  # the parse thread: no job here
+    with engine_calls.task_context("job_a"):  # then _run_job asks, in its job's context
+        assert modules[2].is_fatal_engine_error(error) is True
+    with engine_calls.task_context("job_b"):  # another job's later failure: not first
+        assert modules[2].is_fatal_engine_error(make_engine_dead_error()) is True
+    trigger, collateral = verdicts.job_verdict(_failed_job("job_a")), verdicts.job_verdict(
+        _failed_job("job_b"))
+    assert trigger is not None and trigger["role"] == "trigger" and trigger["fatal"] is True
+    assert trigger["rule"] == "vllm.engine_dead" and trigger["engine_dead"] is True
+    assert collateral is not None and collateral["role"] == "collateral"
+    assert verdicts.job_verdict(_failed_job("job_c", code="parse_failed")) is None
+
+
+def test_a_job_status_answer_carries_the_verdict() -> None:
+    app = _app()
+
+    @app.get("/v1/tasks/{job_id}")
+    async def job(job_id: str) -> JSONResponse:
+        return JSONResponse({"job_id": job_id, "status": "failed"})
+
+    app.state.job_store._jobs["job_a"] = _failed_job("job_a")
+    assert "verdict" not in _call(app, "GET", "/v1/tasks/job_a").json()  # no fatal yet
+    worker_health().record(make_engine_dead_error())
+    context.runtime.trigger_task = "job_a"
+    answer = _call(app, "GET", "/v1/tasks/job_a").json()
+    assert answer["verdict"]["role"] == "trigger", answer
+    assert "verdict" not in _call(app, "GET", "/v1/tasks/job_z").json()  # not a job here
+
+
 class _Model:
     """4.0's pydantic models, as far as the job store uses them."""
 

@@ -24,11 +24,13 @@ from mineru_health.testing import sandbox
 from mineru_health.testing.router import (
     FLEET4_ENV,
     LINE4,
+    Client,
     FaultRun,
     Outcome,
     Router,
     fleet,
     run_fault,
+    text_document,
 )
 
 pytestmark = [
@@ -92,3 +94,41 @@ def test_hung_event_loop_loses_no_job(router: Router) -> None:
 def test_stalled_engine_loses_no_job(router: Router) -> None:
     """The engine call never returns; the worker's stall watchdog condemns it."""
     _check(router, lambda: router.write_plan("engine_stall"), "engine_dead")
+
+
+def test_poison_document_is_quarantined_after_two_deaths_and_loses_nothing(
+    router: Router,
+) -> None:
+    """Issue 24: a document that kills every engine that parses it, amid a steady stream.
+
+    Two deaths (one per worker), never more; the router keeps a worker in
+    rotation while it can (no submission refused); every other job
+    completes, and every result finished before the fault is still
+    downloadable through both restarts.
+    """
+    poison = text_document(9999)[1]
+    poisoned: list[Outcome] = []
+    client = Client(router.base, router.line)
+
+    def inject() -> None:
+        router.write_plan("poison poison.pdf")  # every worker reads it; none consumes it
+        poisoned.append(client.run("poison.pdf", poison))
+
+    run = run_fault(router, inject, client=client, recovery_timeout_s=240.0)
+    assert poisoned and poisoned[0].status == "failed", poisoned
+    assert "Not sent again" in str(poisoned[0].detail)
+    deaths = [r for r in router.audit_records(since=run.fault_at) if r["action"] == "ejected"]
+    assert len(deaths) == 2, router.audit_records(since=run.fault_at)
+    assert router.metric("mineru_router_poison_documents_total") == 1
+    lost = [(o.number, o.status, o.detail.get("files") or o.detail) for o in run.lost]
+    assert lost == [], (lost, router.proc.log_tail(6000))
+    _assert_downloadable(router, run.before)
+    task_id, refusal = client.submit("renamed.pdf", poison)
+    assert not task_id and refusal["code"] == 422, refusal
+    assert "Not sent again" in refusal["body"], refusal
+    # A second restart in a row of a worker that already restarted: still nothing lost.
+    os.kill(router.worker_pids()[0], signal.SIGKILL)
+    assert sandbox.wait_until(lambda: router.line.rotation(router.base)[0] == 1, 30.0, 0.1)
+    assert sandbox.wait_until(lambda: router.line.rotation(router.base)[0] == 2, 120.0, 0.2), (
+        router.proc.log_tail())
+    _assert_downloadable(router, run.before)

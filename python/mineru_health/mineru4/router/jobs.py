@@ -61,6 +61,7 @@ from mineru_health.runtime.router.line import (
     Unavailable,
     ask_status,
 )
+from mineru_health.runtime.router.poison import Quarantine
 from mineru_health.runtime.router.policy import (
     Action,
     Answer,
@@ -235,15 +236,32 @@ class JobLine:
 
         Before each new try the launched workers' processes are checked (a
         killed one leaves rotation at once) and one probe interval passes,
-        so that the policy has taken in what the failure showed.
+        so that the policy has taken in what the failure showed. A 503 of
+        4.0's own (no healthy worker) while a local worker is being restarted
+        is not the answer either: the submission waits for a worker back in
+        rotation (at most ``BOOT_TIMEOUT_S``, as a resubmission does), so a
+        fault that takes every worker out for a moment refuses nothing.
         """
         error = self._ns["RouterProxyError"]
+        quarantine = self._quarantined(body, uploads or {})
+        if quarantine is not None:
+            names = [getattr(u, "filename", "") for u in (uploads or {}).values()]
+            raise error(422, "document_quarantined", quarantine.message([n for n in names if n]))
         tries = len(self._pool.workers) + 1
-        for attempt in range(1, tries + 1):
-            last = attempt == tries
+        attempt = waits = 0
+        while True:
+            attempt += 1
+            last = attempt >= tries
             try:
                 response = await submit_job(body, request, uploads)
             except error as exc:
+                if exc.status_code == 503 and exc.code == "quality_tier_unavailable":
+                    waits += 1  # bounded: a worker back that still cannot take it is the answer
+                    if (waits > tries or not self.supervisor.healing()
+                            or not await self._worker_back()):
+                        raise
+                    attempt -= 1  # no worker tried it: not a try
+                    continue
                 if last or exc.status_code not in (502, 504):
                     raise
                 _log.warning("a submission failed on its worker (%s); trying again", exc)
@@ -255,7 +273,39 @@ class JobLine:
             for worker in self._pool.workers:
                 self._pool.fleet.check_process(worker.worker_id)
             await asyncio.sleep(self.supervisor.retry_interval_s)
-        raise AssertionError("unreachable")
+
+    def _quarantined(self, body: dict[str, Any], uploads: dict[int, Any]) -> Quarantine | None:
+        """The quarantine of the submission's document, if the poison guard has one.
+
+        Its digest is the one ``track`` keeps (the inputs' own SHA-256s, in
+        order), read from what 4.0 already hashed: the uploads and the source
+        store. Only once some document killed an engine (``suspects``): a
+        healthy fleet's submissions never pay for it.
+        """
+        if not self.supervisor.poison.suspects():
+            return None
+        digests = []
+        for index, entry in enumerate(body.get("files") or []):
+            source = entry.get("source") if isinstance(entry, dict) else None
+            upload = uploads.get(index)
+            if upload is not None:
+                digests.append(str(getattr(upload, "sha256sum", "")))
+            elif isinstance(source, dict) and source.get("type") == "file_id":
+                stored = self._sources.find_file(str(source.get("file_id")))
+                if stored is None:
+                    return None
+                digests.append(str(stored.sha256sum))
+            else:
+                return None  # a url or inline source: not sent again, never counted
+        if not digests or not all(digests):
+            return None
+        return self.supervisor.poison.quarantined(
+            hashlib.sha256("".join(digests).encode()).hexdigest())
+
+    async def _worker_back(self) -> bool:
+        """Waits (bounded) until a worker is in rotation; False when none came back."""
+        _log.warning("no healthy worker while the fleet heals; the submission waits for one")
+        return await self.supervisor.wait_for_worker(self._pool.routable)
 
     # -- the supervisor's Line ----------------------------------------------------------------
     async def ask(self, kept: Kept, url: str) -> Answer:

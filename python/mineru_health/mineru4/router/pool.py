@@ -244,6 +244,11 @@ class HealingPool:
         """4.0's proxy saw a 503 ``engine_dead`` from ``worker``."""
         self.fleet.report_passive(worker.worker_id, "a request was refused with 503 engine_dead")
 
+    def routable(self) -> bool:
+        """Some worker is healthy and its capabilities are read: 4.0 can give it a job."""
+        return any(worker.healthy and self._capabilities_of.get(worker.worker_id)
+                   == worker.generation for worker in self.workers)
+
     # -- tiers, models, features (once per instance) -----------------------------------
     def _on_event(self, event: Any) -> None:
         worker = self._workers.get(event.worker_id)

@@ -53,6 +53,10 @@ class RetiredOutputs:
         blobs = (uploads if uploads is not None else Path(temp_dir.name) / "uploads") / "blobs"
         served = 0
         for upstream_id, payload in files:
+            if upstream_id in self._files:
+                # An earlier instance's file, retired with its own directory: the
+                # router still lists it on this worker, but its blob is not here.
+                continue
             sha = payload.get("sha256sum")
             if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
                 continue

@@ -4,8 +4,9 @@
 (``FileStore._files``) in memory: after a restart, a finished job and its
 outputs answer 404 although the output blobs are still in the upload
 directory (the store's default directory). A row is the job's fields and the
-records of its output files, no document content; a job comes back if its
-blobs are all there and its retention has not run out.
+records of its output files, no document content, and the worker's verdict
+on a job that failed ``engine_dead`` (:func:`.verdicts.job_verdict`); a job
+comes back if its blobs are all there and its retention has not run out.
 
 ``attach(app)`` (lifespan complete) wraps two methods of the app's
 ``JobStore``: ``_record_usage``, which 4.0 calls once a job's task is done
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 from ...runtime.worker import store
+from . import verdicts
 
 __all__ = ["FINISHED", "attach"]
 
@@ -50,7 +52,7 @@ def _row(record: Any) -> store.Row | None:
     file_store = getattr(record, "file_store", None)
     files = [dataclasses.asdict(r) for r in list(getattr(file_store, "_files", {}).values())
              if r.job_id == record.id]
-    return record.id, {"job": job, "files": files}, None
+    return record.id, {"job": job, "files": files}, verdicts.job_verdict(record)
 
 
 def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
@@ -69,7 +71,10 @@ def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
     job["files"] = [module.JobFileResult.model_validate(f) for f in job.get("files") or []]
     if job.get("links") is not None:
         job["links"] = module.JobLinks.model_validate(job["links"])
-    jobs._jobs[job_id] = module._JobRecord(**job, file_store=file_store, usage_counted=True)
+    record = module._JobRecord(**job, file_store=file_store, usage_counted=True)
+    if verdict is not None:
+        setattr(record, verdicts.VERDICT_ATTR, verdict)
+    jobs._jobs[job_id] = record
     for fields in files:
         file_store._files.setdefault(fields["id"], module._FileRecord(**fields))
     return True

@@ -43,6 +43,11 @@ _MARK = "__mineru_health__"
 #: The answer already given for an exception: 4.0 asks twice for one failure
 #: (runtime thread, then ``_run_job``), and an ambiguous one must count once.
 _ANSWER_ATTR = "__mineru_health_fatal__"
+#: Set on the exception whose verdict was the worker's first fatal one.
+_FIRST_ATTR = "__mineru_health_first_fatal__"
+#: The verdict kept on a job record (``_JobRecord``) that failed ``engine_dead``.
+VERDICT_ATTR = "__mineru_health_verdict__"
+_ENGINE_DEAD = "engine_dead"
 
 
 def _remote_engine() -> bool:
@@ -86,6 +91,7 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
     if outcome.fatal:
         metrics.record_worker_fatal(outcome.rule, outcome.category)
         if outcome.first:
+            _mark_first(error)
             checked = getattr(outcome, "verification", None)
             why = (checked.detail if checked is not None
                    else f"matched {outcome.verdict.excerpt!r}")
@@ -97,15 +103,62 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
     # MinerU knows a death our rules do not: keep its verdict, recorded natively.
     if health.record_fatal(describe_exception(error), rule="mineru.is_fatal_engine_error",
                            category="engine_dead", exception_type=exception_type_name(error)):
+        _mark_first(error)
         log("ERROR", f"fatal engine error (MinerU's own check): {describe_exception(error)}")
     metrics.record_worker_fatal("mineru.is_fatal_engine_error", "engine_dead")
     return True
+
+
+def _mark_first(error: BaseException) -> None:
+    with contextlib.suppress(Exception):  # an exception refusing attributes names no trigger
+        setattr(error, _FIRST_ATTR, True)
+    _note_trigger(error)
+
+
+def _note_trigger(error: BaseException) -> None:
+    """The job in whose context the first fatal exception is seen is the trigger.
+
+    An engine 4.0 drives synchronously fails on its parse thread, where the
+    question may come first with no job in context; ``_run_job`` then asks
+    again for the same exception, in its job's context.
+    """
+    job_id = engine_calls.current_task_id()
+    if job_id and not runtime.trigger_task and getattr(error, _FIRST_ATTR, False) is True:
+        runtime.trigger_task = job_id
+
+
+def job_verdict(record: Any) -> dict[str, Any] | None:
+    """The worker's verdict on a job that failed ``engine_dead`` (None for any other job).
+
+    Kept on the record once made (and in its task store row), so that a
+    restarted worker answers with the same verdict: ``role`` ``trigger`` for
+    the job whose own failure was the first fatal one, ``collateral`` for
+    the jobs failed with it. The router counts triggers against documents
+    (poison guard), as on 3.x.
+    """
+    kept = getattr(record, VERDICT_ATTR, None)
+    if isinstance(kept, dict):
+        return kept
+    files = getattr(record, "files", None) or ()
+    if not any(getattr(getattr(f, "error", None), "code", None) == _ENGINE_DEAD for f in files):
+        return None
+    first = current_health().snapshot().first_fatal
+    if first is None:
+        return None
+    trigger = bool(runtime.trigger_task) and runtime.trigger_task == getattr(record, "id", None)
+    verdict = {"fatal": trigger, "engine_dead": True,
+               "role": "trigger" if trigger else "collateral", "rule": first.rule,
+               "category": first.category, "ambiguous": False, "remote_engine": False}
+    with contextlib.suppress(Exception):  # a record refusing attributes is judged again
+        setattr(record, VERDICT_ATTR, verdict)
+    return verdict
 
 
 def make_replacement(upstream: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
     def is_fatal_engine_error(error: BaseException) -> bool:
         known = getattr(error, _ANSWER_ATTR, None)
         if isinstance(known, bool):
+            _note_trigger(error)
             return known
         try:
             answer = _decide(error, upstream)

@@ -16,15 +16,17 @@ from typing import Any
 
 from ...runtime.worker import engine_calls
 from ...runtime.worker.context import current_health, log, mineru_version, runtime
-from ...runtime.worker.gate import HealthGate
+from ...runtime.worker.gate import HealthGate, JsonEdit
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
 from ...worker import fatal_cause
 from .. import TASK_HUNG_CODE
-from . import job_store
+from . import job_store, verdicts
 
 #: 4.0's routes: its health check, and the three ways to submit work.
 HEALTH_PATHS = frozenset({"/v1/health"})
 GATED_POSTS = frozenset({"/v1/tasks", "/v1/parse/jobs", "/v1/file_parse"})
+#: Where a job's status is read (the job id follows).
+JOB_PATHS = ("/v1/tasks/", "/v1/parse/jobs/")
 _COUNTED = {"queued": 0, "running": 1, "completed": 2, "partial": 2, "failed": 3}
 _MARK = "__mineru_health_followed__"
 
@@ -170,12 +172,32 @@ def _act() -> None:
     act_on_fatal()
 
 
+def _add_verdict(job_id: str, payload: dict[str, Any]) -> None:
+    """Adds the worker's verdict to a job payload that failed ``engine_dead`` (as on 3.x)."""
+    for store in job_stores():
+        record = getattr(store, "_jobs", {}).get(job_id)
+        verdict = verdicts.job_verdict(record) if record is not None else None
+        if verdict is not None and payload.get("job_id", job_id) == job_id:
+            payload["verdict"] = verdict
+            return
+
+
 class Gate(HealthGate):
     """The gate on 4.0's paths (``/v1/health`` and the submissions); its watcher starts with
-    MinerU's start-up (preload included): from then on a blocked loop is hung."""
+    MinerU's start-up (preload included): from then on a blocked loop is hung. A job's
+    status answer carries the worker's verdict when the job failed ``engine_dead``."""
 
     health_paths = HEALTH_PATHS
     gated_posts = GATED_POSTS
+
+    def answer_edit(self, method: str, path: str) -> JsonEdit | None:
+        if method != "GET":
+            return None
+        for prefix in JOB_PATHS:
+            job_id = path[len(prefix):] if path.startswith(prefix) else ""
+            if job_id and "/" not in job_id:
+                return functools.partial(_add_verdict, job_id)
+        return None
 
     def started(self) -> None:
         for app in runtime.apps:

@@ -63,6 +63,9 @@ class Runtime:
         self.store: Store | None = None  # the task store (store.py), once configured
         # True once outstanding tasks were failed for the current fatal record.
         self.acted_on_fatal = False
+        # The task whose own failure was the first fatal one (its verdict's role
+        # is "trigger"; the poison guard counts it), once known.
+        self.trigger_task = ""
         self.installed = False
 
 

@@ -10,6 +10,7 @@ start-up is over (``started``, ``stopped``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -38,13 +39,16 @@ async def _send_json(
     await send({"type": "http.response.body", "body": payload})
 
 
-#: A /health body larger than this is passed on as it is (it is not MinerU's small JSON).
-_ADVERTISE_MAX_BYTES = 64 * 1024
+#: A body larger than this is passed on as it is (it is not MinerU's small JSON).
+_EDIT_MAX_BYTES = 64 * 1024
+
+#: Adds to a JSON object answered by MinerU (in place).
+JsonEdit = Callable[[dict[str, Any]], None]
 
 
-def _advertising_send(send: Callable[[Any], Awaitable[None]],
-                      port: int) -> Callable[[Any], Awaitable[None]]:
-    """Adds ``native_health_port`` to MinerU's small JSON /health body.
+def _editing_send(send: Callable[[Any], Awaitable[None]],
+                  edit: JsonEdit) -> Callable[[Any], Awaitable[None]]:
+    """Lets ``edit`` add to MinerU's small JSON answer (a non-JSON one is passed on as is).
 
     The body may come in chunks (4.0's ``BaseHTTPMiddleware`` streams it and
     ends with an empty one): they are held until the last, up to a bound.
@@ -70,7 +74,7 @@ def _advertising_send(send: Callable[[Any], Awaitable[None]],
         parts.append(message.get("body", b""))
         if message.get("more_body", False):
             held.append({**message, "more_body": True})
-            if sum(map(len, parts)) > _ADVERTISE_MAX_BYTES:
+            if sum(map(len, parts)) > _EDIT_MAX_BYTES:
                 await flush()
             return
         start = held[0]
@@ -81,7 +85,7 @@ def _advertising_send(send: Callable[[Any], Awaitable[None]],
             if not encoded:
                 data = json.loads(body)
                 if isinstance(data, dict):
-                    data["native_health_port"] = port
+                    edit(data)
                     body = json.dumps(data).encode("utf-8")
                     headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
                     headers.append((b"content-length", str(len(body)).encode("ascii")))
@@ -106,6 +110,10 @@ class HealthGate:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+    def answer_edit(self, method: str, path: str) -> JsonEdit | None:
+        """What to add to MinerU's JSON answer to this request (a line's job verdict), if any."""
+        return None
 
     def started(self) -> None:
         """MinerU's start-up is over (the line's watcher starts here)."""
@@ -160,6 +168,14 @@ class HealthGate:
                 await _send_json(send, 503, json.dumps(data).encode("utf-8"),
                                  [(b"retry-after", retry)])
             return
+        edit = self.answer_edit(method, path)
         if is_health and runtime.advertised_port is not None:
-            send = _advertising_send(send, runtime.advertised_port)
+            port = runtime.advertised_port
+            edit = functools.partial(_advertise, port)
+        if edit is not None:
+            send = _editing_send(send, edit)
         await self.app(scope, receive, send)
+
+
+def _advertise(port: int, data: dict[str, Any]) -> None:
+    data["native_health_port"] = port
