@@ -143,6 +143,25 @@ def test_gate_advertises_then_refuses_once_dead() -> None:
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
 
 
+def test_a_full_disk_is_named_507_and_leaves_the_worker_healthy() -> None:
+    """Issue 24: a full output directory answered a bare 500, which a client cannot tell
+    from a bug."""
+    import errno
+
+    app = _app()
+
+    @app.post("/v1/file_parse")
+    async def parse() -> JSONResponse:
+        raise OSError(errno.ENOSPC, "No space left on device", "/out/job/a.pdf")
+
+    full = _call(app, "POST", "/v1/file_parse")
+    assert full.status_code == 507 and int(full.headers["retry-after"]) > 0
+    assert full.json()["error"] == "insufficient_storage"
+    assert "No space left on device (/out/job/a.pdf)" in full.json()["message"]
+    assert worker_health().healthy
+    assert _call(app, "GET", "/v1/health").status_code == 200
+
+
 def test_act_on_fatal_fails_every_app_once() -> None:
     stores = [_app().state.job_store, _app().state.job_store]
     watch.act_on_fatal()

@@ -10,13 +10,15 @@ start-up is over (``started``, ``stopped``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ...worker import REFUSAL_ERROR_PREFIX, fatal_cause
-from .context import ASGIApp, current_health, runtime
+from .context import ASGIApp, current_health, log, runtime
 
 
 async def _send_json(
@@ -174,7 +176,39 @@ class HealthGate:
             edit = functools.partial(_advertise, port)
         if edit is not None:
             send = _editing_send(send, edit)
-        await self.app(scope, receive, send)
+        if not gated:
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message: Any) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except OSError as error:
+            if started or error.errno not in _STORAGE_FULL:
+                raise
+            await _refuse_storage_full(send, error)
+
+
+#: A full disk or quota where the worker stores uploads and outputs (resource, not a bug).
+_STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+async def _refuse_storage_full(send: Callable[[Any], Awaitable[None]], error: OSError) -> None:
+    """507 naming the resource, where MinerU answered a bare 500: the client can tell a full
+    disk from a bug, and retry elsewhere. The worker stays healthy (its engine is fine)."""
+    where = f" ({error.filename})" if error.filename else ""
+    reason = os.strerror(error.errno) if error.errno is not None else str(error)
+    log("ERROR", f"a submission failed: {reason}{where}; answered 507")
+    body = {"error": "insufficient_storage",
+            "message": f"The worker cannot store the submission: {reason}{where}. "
+                       "Free space on its output directory, or retry on another worker."}
+    retry = str(runtime.settings.retry_after_s).encode("ascii")
+    await _send_json(send, 507, json.dumps(body).encode("utf-8"), [(b"retry-after", retry)])
 
 
 def _advertise(port: int, data: dict[str, Any]) -> None:
