@@ -66,4 +66,5 @@ def test_a_second_router_on_a_claimed_state_directory_is_refused(
     assert second.returncode != 0
     log = second.log_tail()
     assert "MINERU_HEALTH_STATE_DIR" in log and "in use by another live process" in log, log
+    assert "Traceback" not in log, log  # a refusal, not a crash
     assert first.poll() is None

@@ -277,3 +277,29 @@ def test_poller_events_drain_without_a_loop(fleet: Fleet) -> None:
         assert poller.running()
     finally:
         poller.stop()
+
+
+def test_a_refused_start_up_is_reported_without_a_traceback() -> None:
+    """Issue 24: uvicorn printed Starlette's traceback around the refusal's clear message."""
+    import logging
+    import traceback
+
+    from mineru_health.errors import ConfigError
+    from mineru_health.runtime.router.fleet import quiet_config_tracebacks
+
+    quiet_config_tracebacks()
+    quiet_config_tracebacks()  # idempotent
+    logger = logging.getLogger("uvicorn.error")
+    assert len([f for f in logger.filters if type(f).__name__ == "_NoConfigTraceback"]) == 1
+    try:
+        raise ConfigError("MINERU_HEALTH_STATE_DIR is in use", variable="MINERU_HEALTH_STATE_DIR")
+    except ConfigError:
+        text, info = traceback.format_exc(), __import__("sys").exc_info()
+    message = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, text, (), None)
+    assert logger.filters[-1].filter(message)
+    assert message.getMessage().startswith("mineru_health.errors.ConfigError: MINERU_HEALTH")
+    logged = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "startup failed", (), info)
+    assert logger.filters[-1].filter(logged) and logged.exc_info is None
+    other = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "Traceback\nKeyError: 1",
+                              (), None)
+    assert logger.filters[-1].filter(other) and other.getMessage() == "Traceback\nKeyError: 1"

@@ -562,6 +562,13 @@ def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
         assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS=2" in why
         await line.supervisor.close()
         assert line.supervisor.full() is None  # released uploads free their place
+        # Issue 24: a burst is counted as it is admitted, before any of it is kept.
+        line.supervisor.admit()
+        line.supervisor.admit()
+        assert line.supervisor.full() is not None
+        line.supervisor.admitted()
+        assert line.supervisor.full() is None
+        line.supervisor.admitted()
 
         by_size = line_for(fleet, max_kept_mb=1)
         big = tmp_path / "big.pdf"

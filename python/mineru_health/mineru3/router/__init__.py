@@ -20,6 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from mineru_health import metrics
+from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 
 from .endpoints import install_endpoints
 from .pool import healing_pool_class
@@ -32,6 +33,7 @@ def install(namespace: Mapping[str, Any]) -> type:
     base = namespace["WorkerPool"]
     if getattr(base, "_mineru_health", False):
         return base  # type: ignore[no-any-return]
+    quiet_config_tracebacks()
     return healing_pool_class(base, namespace)
 
 

@@ -6,7 +6,9 @@ the module is fully defined) rebinds them:
 
 - ``stage_multipart_request`` answers 503 with Retry-After, before staging
   anything, while the supervisor keeps as many tasks or bytes as its caps
-  allow (``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``); else it returns a
+  allow (``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``), the submissions being staged
+  counted too (``admit``, until MinerU's cleanup after submitting); else it
+  returns a
   ``RetainedPayload``: MinerU calls its
   ``cleanup()`` in a ``finally`` right after submitting, which now does
   nothing once the task supervisor kept the payload; the supervisor deletes
@@ -55,8 +57,14 @@ def retained_payload_class(base: type) -> type:
 
     class RetainedPayload(base):  # type: ignore[misc]
         retained = False
+        # Ends the submission's admission (the supervisor's count of the ones being
+        # staged or submitted); MinerU's cleanup right after submitting ends it.
+        admission: Callable[[], None] | None = None
 
         def cleanup(self) -> None:
+            admitted, self.admission = self.admission, None
+            if admitted is not None:
+                admitted()
             if not self.retained:
                 super().cleanup()
 
@@ -97,10 +105,20 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
                 detail=f"{why}; retry shortly",
                 headers={"Retry-After": str(line.supervisor.retry_after_s)},
             )
-        payload = await stage(request)
+        if line is None:
+            return await stage(request)
+        # Counted from here, before the await: a burst of submissions cannot all pass
+        # the caps before the first of them is kept.
+        line.supervisor.admit()
+        try:
+            payload = await stage(request)
+        except BaseException:
+            line.supervisor.admitted()
+            raise
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
         retained = retained_class(**fields)
-        kept_dir = line.kept_dir() if line is not None else None
+        retained.admission = line.supervisor.admitted
+        kept_dir = line.kept_dir()
         if kept_dir is not None:
             try:
                 await asyncio.to_thread(move_staged, retained, kept_dir)

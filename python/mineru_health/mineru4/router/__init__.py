@@ -28,6 +28,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from mineru_health import metrics
+from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.store import RouterStore
 
@@ -46,6 +47,7 @@ def install(namespace: MutableMapping[str, Any]) -> type:
     base = namespace["WorkerPool"]
     if getattr(base, "_mineru_health", False):
         return base  # type: ignore[no-any-return]
+    quiet_config_tracebacks()
     namespace["ManagedLocalWorker"] = outputs_kept_class(
         launching_class(namespace["ManagedLocalWorker"]))
     return healing_pool_class(base, namespace)

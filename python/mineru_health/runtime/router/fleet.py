@@ -122,6 +122,39 @@ def _refused(exc: ConfigError) -> None:
     _log.error("mineru-router refuses to start: %s (variable %s)", exc, exc.variable)
 
 
+class _NoConfigTraceback(logging.Filter):
+    """Drops the traceback from uvicorn's report of a start-up that a ``ConfigError``
+    refused: the refusal itself was logged, naming the variable, and a traceback
+    around it reads as a crash. Starlette hands uvicorn the traceback as the
+    message of ``lifespan.startup.failed``; other paths log it as ``exc_info``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Traceback"):
+            last = record.msg.rstrip().rsplit("\n", 1)[-1]
+            if last.startswith(f"{ConfigError.__module__}.{ConfigError.__name__}:"):
+                record.msg, record.args = last, ()
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        for _ in range(8):  # the chain, bounded
+            if error is None or isinstance(error, ConfigError):
+                break
+            error = error.__cause__ or error.__context__
+        if isinstance(error, ConfigError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_NO_CONFIG_TRACEBACK = _NoConfigTraceback()
+
+
+def quiet_config_tracebacks() -> None:
+    """Installs the filter on uvicorn's error logger (idempotent); the router adapters call
+    it when they are installed."""
+    logger = logging.getLogger("uvicorn.error")
+    if _NO_CONFIG_TRACEBACK not in logger.filters:
+        logger.addFilter(_NO_CONFIG_TRACEBACK)
+
+
 def expectations(settings: HealthSettings, *, protocol_version: int | None = None,
                  require_load_fields: bool = True, main_port_status: str = "") -> Any:
     """The probe expectations for ``settings`` and a MinerU line's ``/health`` answers.

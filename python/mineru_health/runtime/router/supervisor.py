@@ -120,6 +120,7 @@ class Supervisor:
         #: Retry-After of a refused submission or result request while the fleet heals.
         self.retry_after_s = max(1, math.ceil(2 * float(settings.interval_s)))
         self.max_kept = int(settings.max_kept_tasks)
+        self._admitting = 0  # submissions admitted, not yet kept (admit)
         self.max_kept_bytes = int(settings.max_kept_mb) * 1024 * 1024
         self._kept_bytes = 0
         self._kept: dict[str, Kept] = {}
@@ -230,14 +231,23 @@ class Supervisor:
     def find(self, key: str) -> Kept | None:
         return self._kept.get(key)
 
+    def admit(self) -> None:
+        """A submission passed ``full()`` and is being staged: counted against the caps
+        until ``admitted()`` (then it is kept, or gone)."""
+        self._admitting += 1
+
+    def admitted(self) -> None:
+        self._admitting = max(0, self._admitting - 1)
+
     def full(self) -> str | None:
         """Why nothing more can be kept now (the caps on kept submissions and bytes), or None.
 
         The line then refuses a new submission with 503 and Retry-After before
         it stages anything, so the router's memory and disk stay bounded.
         """
-        if len(self._kept) >= self.max_kept:
-            return (f"the router keeps {len(self._kept)} submissions for resubmission "
+        kept = len(self._kept) + self._admitting
+        if kept >= self.max_kept:
+            return (f"the router keeps {kept} submissions for resubmission "
                     f"(MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS={self.max_kept})")
         if self._kept_bytes >= self.max_kept_bytes:
             return (f"the router keeps {self._kept_bytes // (1024 * 1024)} MiB of uploads for "
