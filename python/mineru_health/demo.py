@@ -12,7 +12,7 @@ default: this Python) on the fleet harness the tests and benchmarks share
    copy (the installed MinerU is never touched) and loads the fault plugin;
 2. 3.x: starts the fake OpenAI-compatible VLM server, so that MinerU's real
    ``vlm-http-client`` parse path completes without a model (4.0 parses text
-   PDFs on its flash tier, offline);
+   PDFs on its flash tier, offline; with a real engine, on its standard tier);
 3. starts the real, patched ``mineru-router`` with two local workers, the
    ``fast`` preset and an audit file, and streams text PDFs through it;
 4. injects the scenario's fault into one worker (its fault plan file);
