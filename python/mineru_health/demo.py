@@ -263,6 +263,8 @@ class Demo:
 
         from .testing.router import http
 
+        if not self.servers and not self.victim and self.marks["fault_injected"] is not None:
+            self.victim = self._first_dead()
         if not self.servers and self.victim in self.pids:  # 4.0: its URL is its process's
             url = self.router.worker_url(self.pids[self.victim])
             if url and url != self.victim_url:
@@ -292,6 +294,24 @@ class Demo:
             t = self.add("worker", f"{self.victim} {self.victim_url}{self.line.health}: {state}")
             if self.marks["fault_injected"] is not None and not state.startswith("200"):
                 self.marks["worker_unhealthy"] = self.marks["worker_unhealthy"] or t
+
+    def _first_dead(self) -> str:
+        """4.0 names no victim: the first worker whose own health answers 503 ("": none yet).
+
+        Often before the router's ejection; a worker slow to answer is not taken for it.
+        """
+        import httpx
+
+        from .testing.router import http
+
+        for worker, pid in self.pids.items():
+            url = self.router.worker_url(pid)
+            try:
+                if url and http("GET", f"{url}{self.line.health}", 1.0).status_code == 503:
+                    return worker
+            except httpx.HTTPError:
+                continue
+        return ""
 
     def _read_documents(self) -> None:
         for outcome in self.stream.ended():
