@@ -34,7 +34,12 @@ side a fresh ``mineru-router --local-gpus 0,1 --worker-tier flash``
 through ``/v1/tasks``) and, after three jobs completed, the same fault on
 one worker: ``kill9``, ``engine_dead`` (vLLM's ``EngineDeadError`` from
 4.0's parse call, from then on; 4.0.12 recognises it itself: job failed,
-``/v1/health`` 503) or ``hang`` (the worker's event loop blocks). Sides:
+``/v1/health`` 503) or ``hang`` (the worker's event loop blocks), all three
+injected; and ``llama_real``, a real engine death beside them: workers on
+the standard tier (MinerU's VLM path on llama.cpp, 4.0's default engine on
+CPU, with the tiny generated model of ``mineru_health.demo_engine``), one
+job every 2 s, and the engine of whichever worker generates next closed
+under its running jobs (``Engine.close()``; no fault plugin). Sides:
 ``upstream`` (MinerU 4.0's own router; the fault plugin only) and ``ours``,
 both with the router's environment of the tests (fast preset, 3 s main-port
 timeout: read only by ours). Measured: jobs submitted, jobs lost (refused,
@@ -44,17 +49,19 @@ and whether earlier results are still downloadable.
 
 Timings are machine-dependent; read the ratios, or the sides side by side.
 Line 3 takes about 8 x (start-up + warm-up + --duration + the slowest task),
-six to eight minutes on 2 cores with the defaults; ``--scenarios`` runs a
-subset.
+six to eight minutes on 2 cores with the defaults; line 4 about nine
+(``llama_real`` two and a half of them); ``--scenarios`` runs a subset.
+Results of one run: ``README.md``.
 
     python bench/recovery/run.py [--scenarios engine_death,kill9] [--json out.json]
     MINERU_HEALTH_MINERU4_PYTHON=/path/to/python python bench/recovery/run.py --line 4 \\
-        [--scenarios kill9,engine_dead,hang] [--sides upstream,ours] [--json out.json]
+        [--scenarios kill9,engine_dead,hang,llama_real] [--sides upstream,ours] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -69,11 +76,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from mineru_health import demo_engine
 from mineru_health.testing import sandbox
 from mineru_health.testing.router import (
     FLEET4_ENV,
     LINE3,
     LINE4,
+    LINE4_STANDARD,
     Client,
     Outcome,
     Router,
@@ -276,9 +285,14 @@ SCENARIOS4: dict[str, Callable[[Router], object]] = {
     "engine_dead": lambda router: router.write_plan("engine_dead"),
     "hang": lambda router: router.write_plan("hang"),
 }
+#: The real engine death (demo_engine): its own setup and pace, since it parses with a model.
+LLAMA_REAL = "llama_real"
+LLAMA_REAL_EVERY_S = 2.0
 
 
 def _downloadable(router: Router, jobs: list[Outcome]) -> int:
+    """Jobs whose Markdown still downloads whole (on the flash tier: with the document's words;
+    the tiny model of the standard tier writes nonsense)."""
     count = 0
     with httpx.Client(base_url=router.base, timeout=30) as client:
         for job in jobs:
@@ -287,7 +301,9 @@ def _downloadable(router: Router, jobs: list[Outcome]) -> int:
                 content = client.get(f"/v1/files/{output['file_id']}/content")
             except (httpx.HTTPError, KeyError, TypeError, IndexError):
                 continue
-            count += content.status_code == 200 and f"Document {job.number}," in content.text
+            whole = content.status_code == 200 and len(content.content) == output.get("bytes")
+            count += whole and (router.line is not LINE4 or f"Document {job.number}," in
+                                content.text)
     return count
 
 
@@ -299,11 +315,20 @@ def _reason(job: Outcome) -> str:
 
 
 def one4(python: str, scenario: str, side: str) -> dict[str, Any]:
-    with (tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch,
-          fleet(LINE4, Path(scratch), python, patched=side == "ours", env=FLEET4_ENV) as router):
-        run = run_fault(router, lambda: SCENARIOS4[scenario](router),
-                        recovery_timeout_s=90.0, task_timeout_s=120.0)
-        kept = _downloadable(router, run.before)
+    with tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch_dir:
+        scratch, patched = Path(scratch_dir), side == "ours"
+        line, site, env, plan, every_s, real = LINE4, None, FLEET4_ENV, "plan", 0.8, None
+        if scenario == LLAMA_REAL:
+            line, plan, every_s = LINE4_STANDARD, None, LLAMA_REAL_EVERY_S
+            site = line.site(scratch / "mineru-site", python, patched=patched, faults=False)
+            real = demo_engine.prepare(site, scratch, python, line.env(site, scratch, python, {}))
+            env = {**FLEET4_ENV, **real.env}
+        with fleet(line, scratch, python, site=site, patched=patched, env=env,
+                   fault_plan=plan) as router:
+            inject = real.close if real else functools.partial(SCENARIOS4[scenario], router)
+            run = run_fault(router, inject, every_s=every_s, recovery_timeout_s=90.0,
+                            task_timeout_s=120.0)
+            kept = _downloadable(router, run.before)
     return {
         "scenario": scenario,
         "side": side,
@@ -327,7 +352,20 @@ def line4(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]
                   f"earlier results {row['earlier_results']}", flush=True)
             for reason in row["lost_reasons"]:
                 print(f"{'':23}lost: {reason}", flush=True)
+    real_vs_injected(rows)
     return rows
+
+
+def real_vs_injected(rows: list[dict[str, Any]]) -> None:
+    """The real engine death beside the injected one of the same run, side by side (ours)."""
+    ours = {row["scenario"]: row for row in rows if row["side"] == "ours"}
+    real, injected = ours.get(LLAMA_REAL), ours.get("engine_dead")
+    if real is None or injected is None:
+        return
+    print(f"\nours, {LLAMA_REAL} / engine_dead (real / injected, same run): "
+          f"out after {ratio(real['out_after_s'], injected['out_after_s'])}, "
+          f"back after {ratio(real['back_after_s'], injected['back_after_s'])}; "
+          f"lost {real['lost']} / {injected['lost']}", flush=True)
 
 
 def main() -> int:
@@ -337,7 +375,7 @@ def main() -> int:
                         "MINERU_HEALTH_MINERU_PYTHON or this one; line 4: "
                         "MINERU_HEALTH_MINERU4_PYTHON)")
     parser.add_argument("--scenarios", help=f"line 3: {','.join(SCENARIOS)} (default); "
-                        f"line 4: {','.join(SCENARIOS4)} (default)")
+                        f"line 4: {','.join(SCENARIOS4)},{LLAMA_REAL} (default)")
     parser.add_argument("--sides", default="upstream,ours", help="line 4")
     parser.add_argument("--duration", type=float, default=14.0, help="seconds of stream")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between submissions")
@@ -353,7 +391,7 @@ def main() -> int:
     parser.add_argument("--baseline", choices=("upstream", "pr5188"), default="upstream")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    known = SCENARIOS if args.line == "3" else tuple(SCENARIOS4)
+    known = SCENARIOS if args.line == "3" else (*SCENARIOS4, LLAMA_REAL)
     scenarios = [s for s in (args.scenarios or ",".join(known)).split(",") if s]
     unknown = set(scenarios) - set(known)
     if unknown:

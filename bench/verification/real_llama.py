@@ -4,7 +4,7 @@
 Runs in MinerU 4.0's venv (``mineru_llama_cpp``, ``gguf``), with this package on
 ``PYTHONPATH`` (``run.py --real-llama`` arranges both). One real
 ``mineru_llama_cpp.Engine`` on the tiny random-weight MinerU 2.5 model of
-``tests/engines/tiny_gguf.py`` (4 slots, as MinerU builds it), and
+``mineru_health.demo_engine.tiny_gguf`` (4 slots, as MinerU builds it), and
 ``verification.confirm`` with that engine as its one handle, as after an
 undecided failure:
 
@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
@@ -42,9 +39,8 @@ def main() -> int:
                         help="tokens each background request decodes")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT / "tests" / "engines"))
-    import tiny_gguf
     from mineru_health import verification
+    from mineru_health.demo_engine import tiny_gguf
     from mineru_health.verification import Handle, Verifier
     from mineru_health.worker import WorkerHealth
     from mineru_llama_cpp import Engine, SamplingParams

@@ -1,7 +1,8 @@
 """``mineru-health demo``: watch a patched MinerU fleet heal a worker, on one machine, no GPU.
 
     mineru-health demo [--scenario engine-death|hung-worker|crash-loop|task-local]
-                       [--json] [--keep-temp] [--rate N] [--timeout S]
+                       [--engine auto|llama|injected] [--json] [--keep-temp] [--rate N]
+                       [--timeout S]
 
 It runs the line of the MinerU it finds (``MINERU_HEALTH_MINERU_PYTHON``,
 default: this Python) on the fleet harness the tests and benchmarks share
@@ -11,10 +12,16 @@ default: this Python) on the fleet harness the tests and benchmarks share
    copy (the installed MinerU is never touched) and loads the fault plugin;
 2. 3.x: starts the fake OpenAI-compatible VLM server, so that MinerU's real
    ``vlm-http-client`` parse path completes without a model (4.0 parses text
-   PDFs on its flash tier, offline);
+   PDFs on its flash tier, offline; with a real engine, on its standard tier);
 3. starts the real, patched ``mineru-router`` with two local workers, the
    ``fast`` preset and an audit file, and streams text PDFs through it;
 4. injects the scenario's fault into one worker (its fault plan file);
+   engine-death on MinerU 4.0 kills a real llama.cpp engine instead when
+   MinerU's Python can (``--engine llama``, the default there when it has
+   ``mineru_llama_cpp``, ``gguf`` and ``onnx``): standard-tier workers on a
+   tiny generated model (:mod:`mineru_health.demo_engine`), whose engine is
+   closed under running jobs; otherwise the demo says so and injects
+   llama.cpp's error through the fault plugin;
 5. prints a live timeline (the router's audit file and rotation, the victim's
    own health, the documents), then a summary (``--json``: one JSON object).
 
@@ -49,10 +56,14 @@ from .safe_text import printable
 if TYPE_CHECKING:
     from .testing.router import Line
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED", "EXIT_SETUP_FAILED",
-           "SCENARIOS", "Demo", "Scenario", "build_parser", "main", "render_summary"]
+__all__ = ["ENGINES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED", "EXIT_SETUP_FAILED",
+           "INJECTED", "LLAMA", "SCENARIOS", "Demo", "Scenario", "build_parser", "choose_engine",
+           "main", "render_summary"]
 
 EXIT_OK, EXIT_OUTCOME_MISSED, EXIT_SETUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: How the engine dies (``--engine``): a real llama.cpp engine closed, or a fault plan's error.
+LLAMA, INJECTED = "llama", "injected"
+ENGINES = ("auto", LLAMA, INJECTED)
 
 OUT_OF_ROTATION = ("ejected", "health_failed")
 RESTART_ACTIONS = ("auto_restart_scheduled", "auto_restart_requested", "auto_restart_success",
@@ -66,10 +77,11 @@ MARKS = ("fault_injected", "first_failed_task", "worker_unhealthy", "out_of_rota
 RULES_COMMENT = "# mineru-health demo: extra classifier rules (none)\n"
 # A rule line without a pattern: the worker refuses to start (RulesError).
 BROKEN_RULES = "# mineru-health demo (crash-loop): a broken rule\nbroken.rule fatal\n"
+RATE_LLAMA = 0.5  # documents a second on the standard tier: the default --rate with a real engine
 TASK_RESULT_S = 60.0  # a document without a result by then is hung
 SETTLE_S = 8.0  # after a task-local failure: a wrong decision would show by then
 ROUTER_METRICS = ("mineru_router_restarts_total", "mineru_router_gave_up_total",
-                  "mineru_router_ejections_total")
+                  "mineru_router_ejections_total", "mineru_router_task_resubmissions_total")
 #: The 3.x router's environment (4.0's is the tests' FLEET4_ENV): a loop blocked 5 s is hung
 #: (60 s in production), and workers inherit the router's stdin (our pipe), so they exit when
 #: it closes even if the router itself was killed.
@@ -111,6 +123,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
+#: engine-death on MinerU 4.0 with a real engine (--engine llama).
+REAL_SUMMARY = ("the llama.cpp engine of one worker (4.0's default engine, which upstream 4.0.12 "
+                "never notices) is closed under its running jobs: a real engine death, on "
+                "standard-tier workers with a tiny generated model, no fault plugin")
+#: What the real engine needs (mineru_health.demo_engine), as a user would install it.
+REAL_NEEDS = "pip install gguf onnx"
+
+
 class Demo:
     """One run: the fleet, a watcher thread that tells the timeline, the verdict, the summary.
 
@@ -118,8 +138,11 @@ class Demo:
     """
 
     def __init__(self, scenario: Scenario, line: Line, *, scratch: Path, rate: float,
-                 timeout_s: float, out: TextIO | None, err: TextIO) -> None:
+                 timeout_s: float, out: TextIO | None, err: TextIO,
+                 engine: str = INJECTED, note: str = "") -> None:
         self.scenario, self.line, self.scratch = scenario, line, scratch
+        self.engine, self.note = engine, note  # LLAMA or INJECTED; why not LLAMA, if it says
+        self.real: Any = None  # demo_engine.RealEngine, once the sandbox is ready for it
         self.rate, self.timeout_s = rate, timeout_s
         self.out, self.err = out, err  # out None: JSON mode, no live timeline
         self.wall0 = time.time()
@@ -132,6 +155,7 @@ class Demo:
         self.stream: Any = None
         self.victim = self.victim_url = self.victim_health = ""
         self.servers: dict[str, dict[str, Any]] = {}  # 3.x: the router's /health, last seen
+        self.pids: dict[str, int] = {}  # 4.0: each worker's process, from the audit file
         self.routable = -1
         self.completed_while_out = self.completed_since_back = 0
         self.told: set[int] = set()  # the documents whose outcome is on the timeline
@@ -162,6 +186,8 @@ class Demo:
             self.add("audit", line[:160])
             return
         worker, action = str(record.get("worker_id", "?")), str(record.get("action", "?"))
+        if action == "worker_processes" and isinstance(record.get("pid"), int):
+            self.pids[worker] = record["pid"]  # its latest process
         reason = " ".join(str(record.get("reason", "")).split())
         self.add("audit", f"{worker}: {action} [{record.get('from')} -> {record.get('to')}, "
                  f"attempt {record.get('attempt', 0)}]" + (f" {reason[:110]}" if reason else ""),
@@ -237,6 +263,14 @@ class Demo:
 
         from .testing.router import http
 
+        if not self.servers and not self.victim and self.marks["fault_injected"] is not None:
+            self.victim = self._first_dead()
+        if not self.servers and self.victim in self.pids:  # 4.0: its URL is its process's
+            url = self.router.worker_url(self.pids[self.victim])
+            if url and url != self.victim_url:
+                if self.victim_url:
+                    self.add("router", f"{self.victim} now runs on {url} (new process)")
+                self.victim_url = url
         if not self.victim_url:
             return
         try:
@@ -260,6 +294,24 @@ class Demo:
             t = self.add("worker", f"{self.victim} {self.victim_url}{self.line.health}: {state}")
             if self.marks["fault_injected"] is not None and not state.startswith("200"):
                 self.marks["worker_unhealthy"] = self.marks["worker_unhealthy"] or t
+
+    def _first_dead(self) -> str:
+        """4.0 names no victim: the first worker whose own health answers 503 ("": none yet).
+
+        Often before the router's ejection; a worker slow to answer is not taken for it.
+        """
+        import httpx
+
+        from .testing.router import http
+
+        for worker, pid in self.pids.items():
+            url = self.router.worker_url(pid)
+            try:
+                if url and http("GET", f"{url}{self.line.health}", 1.0).status_code == 503:
+                    return worker
+            except httpx.HTTPError:
+                continue
+        return ""
 
     def _read_documents(self) -> None:
         for outcome in self.stream.ended():
@@ -373,29 +425,40 @@ class Demo:
         return (EXIT_OK if ok else EXIT_OUTCOME_MISSED), reason
 
     def _start(self, procs: Any) -> Any:
+        from . import demo_engine
         from .testing.router import FLEET4_ENV, LINE3, Client, start_fake_vlm, start_router
         from .testing.sandbox import SandboxError, mineru_python
 
         s, line, python = self.scenario, self.line, mineru_python()
-        self.add("demo", f"scenario {s.name} on MinerU {line.name}: {s.summary}")
+        self.add("demo", f"scenario {s.name} on MinerU {line.name}: "
+                 + (REAL_SUMMARY if self.engine == LLAMA else s.summary))
+        if self.note:
+            self.add("demo", self.note)
         (self.scratch / "rules.txt").write_text(RULES_COMMENT, encoding="utf-8")
         env = {**(ENV3 if line is LINE3 else FLEET4_ENV),
                "MINERU_HEALTH_FAULT_HANG_S": "600",
                "MINERU_HEALTH_RULES": str(self.scratch / "rules.txt")}
         if s.break_restarts:
             env["MINERU_ROUTER_HEALTH_MAX_ATTEMPTS"] = "3"
+        real = self.engine == LLAMA  # no fault plugin then: the engine's own failure
         try:
-            site = line.site(self.scratch / "mineru-site", python)
+            site = line.site(self.scratch / "mineru-site", python, faults=not real)
             self.add("demo", f"patched a copy of MinerU in {site}")
+            if real:
+                self.real = demo_engine.prepare(site, self.scratch, python,
+                                                line.env(site, self.scratch, python, {}))
+                self.add("demo", self.real.describe())
+                env.update(self.real.env)
             engine = start_fake_vlm(procs, self.scratch, python) if line is LINE3 else ""
             if engine:
                 self.add("demo", f"fake VLM server up at {engine}")
             # 3.x: a plan per worker port aims the fault at the victim; 4.0 names no workers,
-            # so its workers share one plan and the first to take a document meets it.
+            # so its workers share one plan (or switch) and the first to take a document
+            # meets it.
+            plan = None if real else "plan-{port}" if line is LINE3 else "plan"
             self.router = start_router(procs, line, site, python, self.scratch, env=env,
-                                       fault_plan="plan-{port}" if line is LINE3 else "plan",
-                                       stdin_pipe=line is LINE3)
-        except SandboxError as exc:
+                                       fault_plan=plan, stdin_pipe=line is LINE3)
+        except (SandboxError, demo_engine.EngineSetupError) as exc:
             raise SetupError(str(exc)) from None
         self.add("demo", f"started mineru-router on {self.router.base} (2 local workers)")
         workers = self.router.workers
@@ -414,20 +477,27 @@ class Demo:
         return Client(self.router.base, line, engine_url=engine)
 
     def _inject(self) -> None:
+        if self.real is not None:
+            self.real.close()
+            self.marks["fault_injected"] = self.add(
+                "demo", "FAULT: armed the engine switch: the next llama.cpp generation closes "
+                "its engine (Engine.close()) under the jobs running on it")
+            return
         word = self.scenario.plans[self.line.name]
         self.router.write_plan(word, self.victim_url if "{port}" in self.router.fault_plan else "")
         self.marks["fault_injected"] = self.add(
             "demo", f"FAULT: wrote plan {word!r} for {self.victim or 'the next document'}")
 
     def router_metrics(self) -> dict[str, float]:
-        """The victim's restart, gave-up and ejection counters from the router's ``/metrics``."""
+        """The victim's restart, gave-up and ejection counters, and the fleet's resubmissions,
+        from the router's ``/metrics``."""
         try:
             samples = self.router.metric_samples(*ROUTER_METRICS)
         except Exception:  # noqa: BLE001 - the summary just lacks metrics then
             return {}
         found: dict[str, float] = {}
         for sample in samples:
-            if sample.labels.get("worker") == self.victim:
+            if sample.labels.get("worker", self.victim) == self.victim:  # none: the fleet's
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
                                   if k != "worker")
                 found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
@@ -446,7 +516,7 @@ class Demo:
             return None if mark is None or fault is None else round(mark - fault, 2)
 
         return {
-            "line": self.line.name, "scenario": self.scenario.name,
+            "line": self.line.name, "scenario": self.scenario.name, "engine": self.engine,
             "expected": self.scenario.expect, "outcome": "pass" if code == EXIT_OK else "fail",
             "reason": reason, "exit_code": code, "victim": self.victim,
             "times_s": {k: None if v is None else round(v, 2) for k, v in m.items()},
@@ -468,6 +538,8 @@ def render_summary(summary: dict[str, Any]) -> str:
     t = summary["tasks"]
     rows = [
         ("scenario", summary["scenario"]),
+        ("fault", "a real llama.cpp engine, closed under running jobs"
+         if summary.get("engine") == LLAMA else "injected by the fault plugin"),
         ("victim worker", summary["victim"] or "-"),
         ("expected outcome", summary["expected"].replace("_", " ")),
         ("detection (fault -> out of rotation)", _fmt_s(summary["detection_s"])),
@@ -497,15 +569,45 @@ def build_parser() -> argparse.ArgumentParser:
                     "detects it and heals.")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="engine-death",
                         help="the fault to inject (default: engine-death)")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help="engine-death on MinerU 4.0: kill a real llama.cpp engine (llama; "
+                        "needs mineru_llama_cpp, gguf and onnx in MinerU's Python) or inject "
+                        "llama.cpp's error (injected); auto (the default): llama where it can")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON summary, no live timeline")
     parser.add_argument("--keep-temp", action="store_true",
                         help="keep the temporary directory (logs, audit file)")
     parser.add_argument("--rate", type=float, default=None,
-                        help="documents submitted per second (default: 2 on 3.x, 1.25 on 4.0)")
+                        help="documents submitted per second (default: 2 on 3.x, 1.25 on 4.0, "
+                        f"{RATE_LLAMA} with a real engine)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="hard limit for the whole demo in seconds (default: 600)")
     return parser
+
+
+def choose_engine(choice: str, line: Line, scenario: Scenario,
+                  lacking: Callable[[], list[str]]) -> tuple[str, str]:
+    """How the engine dies: (:data:`LLAMA` or :data:`INJECTED`, the line that says why not LLAMA).
+
+    ``lacking()``: the modules a real engine needs that MinerU's Python lacks. Raises
+    :class:`SetupError` when ``--engine llama`` cannot be had.
+    """
+    if choice == INJECTED:
+        return INJECTED, ""
+    if line.name != "4.0" or scenario.name != "engine-death":
+        if choice == LLAMA:
+            raise SetupError("--engine llama: a real llama.cpp engine dies in the engine-death "
+                             "scenario on MinerU 4.0 only")
+        return INJECTED, ""
+    missing = lacking()
+    if not missing:
+        return LLAMA, ""
+    why = f"MinerU's Python lacks {', '.join(missing)}"
+    if choice == LLAMA:
+        raise SetupError(f"--engine llama: {why} ({REAL_NEEDS} there)")
+    return INJECTED, (f"no real engine: {why} ({REAL_NEEDS} there to see a real llama.cpp "
+                      "engine die); injecting llama.cpp's EngineError through the fault "
+                      "plugin instead")
 
 
 def _mineru_line() -> Line:
@@ -520,6 +622,13 @@ def _mineru_line() -> Line:
     except (MineruHealthError, sandbox.SandboxError):
         return LINE3
     return LINE4 if manifest.line == "4.0" else LINE3
+
+
+def _lacking() -> list[str]:
+    from . import demo_engine
+    from .testing.sandbox import mineru_python
+
+    return demo_engine.missing(mineru_python())
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
@@ -545,10 +654,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
               f"{', '.join(sorted(n for n, s in SCENARIOS.items() if line.name in s.plans))}",
               file=err)
         return EXIT_SETUP_FAILED
-    rate = args.rate or (2.0 if line.name == "3" else 1.25)
+    try:
+        engine, note = choose_engine(args.engine, line, scenario, _lacking)
+    except SetupError as exc:
+        print(f"mineru-health demo: {exc}", file=err)
+        return EXIT_SETUP_FAILED
+    if engine == LLAMA:
+        from .testing.router import LINE4_STANDARD
+
+        line = LINE4_STANDARD
+    rate = args.rate or (2.0 if line.name == "3" else RATE_LLAMA if engine == LLAMA else 1.25)
     scratch = Path(tempfile.mkdtemp(prefix="mineru-health-demo-"))
     demo = Demo(scenario, line, scratch=scratch, rate=rate, timeout_s=args.timeout,
-                out=None if args.json else out, err=err)
+                out=None if args.json else out, err=err, engine=engine, note=note)
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

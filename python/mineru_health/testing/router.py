@@ -58,6 +58,7 @@ __all__ = [
     "FLEET4_ENV",
     "LINE3",
     "LINE4",
+    "LINE4_STANDARD",
     "Client",
     "FaultRun",
     "Line",
@@ -219,10 +220,17 @@ class Line3(Line):
 
 
 class Line4(Line):
+    """MinerU 4.0 on one tier: ``flash`` (:data:`LINE4`: text PDFs, no model) or ``standard``
+    (:data:`LINE4_STANDARD`: MinerU's VLM path, on :mod:`mineru_health.demo_engine`'s tiny
+    llama.cpp model)."""
+
     name = "4.0"
     api = "/v1"
     terminal = frozenset({"completed", "partial", "failed", "canceled"})
     worker_marker = "api-server"
+
+    def __init__(self, tier: str = "flash") -> None:
+        self.tier = tier  # of its workers and its jobs
 
     def site(self, dest: Path, python: str, *, patched: bool = True, faults: bool = True) -> Path:
         return sandbox.patched_site4(dest, python, faults=faults, patched=patched)
@@ -234,14 +242,15 @@ class Line4(Line):
 
     def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
         return [python, "-c", _ROUTER4, "--host", HOST, "--port", str(port),
-                "--local-gpus", local_gpus, "--worker-tier", "flash"]
+                "--local-gpus", local_gpus, "--worker-tier", self.tier]
 
     def worker_argv(self, python: str, port: int, uploads: Path,
                     args: Sequence[str]) -> list[str]:
-        return sandbox.mineru4_api_command(python, port, uploads, args=tuple(args))
+        return sandbox.mineru4_api_command(python, port, uploads, tier=self.tier,
+                                           args=tuple(args))
 
     def request(self, engine_url: str, formats: Sequence[str]) -> dict[str, Any]:
-        return {"params": [("tier", "flash"), *(("output_formats", f) for f in formats)]}
+        return {"params": [("tier", self.tier), *(("output_formats", f) for f in formats)]}
 
     def rotation(self, base: str) -> tuple[int, dict[str, dict[str, Any]]]:
         """4.0's ``/v1/usage`` (its own router's too): healthy workers x concurrency 1."""
@@ -254,7 +263,7 @@ class Line4(Line):
             return -1, {}
 
 
-LINE3, LINE4 = Line3(), Line4()
+LINE3, LINE4, LINE4_STANDARD = Line3(), Line4(), Line4("standard")
 
 
 @functools.lru_cache(maxsize=8)
@@ -565,16 +574,30 @@ class Router:
         for entry in Path("/proc").iterdir():
             try:
                 pid = int(entry.name)  # not a process: ValueError
-                argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if not any(self.line.worker_marker in arg for arg in argv):
-                continue
-            port = argv[argv.index("--port") + 1] if "--port" in argv[:-1] else ""
-            if (port in wanted) if wanted is not None else ppid == self.proc.pid:
+            port = self._worker_port(pid)
+            if port is not None and ((port in wanted) if wanted is not None
+                                     else ppid == self.proc.pid):
                 found.append(pid)
         return sorted(found)
+
+    def _worker_port(self, pid: int) -> str | None:
+        """The ``--port`` of process ``pid`` if it is one of its line's workers ("": none)."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return None
+        args = argv.split("\0")
+        if not any(self.line.worker_marker in arg for arg in args):
+            return None
+        return args[args.index("--port") + 1] if "--port" in args[:-1] else ""
+
+    def worker_url(self, pid: int) -> str:
+        """The main URL of worker process ``pid`` ("" when it is gone, or no worker)."""
+        port = self._worker_port(pid)
+        return f"http://{HOST}:{port}" if port else ""
 
     def worker_pid(self, url: str) -> int | None:
         pids = self.worker_pids({_port(url)})

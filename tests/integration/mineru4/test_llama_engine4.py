@@ -2,7 +2,7 @@
 
 Standard-tier ``mineru-api`` 4.0.12 workers run MinerU's own VLM path in-process on
 ``mineru_llama_cpp.Engine`` (4.0's default engine on CPU) with the tiny random-weight
-MinerU 2.5 model of ``tests/engines`` (generated once a run). No fault plugin: failures are
+MinerU 2.5 model of ``mineru_health.demo_engine`` (generated once a run). No fault plugin: failures are
 the engine's own.
 
 * A document parses through the real engine; a document whose page is too large for the
@@ -29,7 +29,6 @@ import pytest
 from llama4_support import (  # noqa: F401 - fixtures
     LINE4_STANDARD,
     big_page_pdf,
-    engine_switch,
     python4_llama,
     site4_llama,
     tiny_vlm_home,
@@ -56,9 +55,9 @@ def processes() -> Iterator[Processes]:
 
 
 def _worker(processes: Processes, tmp_path: Path, python: str, site: Path, home: Path,
-            extra: dict[str, str] | None = None) -> Worker:
+            arm: Path | None = None) -> Worker:
     return start_worker(processes, LINE4_STANDARD, site, python, tmp_path / "worker",
-                        env=worker_env(home, extra), native=True, timeout_s=180.0,
+                        env=worker_env(home, arm), native=True, timeout_s=180.0,
                         name="mineru-api-4-llama")
 
 
@@ -103,8 +102,7 @@ def test_released_engine_is_verified_dead(
     """~8 s: the engine closed after one page; the job's next page finds it released."""
     arm = tmp_path / "close-engine"
     arm.touch()
-    worker = _worker(processes, tmp_path, python4_llama, site4_llama, tiny_vlm_home,
-                     {engine_switch.ARM_ENV: str(arm)})
+    worker = _worker(processes, tmp_path, python4_llama, site4_llama, tiny_vlm_home, arm)
 
     failed = _run(worker, text_pdf(3, seed=3), "doc3.pdf")
     assert not arm.exists(), "the engine was never closed"
@@ -126,7 +124,7 @@ def test_fleet_heals_a_released_engine_with_no_job_lost(
         tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path) -> None:
     """~40 s: two standard workers behind the patched router; one engine released mid-job."""
     arm = tmp_path / "close-engine"
-    env = {**FLEET4_ENV, **worker_env(tiny_vlm_home, {engine_switch.ARM_ENV: str(arm)})}
+    env = {**FLEET4_ENV, **worker_env(tiny_vlm_home, arm)}
     with Processes() as procs:
         router: Router = start_router(procs, LINE4_STANDARD, site4_llama, python4_llama,
                                       tmp_path / "fleet", env=env)

@@ -13,7 +13,7 @@ ends a reply after a token or two. MinerU sets no ``max_new_tokens``, so a purel
 would decode until its context is full; with this one a parse completes. Pass
 ``ignore_eos=True`` (``SamplingParams``) to keep it decoding (the busy-engine benchmark does).
 
-    python tests/engines/tiny_gguf.py OUT_DIR [--mineru-home]   # prints the paths and timing
+    python -m mineru_health.demo_engine.tiny_gguf OUT_DIR [--mineru-home]   # prints paths, timing
 
 ``--mineru-home`` lays the files out as MinerU's model store expects them under
 ``OUT_DIR/models`` (``MINERU_HOME=OUT_DIR``, ``MINERU_MODEL_SOURCE=local``), together with
@@ -98,7 +98,7 @@ def _byte_tokens() -> list[str]:
 
 
 def _vocab() -> tuple[list[str], list[int]]:
-    import gguf
+    import gguf  # type: ignore[import-not-found,unused-ignore]
 
     tokens = _byte_tokens() + ["".join(MERGE)]
     types = [gguf.TokenType.NORMAL] * len(tokens)
@@ -113,7 +113,7 @@ def _normal(rng: np.random.Generator, *shape: int, std: float = 0.02) -> np.ndar
 
 def write_model(path: Path, spec: TinyVlm = TinyVlm()) -> None:
     """The ``qwen2vl`` language model (tokenizer and chat template included)."""
-    import gguf
+    import gguf  # type: ignore[import-not-found,unused-ignore]
 
     rng = np.random.default_rng(spec.seed)
     tokens, token_types = _vocab()
@@ -173,7 +173,7 @@ def write_model(path: Path, spec: TinyVlm = TinyVlm()) -> None:
 
 def write_mmproj(path: Path, spec: TinyVlm = TinyVlm()) -> None:
     """The ``qwen2vl_merger`` vision projector: a Qwen2-VL ViT and its 2x2 patch merger."""
-    import gguf
+    import gguf  # type: ignore[import-not-found,unused-ignore]
 
     rng = np.random.default_rng(spec.seed + 1)
     d, ff, p = spec.vision_embd, spec.vision_ff, spec.patch_size
@@ -244,8 +244,7 @@ def write_pair(out_dir: Path, spec: TinyVlm = TinyVlm()) -> tuple[Path, Path]:
 
 def write_mineru_home(home: Path, spec: TinyVlm = TinyVlm()) -> dict[str, str]:
     """MinerU 4.0's model store under ``home/models``: the GGUF pair and the layout stand-in."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import tiny_onnx
+    from . import tiny_onnx
 
     models = home / "models"
     model, mmproj = write_pair(models / GGUF_REPO_DIR, spec)

@@ -31,7 +31,7 @@ LABEL = 1
 BOX = (0.1, 0.1, 0.9, 0.45)
 
 _CONFIG = f"""\
-# Written by mineru-health's tests: the stand-in layout model's preprocessing.
+# Written by mineru_health.demo_engine: the stand-in layout model's preprocessing.
 Preprocess:
 - type: Resize
   target_size: [{INPUT_SIZE}, {INPUT_SIZE}]
@@ -41,7 +41,11 @@ Preprocess:
 
 def layout_graph() -> object:
     """The ONNX model (``onnx.ModelProto``)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import (  # type: ignore[import-not-found,unused-ignore]
+        TensorProto,
+        helper,
+        numpy_helper,
+    )
 
     def const(name: str, value: np.ndarray) -> object:
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
@@ -84,7 +88,11 @@ def layout_graph() -> object:
 
 def ocr_detector_graph() -> object:
     """``x`` ``[B, 3, H, W]`` -> a ``[B, 1, H, W]`` probability map of zeros."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import (  # type: ignore[import-not-found,unused-ignore]
+        TensorProto,
+        helper,
+        numpy_helper,
+    )
 
     nodes = [
         helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=1),
@@ -102,7 +110,11 @@ def ocr_detector_graph() -> object:
 
 def ocr_recognizer_graph(classes: int) -> object:
     """``x`` ``[B, 3, 48, W]`` -> ``[B, W / 8, classes]`` CTC scores, all on the blank class."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import (  # type: ignore[import-not-found,unused-ignore]
+        TensorProto,
+        helper,
+        numpy_helper,
+    )
 
     def const(name: str, value: np.ndarray) -> object:
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
@@ -131,18 +143,20 @@ def ocr_recognizer_graph(classes: int) -> object:
 
 
 def _save(model: object, target: Path) -> None:
-    import onnx
+    import onnx  # type: ignore[import-not-found,unused-ignore]
 
-    onnx.checker.check_model(model)  # type: ignore[arg-type]
+    onnx.checker.check_model(model)  # type: ignore[arg-type,unused-ignore]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
-    onnx.save(model, str(partial))  # type: ignore[arg-type]
+    onnx.save(model, str(partial))  # type: ignore[arg-type,unused-ignore]
     partial.replace(target)
 
 
 def _recognizer_classes() -> int:
     """MinerU's dictionary + blank + space (what its recogniser checks the output against)."""
-    from mineru.model.ocr.resources import PPOCRV6_DICT_PATH
+    from mineru.model.ocr.resources import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        PPOCRV6_DICT_PATH,
+    )
 
     lines = PPOCRV6_DICT_PATH.read_text(encoding="utf-8").splitlines()
     return len(lines) + 2

@@ -1,8 +1,8 @@
 """Closes a live worker's llama.cpp engine with the engine's own ``close()``: a real death, on cue.
 
 Loaded into a ``mineru-api`` 4.0 process by the ``sitecustomize.py`` that
-:func:`install_into_site` writes (tests only; nothing else loads it), when
-``ENGINE_SWITCH_CLOSE_ARM`` names an *arm file*. While that file exists,
+:func:`install_into_site` writes (the demo, the tests and ``bench/recovery`` only; nothing
+else loads it), when ``ENGINE_SWITCH_CLOSE_ARM`` names an *arm file*. While that file exists,
 the engine that completes its ``ENGINE_SWITCH_CLOSE_AFTER``-th
 generation (default 1) in this process deletes the file and closes itself:
 ``mineru_llama_cpp.Engine.close()`` releases its core, as MinerU's shutdown
@@ -30,20 +30,25 @@ ARM_ENV = "ENGINE_SWITCH_CLOSE_ARM"
 AFTER_ENV = "ENGINE_SWITCH_CLOSE_AFTER"
 _MARK = "__mineru_health_engine_switch__"
 
-_SITECUSTOMIZE = """\
-# Written by mineru-health's tests (tests/engines/engine_switch.py): never in production.
+#: Appended to a sandbox site's ``sitecustomize.py`` (after the fault plugin's loader, if any).
+_LOADER = """
+# Written by mineru_health.demo_engine: the engine switch, for the demo and tests only.
 import os
 if os.environ.get("ENGINE_SWITCH_CLOSE_ARM"):
-    import engine_switch
-    engine_switch.load()
+    import mineru_health.demo_engine.engine_switch
+    mineru_health.demo_engine.engine_switch.load()
 """
 
 
 def install_into_site(site: Path) -> Path:
-    """Copies this module into ``site`` (first on the workers' ``PYTHONPATH``) with its loader."""
-    (site / "engine_switch.py").write_text(Path(__file__).read_text(encoding="utf-8"),
-                                           encoding="utf-8")
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
+    """Makes the processes started from ``site`` load this switch when they are armed.
+
+    The site's ``sitecustomize.py`` gets the loader (once), after what it already holds.
+    """
+    custom = site / "sitecustomize.py"
+    text = custom.read_text(encoding="utf-8") if custom.is_file() else ""
+    if _LOADER not in text:
+        custom.write_text(text + _LOADER, encoding="utf-8")
     return site
 
 
@@ -51,7 +56,9 @@ def load() -> None:
     """Arms this process: wraps ``Engine.generate`` to count completed generations."""
     arm = Path(os.environ[ARM_ENV])
     after = int(os.environ.get(AFTER_ENV, "1"))
-    from mineru_llama_cpp import engine as engine_module
+    from mineru_llama_cpp import (  # type: ignore[import-not-found,unused-ignore]
+        engine as engine_module,
+    )
 
     generate = engine_module.Engine.generate
     if getattr(generate, _MARK, False):
@@ -70,7 +77,7 @@ def load() -> None:
         return result
 
     setattr(counted, _MARK, True)
-    engine_module.Engine.generate = counted  # type: ignore[method-assign]
+    engine_module.Engine.generate = counted  # type: ignore[method-assign,unused-ignore]
 
 
 def _consume(arm: Path) -> bool:
