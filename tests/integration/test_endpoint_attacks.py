@@ -16,9 +16,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import Router, http_get
+from mineru_health.testing import sandbox
+from mineru_health.testing.router import FLEET4_ENV, LINE4, fleet
 
 pytestmark = pytest.mark.integration
 
@@ -76,15 +79,8 @@ def _flood(port: int, stop: threading.Event, budget: list[int], lock: threading.
             pass
 
 
-@pytest.mark.parametrize("attack", ["slow-clients", "flood"])
-def test_an_attacked_endpoint_is_not_ejected(
-    launch_router: Callable[..., Router], attack: str
-) -> None:
-    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
-    servers = router.wait_in_rotation()
-    victim_id, victim = min(servers.items())
-    port = _native_port(victim["base_url"])
-
+def _attack(port: int, attack: str) -> tuple[list[threading.Thread], Callable[[], None]]:
+    """Starts the attack on ``port``; returns its threads and what checks that it ran."""
     stop = threading.Event()
     opened = [0]
     budget = [FLOOD_CONNECTIONS]
@@ -94,9 +90,56 @@ def test_an_attacked_endpoint_is_not_ejected(
     else:
         attackers = [threading.Thread(target=_flood, args=(port, stop, budget, lock))
                      for _ in range(FLOOD_THREADS)]
-    out_of_rotation = []
     for thread in attackers:
         thread.start()
+
+    def end() -> None:
+        stop.set()
+        for thread in attackers:
+            thread.join(timeout=30.0)
+        if attack == "slow-clients":
+            assert opened[0] >= SLOW_SOCKETS, "the slow clients never connected"
+        else:
+            assert FLOOD_CONNECTIONS - budget[0] > 100, "the flood never ran"
+
+    return attackers, end
+
+
+@pytest.mark.parametrize("attack", ["slow-clients", "flood"])
+def test_an_attacked_endpoint_of_a_mineru4_worker_is_not_ejected(
+    tmp_path: Path, attack: str
+) -> None:
+    """The same attacks on a MinerU 4.0 worker's native endpoint (its router probes there)."""
+    python = sandbox.mineru4_python()
+    if python is None:
+        pytest.skip(f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python")
+    with fleet(LINE4, tmp_path, python, env=FLEET4_ENV) as router:
+        url = router.worker_url(router.worker_pids()[0])
+        response = http_get(f"{url}/v1/health", 30.0)
+        assert response is not None and response.status_code == 200, url
+        port = response.json()["native_health_port"]
+        since = time.time()
+        _, end = _attack(port, attack)
+        try:
+            time.sleep(ATTACK_S)
+        finally:
+            end()
+        time.sleep(2.0)  # probes answered after the attack are in the audit file too
+        records = [r for r in router.audit_records(since=since) if "from" in r]
+        assert records == [], records
+
+
+@pytest.mark.parametrize("attack", ["slow-clients", "flood"])
+def test_an_attacked_endpoint_is_not_ejected(
+    launch_router: Callable[..., Router], attack: str
+) -> None:
+    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast"})
+    servers = router.wait_in_rotation()
+    victim_id, victim = min(servers.items())
+    port = _native_port(victim["base_url"])
+
+    _, end_attack = _attack(port, attack)
+    out_of_rotation = []
     try:
         end = time.monotonic() + ATTACK_S
         while time.monotonic() < end:
@@ -105,13 +148,7 @@ def test_an_attacked_endpoint_is_not_ejected(
                 out_of_rotation.append(entry)
             time.sleep(0.25)
     finally:
-        stop.set()
-        for thread in attackers:
-            thread.join(timeout=30.0)
-    if attack == "slow-clients":
-        assert opened[0] >= SLOW_SOCKETS, "the slow clients never connected"
-    else:
-        assert FLOOD_CONNECTIONS - budget[0] > 100, "the flood never ran"
+        end_attack()
 
     assert out_of_rotation == [], [e.get("last_error") for e in out_of_rotation]
     records = [r for r in router.audit_records() if "from" in r]  # the policy's transitions
