@@ -401,11 +401,16 @@ TEST(HealthPhase, Names) {
   EXPECT_STREQ(to_string(HealthPhase::kFatal), "fatal");
 }
 
+// Options whose task watchdog calls a task hung after `seconds` of silence.
+WorkerStateOptions hang_options(int seconds) {
+  WorkerStateOptions o = options(60, 300);
+  o.task_hang = std::chrono::seconds(seconds);
+  return o;
+}
+
 TEST(WorkerState, TaskWatchdogFailsHungTasksOnceAndStallsWhenAllAreHung) {
   FakeClock fake;
-  WorkerStateOptions o = options(60, 300);
-  o.task_hang = std::chrono::seconds(900);
-  WorkerState state(o, fake.clock());
+  WorkerState state(hang_options(900), fake.clock());
   state.task_started("a");
   state.task_started("b");
   fake.advance(std::chrono::seconds(600));
@@ -428,9 +433,7 @@ TEST(WorkerState, TaskWatchdogFailsHungTasksOnceAndStallsWhenAllAreHung) {
 
 TEST(WorkerState, TaskWaitingOnARemoteEngineIsNeverHung) {
   FakeClock fake;
-  WorkerStateOptions o = options(60, 300);
-  o.task_hang = std::chrono::seconds(10);
-  WorkerState state(o, fake.clock());
+  WorkerState state(hang_options(10), fake.clock());
   state.task_started("remote");
   state.remote_wait_started("remote");
   state.remote_wait_started("remote");  // nested: a request inside a call
@@ -450,9 +453,7 @@ TEST(WorkerState, TaskWaitingOnARemoteEngineIsNeverHung) {
 
 TEST(WorkerState, ATaskWaitingOnARemoteEngineIsNotEveryTaskHung) {
   FakeClock fake;
-  WorkerStateOptions o = options(60, 300);
-  o.task_hang = std::chrono::seconds(10);
-  WorkerState state(o, fake.clock());
+  WorkerState state(hang_options(10), fake.clock());
   state.task_started("remote");
   state.remote_wait_started("remote");
   state.remote_wait_finished("unknown");  // a task not tracked: ignored
@@ -474,17 +475,14 @@ TEST(WorkerState, ATaskWaitingOnARemoteEngineIsNotEveryTaskHung) {
 
 TEST(WorkerState, TaskWatchdogForgetsFinishedTasksAndCanBeOff) {
   FakeClock fake;
-  WorkerStateOptions o = options(60, 300);
-  o.task_hang = std::chrono::seconds(10);
-  WorkerState state(o, fake.clock());
+  WorkerState state(hang_options(10), fake.clock());
   state.task_started("a");
   state.task_finished("a");
   fake.advance(std::chrono::seconds(11));
   EXPECT_TRUE(state.take_hung_tasks().empty());
   EXPECT_TRUE(state.healthy());
 
-  o.task_hang = std::chrono::seconds(0);
-  WorkerState off(o, fake.clock());
+  WorkerState off(hang_options(0), fake.clock());
   off.task_started("a");
   fake.advance(std::chrono::hours(24));
   EXPECT_TRUE(off.take_hung_tasks().empty());

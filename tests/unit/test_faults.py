@@ -37,6 +37,17 @@ def test_engine_dead_is_consumed_and_sticks(tmp_path: Path) -> None:
     assert injector.applied == ["engine_dead"]
 
 
+def test_a_shared_plan_is_applied_by_one_worker_only(tmp_path: Path) -> None:
+    """Workers of one router share a plan file: the first to claim it is the only victim
+    (two reading it at once both died, which looked like a poison document)."""
+    plan = tmp_path / "plan"
+    write_plan(plan, "engine_dead")
+    first, second = FaultInjector(plan), FaultInjector(plan)
+    assert first.poll() == "engine_dead" and first.engine_dead
+    assert second.poll() is None and not second.engine_dead
+    assert list(tmp_path.iterdir()) == []  # claimed and deleted
+
+
 def test_task_local_fails_one_call(tmp_path: Path) -> None:
     plan = tmp_path / "plan"
     injector = FaultInjector(plan)

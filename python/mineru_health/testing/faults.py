@@ -365,10 +365,19 @@ class FaultInjector:
             if plan is not None and plan[0] in _NAMED_WORDS:
                 # Not consumed: every worker reading this plan is armed alike.
                 return self._arm_poison(str(plan[1]))
+            # Claimed by an atomic rename: of the workers that read a shared plan at
+            # once, exactly one applies it.
+            claimed = self.plan_path.with_name(f"{self.plan_path.name}.{os.getpid()}.claimed")
             try:
-                self.plan_path.unlink()
+                os.rename(self.plan_path, claimed)
+                text = claimed.read_text(encoding="utf-8").strip()
+                claimed.unlink()
             except FileNotFoundError:
-                pass
+                return None  # another worker claimed it first
+            except OSError as error:
+                _log.warning("cannot claim fault plan %s: %s", self.plan_path, error)
+                return None
+            plan = parse_plan(text)
             if plan is None:
                 _log.warning("ignoring unknown fault plan %r in %s", text, self.plan_path)
                 return None
