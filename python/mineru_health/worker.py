@@ -186,7 +186,7 @@ class WorkerHealth:
         """Classifies ``failure`` (its whole chain) and records the outcome."""
         verdict = classify(failure, rules=rules, remote_engine=remote_engine)
         if not (verdict.fatal or verdict.ambiguous):  # the common case: nothing to keep
-            self._state.record_task_local()
+            self._state.record_task_local(verdict.remote_engine)
             return Recorded(verdict, False, False, verdict.rule, verdict.category)
         record = _native.FatalRecord(
             describe_exception(failure), verdict.rule, verdict.category,
