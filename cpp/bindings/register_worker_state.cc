@@ -127,6 +127,7 @@ void register_worker_state(py::module_& m) {
       .def_readonly("remote_engine_failure_count",
                     &WorkerSnapshot::remote_engine_failure_count)
       .def_readonly("fatal_counts", &WorkerSnapshot::fatal_counts)
+      .def_readonly("storage_full_count", &WorkerSnapshot::storage_full_count)
       .def_readonly("ambiguous_count", &WorkerSnapshot::ambiguous_count)
       .def_readonly("first_fatal", &WorkerSnapshot::first_fatal)
       .def_readonly("last_fatal", &WorkerSnapshot::last_fatal)
@@ -152,6 +153,7 @@ void register_worker_state(py::module_& m) {
       .def("record_fatal", &WorkerState::record_fatal, py::arg("record"))
       .def("record_task_local", &WorkerState::record_task_local,
            py::arg("remote_engine") = false)
+      .def("record_storage_full", &WorkerState::record_storage_full)
       .def("record_ambiguous", &WorkerState::record_ambiguous,
            py::arg("record"))
       .def("loop_tick", &WorkerState::loop_tick)

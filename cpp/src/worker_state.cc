@@ -125,6 +125,7 @@ struct WorkerState::Impl {
   void clear() REQUIRES(mu) {
     healthy = true;
     fatal_count = task_local_count = remote_failure_count = ambiguous_count = 0;
+    storage_full_count = 0;
     fatal_by_rule.clear();
     first_fatal.reset();
     last_fatal.reset();
@@ -151,6 +152,7 @@ struct WorkerState::Impl {
   std::map<std::pair<std::string, std::string>, std::uint64_t> fatal_by_rule
       GUARDED_BY(mu);
   std::uint64_t remote_failure_count GUARDED_BY(mu) = 0;
+  std::uint64_t storage_full_count GUARDED_BY(mu) = 0;
   std::uint64_t task_local_count GUARDED_BY(mu) = 0;
   std::uint64_t ambiguous_count GUARDED_BY(mu) = 0;
   std::optional<FatalRecord> first_fatal GUARDED_BY(mu);
@@ -190,6 +192,11 @@ void WorkerState::record_task_local(bool remote_engine) {
   MutexLock lock(impl_->mu);
   ++impl_->task_local_count;
   if (remote_engine) ++impl_->remote_failure_count;
+}
+
+void WorkerState::record_storage_full() {
+  MutexLock lock(impl_->mu);
+  ++impl_->storage_full_count;
 }
 
 bool WorkerState::record_ambiguous(const FatalRecord& record) {
@@ -359,6 +366,7 @@ WorkerSnapshot WorkerState::snapshot() {
     snap.fatal_count = s.fatal_count;
     snap.task_local_count = s.task_local_count;
     snap.remote_engine_failure_count = s.remote_failure_count;
+    snap.storage_full_count = s.storage_full_count;
     snap.fatal_counts.reserve(s.fatal_by_rule.size());
     for (const auto& [key, count] : s.fatal_by_rule) {
       snap.fatal_counts.push_back(FatalCount{key.first, key.second, count});

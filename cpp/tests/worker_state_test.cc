@@ -118,12 +118,14 @@ TEST(WorkerState, CountsFatalRecordsByRuleWhoeverRecordsThem) {
   WorkerState state(options(60, 5), fake.clock());
   state.record_task_local();
   state.record_task_local(/*remote_engine=*/true);
+  state.record_storage_full();
   state.record_fatal(record("x", 1));
   state.record_fatal(record("y", 2));
   state.record_fatal(FatalRecord{"z", "liveness", "engine_dead", 3, ""});
   WorkerSnapshot snap = state.snapshot();
   EXPECT_EQ(snap.task_local_count, 2u);
   EXPECT_EQ(snap.remote_engine_failure_count, 1u);
+  EXPECT_EQ(snap.storage_full_count, 1u);
   ASSERT_EQ(snap.fatal_counts.size(), 2u);  // by rule, then category
   EXPECT_EQ(snap.fatal_counts[0].rule, "liveness");
   EXPECT_EQ(snap.fatal_counts[0].count, 1u);

@@ -217,6 +217,10 @@ class WorkerHealth:
     def record_task_local(self) -> None:
         self._state.record_task_local()
 
+    def record_storage_full(self) -> None:
+        """A submission refused because its storage is full (the worker stays healthy)."""
+        self._state.record_storage_full()
+
     # -- progress and figures (cheap: called from the event loop) -----------------
     def loop_tick(self) -> None:
         """The event loop is alive (called every 100 ms by a callback it runs)."""

@@ -118,6 +118,7 @@ struct WorkerSnapshot {
   std::uint64_t fatal_count = 0;
   std::uint64_t task_local_count = 0;
   std::uint64_t remote_engine_failure_count = 0;  // of task_local_count
+  std::uint64_t storage_full_count = 0;  // submissions refused: disk full
   std::uint64_t ambiguous_count = 0;
   std::vector<FatalCount> fatal_counts;  // by rule and category, in that order
   std::optional<FatalRecord> first_fatal;
@@ -147,6 +148,9 @@ class WorkerState {
   bool record_fatal(FatalRecord record);
   // A task-local failure; `remote_engine`: a remote engine's (counted apart).
   void record_task_local(bool remote_engine = false);
+  // A submission refused because the disk or quota where it is stored is full
+  // (a resource, not the engine: the worker stays healthy).
+  void record_storage_full();
   // An ambiguous device error (a standalone out-of-memory...): task-local
   // unless it is the error_budget-th within the window, which records a
   // fatal failure. Returns true when it did.

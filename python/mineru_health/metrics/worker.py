@@ -23,6 +23,8 @@ Families:
   otherwise.
 - ``mineru_worker_ambiguous_errors_total`` counter: ambiguous device errors
   (``MINERU_HEALTH_ERROR_BUDGET`` of them within the window are fatal).
+- ``mineru_worker_storage_full_refusals_total`` counter: submissions answered
+  507 because the disk or quota where the worker stores them is full.
 
 Thread-safe: the scrape runs on the metrics endpoint's thread.
 """
@@ -54,6 +56,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_worker_engine_calls_in_flight",
     "mineru_worker_seconds_since_progress",
     "mineru_worker_ambiguous_errors_total",
+    "mineru_worker_storage_full_refusals_total",
 )
 
 
@@ -81,10 +84,12 @@ class WorkerSnapshotCollector(BoundSourceCollector):
                               "While engine calls are in flight: seconds since one completed."),
             CounterMetricFamily("mineru_worker_ambiguous_errors",
                                 "Ambiguous device errors (counted against the error budget)."),
+            CounterMetricFamily("mineru_worker_storage_full_refusals",
+                                "Submissions answered 507: the worker's storage is full."),
         )
 
     def fill(self, families: tuple[Family, ...], value: Any) -> None:
-        fatal, task_local, remote, lag, in_flight, quiet, ambiguous = families
+        fatal, task_local, remote, lag, in_flight, quiet, ambiguous, storage = families
         for counted in value.fatal_counts:
             fatal.add_metric([counted.rule or "unknown", counted.category or "unknown"],
                              float(counted.count))
@@ -96,6 +101,7 @@ class WorkerSnapshotCollector(BoundSourceCollector):
         if value.seconds_since_progress is not None:
             quiet.add_metric([], float(value.seconds_since_progress))
         ambiguous.add_metric([], float(value.ambiguous_count))
+        storage.add_metric([], float(value.storage_full_count))
 
 
 class _WorkerMetrics:
