@@ -108,6 +108,13 @@ void register_worker_state(py::module_& m) {
                      &WorkerStateOptions::error_budget_window)
       .def_readwrite("task_hang", &WorkerStateOptions::task_hang);
 
+  py::class_<FatalCount> fatal_count(
+      m, "FatalCount", "Fatal records with one rule and category.");
+  fatal_count.def_readonly("rule", &FatalCount::rule)
+      .def_readonly("category", &FatalCount::category)
+      .def_readonly("count", &FatalCount::count);
+  def_value_type(fatal_count);
+
   py::class_<WorkerSnapshot> snapshot(
       m, "WorkerSnapshot",
       "Everything /health reports, at one instant. `phase`: STARTING, "
@@ -117,6 +124,10 @@ void register_worker_state(py::module_& m) {
       .def_readonly("healthy", &WorkerSnapshot::healthy)
       .def_readonly("fatal_count", &WorkerSnapshot::fatal_count)
       .def_readonly("task_local_count", &WorkerSnapshot::task_local_count)
+      .def_readonly("remote_engine_failure_count",
+                    &WorkerSnapshot::remote_engine_failure_count)
+      .def_readonly("fatal_counts", &WorkerSnapshot::fatal_counts)
+      .def_readonly("storage_full_count", &WorkerSnapshot::storage_full_count)
       .def_readonly("ambiguous_count", &WorkerSnapshot::ambiguous_count)
       .def_readonly("first_fatal", &WorkerSnapshot::first_fatal)
       .def_readonly("last_fatal", &WorkerSnapshot::last_fatal)
@@ -140,7 +151,9 @@ void register_worker_state(py::module_& m) {
            }),
            py::arg_v("options", WorkerStateOptions{}, "WorkerStateOptions()"))
       .def("record_fatal", &WorkerState::record_fatal, py::arg("record"))
-      .def("record_task_local", &WorkerState::record_task_local)
+      .def("record_task_local", &WorkerState::record_task_local,
+           py::arg("remote_engine") = false)
+      .def("record_storage_full", &WorkerState::record_storage_full)
       .def("record_ambiguous", &WorkerState::record_ambiguous,
            py::arg("record"))
       .def("loop_tick", &WorkerState::loop_tick)

@@ -99,6 +99,7 @@ struct WorkerState::Impl {
 
   bool record_fatal(FatalRecord record) REQUIRES(mu) {
     ++fatal_count;
+    ++fatal_by_rule[{record.rule, record.category}];
     const bool first = healthy;
     healthy = false;
     if (!first_fatal) first_fatal = record;
@@ -123,7 +124,9 @@ struct WorkerState::Impl {
 
   void clear() REQUIRES(mu) {
     healthy = true;
-    fatal_count = task_local_count = ambiguous_count = 0;
+    fatal_count = task_local_count = remote_failure_count = ambiguous_count = 0;
+    storage_full_count = 0;
+    fatal_by_rule.clear();
     first_fatal.reset();
     last_fatal.reset();
     recent_ambiguous.clear();
@@ -146,6 +149,10 @@ struct WorkerState::Impl {
   mutable std::condition_variable_any became_unhealthy;
   bool healthy GUARDED_BY(mu) = true;
   std::uint64_t fatal_count GUARDED_BY(mu) = 0;
+  std::map<std::pair<std::string, std::string>, std::uint64_t> fatal_by_rule
+      GUARDED_BY(mu);
+  std::uint64_t remote_failure_count GUARDED_BY(mu) = 0;
+  std::uint64_t storage_full_count GUARDED_BY(mu) = 0;
   std::uint64_t task_local_count GUARDED_BY(mu) = 0;
   std::uint64_t ambiguous_count GUARDED_BY(mu) = 0;
   std::optional<FatalRecord> first_fatal GUARDED_BY(mu);
@@ -181,9 +188,15 @@ bool WorkerState::record_fatal(FatalRecord record) {
   return first;
 }
 
-void WorkerState::record_task_local() {
+void WorkerState::record_task_local(bool remote_engine) {
   MutexLock lock(impl_->mu);
   ++impl_->task_local_count;
+  if (remote_engine) ++impl_->remote_failure_count;
+}
+
+void WorkerState::record_storage_full() {
+  MutexLock lock(impl_->mu);
+  ++impl_->storage_full_count;
 }
 
 bool WorkerState::record_ambiguous(const FatalRecord& record) {
@@ -352,6 +365,12 @@ WorkerSnapshot WorkerState::snapshot() {
     snap.healthy = s.healthy;
     snap.fatal_count = s.fatal_count;
     snap.task_local_count = s.task_local_count;
+    snap.remote_engine_failure_count = s.remote_failure_count;
+    snap.storage_full_count = s.storage_full_count;
+    snap.fatal_counts.reserve(s.fatal_by_rule.size());
+    for (const auto& [key, count] : s.fatal_by_rule) {
+      snap.fatal_counts.push_back(FatalCount{key.first, key.second, count});
+    }
     snap.ambiguous_count = s.ambiguous_count;
     snap.first_fatal = s.first_fatal;
     snap.last_fatal = s.last_fatal;

@@ -106,10 +106,41 @@ TEST(WorkerState, ResetClearsEverything) {
   EXPECT_TRUE(snap.healthy);
   EXPECT_EQ(snap.fatal_count, 0u);
   EXPECT_EQ(snap.task_local_count, 0u);
+  EXPECT_TRUE(snap.fatal_counts.empty());
   EXPECT_FALSE(snap.first_fatal.has_value());
   // A new fatal after reset is the new first one.
   state.record_fatal(record("y", 2));
   EXPECT_EQ(state.snapshot().first_fatal->error, "y");
+}
+
+TEST(WorkerState, CountsFatalRecordsByRuleWhoeverRecordsThem) {
+  FakeClock fake;
+  WorkerState state(options(60, 5), fake.clock());
+  state.record_task_local();
+  state.record_task_local(/*remote_engine=*/true);
+  state.record_storage_full();
+  state.record_fatal(record("x", 1));
+  state.record_fatal(record("y", 2));
+  state.record_fatal(FatalRecord{"z", "liveness", "engine_dead", 3, ""});
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_EQ(snap.task_local_count, 2u);
+  EXPECT_EQ(snap.remote_engine_failure_count, 1u);
+  EXPECT_EQ(snap.storage_full_count, 1u);
+  ASSERT_EQ(snap.fatal_counts.size(), 2u);  // by rule, then category
+  EXPECT_EQ(snap.fatal_counts[0].rule, "liveness");
+  EXPECT_EQ(snap.fatal_counts[0].count, 1u);
+  EXPECT_EQ(snap.fatal_counts[1].rule, "vllm.engine_dead");
+  EXPECT_EQ(snap.fatal_counts[1].category, "engine_dead");
+  EXPECT_EQ(snap.fatal_counts[1].count, 2u);
+
+  // The watchdogs' own records count too (a stall here).
+  WorkerState stalled(options(60, 5), fake.clock());
+  stalled.engine_call_started();
+  fake.advance(std::chrono::seconds(6));
+  snap = stalled.snapshot();
+  ASSERT_EQ(snap.fatal_counts.size(), 1u);
+  EXPECT_EQ(snap.fatal_counts[0].rule, kStallRule);
+  EXPECT_EQ(snap.fatal_counts[0].category, kStallCategory);
 }
 
 TEST(WorkerState, WaitTimesOutWhileHealthy) {

@@ -186,7 +186,7 @@ class WorkerHealth:
         """Classifies ``failure`` (its whole chain) and records the outcome."""
         verdict = classify(failure, rules=rules, remote_engine=remote_engine)
         if not (verdict.fatal or verdict.ambiguous):  # the common case: nothing to keep
-            self._state.record_task_local()
+            self._state.record_task_local(verdict.remote_engine)
             return Recorded(verdict, False, False, verdict.rule, verdict.category)
         record = _native.FatalRecord(
             describe_exception(failure), verdict.rule, verdict.category,
@@ -216,6 +216,10 @@ class WorkerHealth:
 
     def record_task_local(self) -> None:
         self._state.record_task_local()
+
+    def record_storage_full(self) -> None:
+        """A submission refused because its storage is full (the worker stays healthy)."""
+        self._state.record_storage_full()
 
     # -- progress and figures (cheap: called from the event loop) -----------------
     def loop_tick(self) -> None:

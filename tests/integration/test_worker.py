@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -402,6 +403,24 @@ def test_a_worker_whose_every_task_hangs_is_stalled(
     body = _native_503(proc, port, 30.0)
     assert body["rule"] == "watchdog.tasks_hung"
     assert body["category"] == "engine_stalled"
+    # Issue 25: the watchdog's death is in the fatal-errors counter, as a rule's is.
+    scraped = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
+    assert ('mineru_worker_fatal_errors_total{category="engine_stalled",'
+            'rule="watchdog.tasks_hung"} 1.0') in scraped, scraped
+
+
+def test_importing_the_patched_server_module_writes_no_file(
+    patched_mineru_site: Path, mineru_python: str, tmp_path: Path,
+) -> None:
+    """Issue 25: importing it made ``output/mineru-health-finished.sqlite3`` in the current
+    directory; the task store opens when the worker starts serving."""
+    from mineru_health.testing import sandbox
+
+    env = sandbox.mineru_env(patched_mineru_site)
+    done = subprocess.run([mineru_python, "-c", "import mineru.cli.fast_api"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], list(tmp_path.rglob("*"))
 
 
 def test_revert_restores_fast_api_byte_for_byte(mineru_copy: Path) -> None:

@@ -71,7 +71,7 @@ def test_every_documented_name_is_in_operations_doc() -> None:
 
 
 def test_worker_side_exposes_only_worker_families() -> None:
-    metrics.set_worker_healthy(True)
+    worker.ensure_families()
     names = family_names()
     for name in metrics.METRIC_NAMES["worker"]:
         assert exposed_name(name) in names
@@ -94,30 +94,53 @@ def test_router_side_exposes_only_router_families() -> None:
 # --- worker side --------------------------------------------------------------
 
 
-def test_worker_starts_healthy_and_a_fatal_error_flips_it() -> None:
-    metrics.set_worker_healthy(True)
+def _bound_health() -> Any:
+    from mineru_health.worker import WorkerHealth
+
+    health = WorkerHealth()
+    metrics.bind_worker_healthy(lambda: health.healthy)
+    metrics.bind_worker_snapshot(health.snapshot)
+    return health
+
+
+def test_worker_starts_healthy_and_every_fatal_record_is_counted() -> None:
+    """Issue 25: a stall, a hung-task death and a verified death never reached the counter,
+    which was pushed from the classifier's call sites; it is the native state's count now."""
+    from mineru_health.testing.faults import make_engine_dead_error
+
+    health = _bound_health()
     assert value("mineru_worker_healthy") == 1
-    metrics.record_worker_fatal("vllm-engine-dead", "engine_dead")
-    metrics.record_worker_fatal("vllm-engine-dead", "engine_dead")
+    assert health.record(make_engine_dead_error()).fatal
+    assert health.record(make_engine_dead_error()).fatal
+    health.record_fatal("the engine check failed", rule="verify.vllm",
+                        category="engine_check_failed")
     assert value("mineru_worker_healthy") == 0
-    assert (
-        value("mineru_worker_fatal_errors_total", rule="vllm-engine-dead", category="engine_dead")
-        == 2
-    )
+    assert value("mineru_worker_fatal_errors_total", rule="vllm.engine_dead",
+                 category="engine_dead") == 2
+    assert value("mineru_worker_fatal_errors_total", rule="verify.vllm",
+                 category="engine_check_failed") == 1
 
 
-def test_task_local_failures_do_not_touch_health() -> None:
-    metrics.record_worker_task_local()
-    metrics.record_worker_task_local()
-    assert value("mineru_worker_task_local_failures_total") == 2
-    assert value("mineru_worker_healthy") == 1
+def test_a_stall_is_counted_as_a_fatal_error() -> None:
+    """The watchdogs' own records (a stall here; every task hung, the error budget: the
+    native tests) are counted as any other: the counter reads the native state."""
+    from mineru_health.worker import WorkerHealth
+
+    stalled = WorkerHealth(stall_s=0.001)
+    metrics.bind_worker_snapshot(stalled.snapshot)
+    stalled.engine_call_started()
+    assert stalled.wait_until_unhealthy(5.0)  # a native wait, not a poll
+    assert value("mineru_worker_fatal_errors_total", rule="watchdog.engine_stalled",
+                 category="engine_stalled") == 1
 
 
-def test_remote_engine_failures_are_counted_apart() -> None:
-    worker.record_worker_task_local(remote_engine=True)
-    worker.record_worker_task_local()
+def test_task_local_and_remote_engine_failures_do_not_touch_health() -> None:
+    health = _bound_health()
+    health.record(ValueError("corrupt page"))
+    health.record(ValueError("the server said no"), remote_engine=True)
     assert value("mineru_worker_task_local_failures_total") == 2
     assert value("mineru_worker_remote_engine_failures_total") == 1
+    assert value("mineru_worker_healthy") == 1
 
 
 def test_engine_and_loop_gauges_read_the_native_state_at_scrape_time() -> None:
@@ -144,14 +167,11 @@ def test_bound_callable_is_read_at_scrape_time() -> None:
     assert value("mineru_worker_healthy") == 1
     healthy[0] = False
     assert value("mineru_worker_healthy") == 0
-    # A bound gauge stays the source of truth: counting must not overwrite it.
-    healthy[0] = True
-    metrics.record_worker_fatal("r", "c")
-    assert value("mineru_worker_healthy") == 1
 
 
 def test_empty_rule_and_category_are_labelled_unknown() -> None:
-    metrics.record_worker_fatal("", "")
+    health = _bound_health()
+    health.record_fatal("x", rule="", category="")
     assert value("mineru_worker_fatal_errors_total", rule="unknown", category="unknown") == 1
 
 
@@ -222,7 +242,7 @@ def test_a_broken_source_never_breaks_the_scrape(caplog: pytest.LogCaptureFixtur
         raise RuntimeError("poller gone")
 
     router.bind_worker_statuses(broken)
-    metrics.set_worker_healthy(True)
+    worker.ensure_families()
     assert value("mineru_worker_healthy") == 1  # the rest of the scrape is intact
     assert "reading worker statuses" in caplog.text
     router.bind_worker_statuses(lambda: [object(), status("ok", _native.WorkerPhase.FAILED)])
@@ -339,3 +359,23 @@ def test_mount_metrics_refuses_an_unknown_role() -> None:
     fastapi = pytest.importorskip("fastapi")
     with pytest.raises(ValueError, match="role"):
         metrics.mount_metrics(fastapi.FastAPI(), "bogus")  # type: ignore[arg-type]
+
+
+def test_every_resubmission_reason_and_refusal_cause_has_its_series() -> None:
+    """Issue 25: hung resubmissions were counted as "other"; the label values now come
+    from the policy's enums, so a new reason cannot be."""
+    from mineru_health.runtime.router.policy import Refusal, ResubmitReason
+
+    for reason in ResubmitReason:
+        router.record_resubmission(reason.value)
+    for cause in Refusal:
+        router.record_resubmission_refused(cause.value)
+    samples = scrape()
+    for reason in ResubmitReason:
+        key = ("mineru_router_task_resubmissions_total", (("reason", reason.value),))
+        assert samples.get(key) == 1.0, (reason, sorted(k for k in samples if "resub" in k[0]))
+    for cause in Refusal:
+        key = ("mineru_router_task_resubmissions_refused_total", (("cause", cause.value),))
+        assert samples.get(key) == 1.0, cause
+    assert not any(dict(labels).get("reason") == "other" or dict(labels).get("cause") == "other"
+                   for _, labels in samples)

@@ -159,6 +159,7 @@ def test_a_full_disk_is_named_507_and_leaves_the_worker_healthy() -> None:
     assert full.json()["error"] == "insufficient_storage"
     assert "No space left on device (/out/job/a.pdf)" in full.json()["message"]
     assert worker_health().healthy
+    assert worker_health().snapshot().storage_full_count == 1  # the metric's source
     assert _call(app, "GET", "/v1/health").status_code == 200
 
 

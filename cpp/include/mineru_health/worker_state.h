@@ -103,13 +103,24 @@ inline constexpr const char* kBudgetCategory = "error_budget";
 // Every task being processed is hung: the worker is as good as stalled.
 inline constexpr const char* kTasksHungRule = "watchdog.tasks_hung";
 
+// How many fatal records carried one rule and category (the worker's
+// fatal-errors metric, read at scrape time).
+struct FatalCount {
+  std::string rule;
+  std::string category;
+  std::uint64_t count = 0;
+};
+
 // Everything /health reports, taken at one instant.
 struct WorkerSnapshot {
   HealthPhase phase = HealthPhase::kStarting;
   bool healthy = true;  // no fatal record (busy and hung loops are healthy)
   std::uint64_t fatal_count = 0;
   std::uint64_t task_local_count = 0;
+  std::uint64_t remote_engine_failure_count = 0;  // of task_local_count
+  std::uint64_t storage_full_count = 0;  // submissions refused: disk full
   std::uint64_t ambiguous_count = 0;
+  std::vector<FatalCount> fatal_counts;  // by rule and category, in that order
   std::optional<FatalRecord> first_fatal;
   std::optional<FatalRecord> last_fatal;
   std::optional<double> loop_lag_s;  // null before the loop's first tick
@@ -135,7 +146,11 @@ class WorkerState {
   // Records a fatal failure; the first one is kept until reset(). Returns
   // true when this record made the worker unhealthy.
   bool record_fatal(FatalRecord record);
-  void record_task_local();
+  // A task-local failure; `remote_engine`: a remote engine's (counted apart).
+  void record_task_local(bool remote_engine = false);
+  // A submission refused because the disk or quota where it is stored is full
+  // (a resource, not the engine: the worker stays healthy).
+  void record_storage_full();
   // An ambiguous device error (a standalone out-of-memory...): task-local
   // unless it is the error_budget-th within the window, which records a
   // fatal failure. Returns true when it did.

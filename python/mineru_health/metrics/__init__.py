@@ -10,7 +10,7 @@ them.
     from mineru_health import metrics
     metrics.mount_metrics(app, role="worker")      # GET /metrics, families created
     metrics.bind_worker_healthy(lambda: health.healthy)
-    metrics.record_worker_fatal(rule, category)
+    metrics.bind_worker_snapshot(health.snapshot)   # every other worker family
 
 The worker-side functions are re-exported here (the worker runtime calls
 them as ``metrics.<name>``); router code uses ``metrics.router``. Every
@@ -24,13 +24,7 @@ from typing import Any, Literal
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from . import _registry, router, worker
-from .worker import (
-    bind_worker_healthy,
-    bind_worker_snapshot,
-    record_worker_fatal,
-    record_worker_task_local,
-    set_worker_healthy,
-)
+from .worker import bind_worker_healthy, bind_worker_snapshot
 
 __all__ = [
     "METRIC_NAMES",
@@ -38,12 +32,9 @@ __all__ = [
     "bind_worker_snapshot",
     "exposition",
     "mount_metrics",
-    "record_worker_fatal",
-    "record_worker_task_local",
     "registry",
     "reset_for_tests",
     "router",
-    "set_worker_healthy",
     "worker",
 ]
 

@@ -40,10 +40,12 @@ Two kinds, by where the truth lives:
     text: labels must stay bounded).
   - ``forget_worker(worker)`` -- a worker left the pool: drops its counters.
   - ``record_resubmission(reason)`` -- a task sent again to another worker:
-    ``mineru_router_task_resubmissions_total{reason}`` (``engine_dead``: its
-    upstream failed with the engine; ``lost``: the worker's current instance
-    does not know it; ``worker_failed``: its worker was declared failed;
-    ``router_restart``: a new router resumed it from its store).
+    ``mineru_router_task_resubmissions_total{reason}``, one series per
+    ``policy.ResubmitReason`` (``engine_dead``: its upstream failed with the
+    engine; ``hung``: the worker's task watchdog failed it; ``lost``: the
+    worker's current instance does not know it; ``worker_failed``: its worker
+    was declared failed; ``router_restart``: a new router resumed it from its
+    store).
   - ``record_resubmission_refused(cause)`` -- a task left failed instead:
     ``mineru_router_task_resubmissions_refused_total{cause}`` (``retries``,
     ``budget``, ``no_worker``, ``poison``, ``rejected``).
@@ -66,6 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from mineru_health import _native
 from mineru_health._names import enum_name, enum_names
+from mineru_health.runtime.router.policy import Refusal, ResubmitReason
 
 from ._registry import BoundSourceCollector, Family, current
 
@@ -121,8 +124,9 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
-RESUBMIT_REASONS: tuple[str, ...] = ("engine_dead", "lost", "worker_failed", "router_restart")
-REFUSAL_CAUSES: tuple[str, ...] = ("retries", "budget", "no_worker", "poison", "rejected")
+#: The label values, from the enums the policy decides with: a new reason has its series.
+RESUBMIT_REASONS: tuple[str, ...] = tuple(r.value for r in ResubmitReason)
+REFUSAL_CAUSES: tuple[str, ...] = tuple(r.value for r in Refusal)
 
 # Healthy probes answer in milliseconds; failing ones run up to the probe
 # timeout (1.5 s by default, 10 s in the slowest preset).

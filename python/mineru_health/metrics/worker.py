@@ -1,19 +1,17 @@
-"""Worker-side metrics (``mineru-api``), called by ``mineru_health.runtime.worker``.
+"""Worker-side metrics (``mineru-api``), read from the native worker state at scrape time.
 
-- ``bind_worker_healthy(fn)``            -- the healthy gauge reads ``fn()`` at
-  scrape time (e.g. ``lambda: state.healthy()``); preferred over pushing.
-- ``set_worker_healthy(healthy)``        -- push form, when no callable fits.
-- ``record_worker_fatal(rule, category)`` -- one fatal (engine-dead) failure.
-- ``record_worker_task_local(remote_engine=False)`` -- one failure that
-  stayed task-local (a remote engine's failure is counted apart too).
-- ``bind_worker_snapshot(fn)``           -- the engine and loop gauges read
-  ``fn()`` (the native state's snapshot) at scrape time: never copied.
+- ``bind_worker_healthy(fn)``  -- the healthy gauge reads ``fn()`` at scrape
+  time (``lambda: state.healthy``).
+- ``bind_worker_snapshot(fn)`` -- every other family reads ``fn()`` (the
+  native state's snapshot) at scrape time: nothing is pushed or copied, so a
+  fatal record made anywhere (a rule, verification, the stall or hung-task
+  watchdog, the error budget, the liveness check) is counted, once.
 
 Families:
 
 - ``mineru_worker_healthy`` gauge: 1 while the engine is usable, 0 after a
   fatal error (the same fact as ``/health`` answering 503).
-- ``mineru_worker_fatal_errors_total{rule,category}`` counter.
+- ``mineru_worker_fatal_errors_total{rule,category}`` counter: fatal records.
 - ``mineru_worker_task_local_failures_total`` counter.
 - ``mineru_worker_remote_engine_failures_total`` counter: failures of a remote
   engine (``*-http-client`` backends), task-local for this worker.
@@ -25,9 +23,10 @@ Families:
   otherwise.
 - ``mineru_worker_ambiguous_errors_total`` counter: ambiguous device errors
   (``MINERU_HEALTH_ERROR_BUDGET`` of them within the window are fatal).
+- ``mineru_worker_storage_full_refusals_total`` counter: submissions answered
+  507 because the disk or quota where the worker stores them is full.
 
-Every function is thread-safe (the task-failure hook runs on MinerU's
-threads) and never raises on odd label values.
+Thread-safe: the scrape runs on the metrics endpoint's thread.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ._registry import BoundSourceCollector, Family, current
@@ -46,9 +45,6 @@ __all__ = [
     "bind_worker_healthy",
     "bind_worker_snapshot",
     "ensure_families",
-    "record_worker_fatal",
-    "record_worker_task_local",
-    "set_worker_healthy",
 ]
 
 METRIC_NAMES: tuple[str, ...] = (
@@ -60,6 +56,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_worker_engine_calls_in_flight",
     "mineru_worker_seconds_since_progress",
     "mineru_worker_ambiguous_errors_total",
+    "mineru_worker_storage_full_refusals_total",
 )
 
 
@@ -71,6 +68,14 @@ class WorkerSnapshotCollector(BoundSourceCollector):
 
     def families(self) -> tuple[Family, ...]:
         return (
+            CounterMetricFamily("mineru_worker_fatal_errors",
+                                "Fatal records of this worker's engine, by rule and category.",
+                                labels=["rule", "category"]),
+            CounterMetricFamily("mineru_worker_task_local_failures",
+                                "Task failures that were classified as affecting one task only."),
+            CounterMetricFamily("mineru_worker_remote_engine_failures",
+                                "Task failures of a remote engine (http-client backends); "
+                                "task-local here."),
             GaugeMetricFamily("mineru_worker_loop_lag_seconds",
                               "Seconds since the worker's event loop last ticked."),
             GaugeMetricFamily("mineru_worker_engine_calls_in_flight",
@@ -79,16 +84,24 @@ class WorkerSnapshotCollector(BoundSourceCollector):
                               "While engine calls are in flight: seconds since one completed."),
             CounterMetricFamily("mineru_worker_ambiguous_errors",
                                 "Ambiguous device errors (counted against the error budget)."),
+            CounterMetricFamily("mineru_worker_storage_full_refusals",
+                                "Submissions answered 507: the worker's storage is full."),
         )
 
     def fill(self, families: tuple[Family, ...], value: Any) -> None:
-        lag, in_flight, quiet, ambiguous = families
+        fatal, task_local, remote, lag, in_flight, quiet, ambiguous, storage = families
+        for counted in value.fatal_counts:
+            fatal.add_metric([counted.rule or "unknown", counted.category or "unknown"],
+                             float(counted.count))
+        task_local.add_metric([], float(value.task_local_count))
+        remote.add_metric([], float(value.remote_engine_failure_count))
         if value.loop_lag_s is not None:
             lag.add_metric([], float(value.loop_lag_s))
         in_flight.add_metric([], float(value.engine_calls_in_flight))
         if value.seconds_since_progress is not None:
             quiet.add_metric([], float(value.seconds_since_progress))
         ambiguous.add_metric([], float(value.ambiguous_count))
+        storage.add_metric([], float(value.storage_full_count))
 
 
 class _WorkerMetrics:
@@ -100,24 +113,6 @@ class _WorkerMetrics:
         )
         # A worker starts healthy, as its native WorkerState does.
         self.healthy.set(1)
-        # True once bind_worker_healthy() made the gauge read a callable.
-        self.healthy_bound = False
-        self.fatal = Counter(
-            "mineru_worker_fatal_errors",
-            "Task failures classified as fatal for the engine, by rule and category.",
-            ["rule", "category"],
-            registry=reg,
-        )
-        self.task_local = Counter(
-            "mineru_worker_task_local_failures",
-            "Task failures that were classified as affecting one task only.",
-            registry=reg,
-        )
-        self.remote_engine = Counter(
-            "mineru_worker_remote_engine_failures",
-            "Task failures of a remote engine (http-client backends); task-local here.",
-            registry=reg,
-        )
         self.snapshot = WorkerSnapshotCollector()
         reg.register(self.snapshot)
 
@@ -131,13 +126,8 @@ def ensure_families() -> None:
     _metrics()
 
 
-def set_worker_healthy(healthy: bool) -> None:
-    """Pushes the worker's health (1 healthy, 0 engine dead)."""
-    _metrics().healthy.set(1 if healthy else 0)
-
-
 def bind_worker_healthy(fn: Callable[[], bool]) -> None:
-    """Makes the healthy gauge call ``fn`` at every scrape instead of pushing.
+    """Makes the healthy gauge call ``fn`` at every scrape.
 
     ``fn`` runs on the scraping thread; it must be cheap, must not block and
     must not raise.
@@ -146,32 +136,10 @@ def bind_worker_healthy(fn: Callable[[], bool]) -> None:
     def read() -> float:
         return 1.0 if fn() else 0.0
 
-    metrics = _metrics()
-    metrics.healthy.set_function(read)
-    metrics.healthy_bound = True
-
-
-def record_worker_fatal(rule: str, category: str) -> None:
-    """Counts one fatal failure and marks the worker unhealthy.
-
-    If the gauge is bound to a callable (bind_worker_healthy) the callable
-    stays the source of truth and this only counts.
-    """
-    metrics = _metrics()
-    metrics.fatal.labels(rule=rule or "unknown", category=category or "unknown").inc()
-    # set() would replace a bound callable, so push only when nothing is bound.
-    if not metrics.healthy_bound:
-        metrics.healthy.set(0)
-
-
-def record_worker_task_local(*, remote_engine: bool = False) -> None:
-    """Counts one failure that the classifier kept task-local (a remote engine's, too)."""
-    metrics = _metrics()
-    metrics.task_local.inc()
-    if remote_engine:
-        metrics.remote_engine.inc()
+    _metrics().healthy.set_function(read)
 
 
 def bind_worker_snapshot(fn: Callable[[], Any] | None) -> None:
-    """Makes the engine and loop gauges read ``fn()`` (a ``HealthSnapshot``) at every scrape."""
+    """Makes the worker families read ``fn()`` (the native ``WorkerSnapshot``) at every
+    scrape."""
     _metrics().snapshot.bind(fn)

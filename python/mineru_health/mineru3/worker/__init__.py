@@ -81,5 +81,7 @@ def install(app: Any) -> None:
         # A router with a durable state directory: outputs live there, so that
         # the results this worker's task store restores outlive the router.
         os.environ["MINERU_API_OUTPUT_ROOT"] = str(settings.output_dir)
-    store.configure(settings, state_dir(settings))  # a bad MINERU_HEALTH_STATE_DIR stops start-up
+    # Opened when the worker starts serving (Gate.started); a bad
+    # MINERU_HEALTH_STATE_DIR stops the start-up there.
+    store.defer(settings, state_dir(settings))
     finish_install(settings, rules, "3.x")

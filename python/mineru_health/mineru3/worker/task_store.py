@@ -3,7 +3,7 @@
 A row is a task's fields, as its dataclass declares them (options, names,
 timestamps, the path of its output directory), and our verdict::
 
-    store.configure(settings, state_dir(settings))   # install(); unset: MinerU's output root
+    store.defer(settings, state_dir(settings))       # install(); unset: MinerU's output root
     task_store.attach(manager)        # start-up complete: tasks back, the manager wrapped
     task_store.record(manager, task)  # a task we failed ourselves (collateral of an engine death)
 

@@ -13,7 +13,7 @@ import functools
 import sys
 from typing import Any
 
-from ... import metrics, verification
+from ... import verification
 from ...runtime.worker import engine_calls
 from ...runtime.worker.context import current_health, log, runtime, utc_now_iso
 from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception, fatal_cause
@@ -284,10 +284,6 @@ async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorde
     try:
         verdict = outcome.verdict
         task_id = getattr(task, "task_id", "?")
-        if outcome.fatal:
-            metrics.record_worker_fatal(outcome.rule, outcome.category)
-        else:
-            metrics.record_worker_task_local(remote_engine=verdict.remote_engine)
         _set_verdict(
             task, fatal=outcome.fatal, engine_dead=outcome.fatal,
             role=("trigger" if outcome.first else "collateral") if outcome.fatal else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...runtime.worker import engine_calls
+from ...runtime.worker import engine_calls, store
 from ...runtime.worker.context import current_health, mineru_version
 from ...runtime.worker.gate import HealthGate
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
@@ -79,6 +79,7 @@ class Gate(HealthGate):
     gated_posts = GATED_POSTS
 
     def started(self) -> None:
+        store.open_deferred()  # the task store, now that the worker serves
         managers = task_managers()
         for manager in managers:
             module = sys.modules.get(type(manager).__module__)

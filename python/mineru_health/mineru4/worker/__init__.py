@@ -55,5 +55,5 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
         follow_jobs(namespace)  # the task watchdog, and the job in context
     if first_install:
         upload_dir = getattr(getattr(app, "state", None), "upload_dir", "")
-        store.configure(settings, store.state_dir(settings, upload_dir or "."))
+        store.defer(settings, store.state_dir(settings, upload_dir or "."))
         finish_install(settings, rules, "4.0")

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from ... import metrics, verification
+from ... import verification
 from ...runtime.worker import engine_calls
 from ...runtime.worker.context import current_health, log, runtime
 from ...worker import describe_exception, exception_type_name
@@ -89,7 +89,6 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
     if verification.needs_verification(outcome, remote_engine=checked_as_remote):
         outcome = _verified(health, outcome, error, checked_as_remote)
     if outcome.fatal:
-        metrics.record_worker_fatal(outcome.rule, outcome.category)
         if outcome.first:
             _mark_first(error)
             checked = getattr(outcome, "verification", None)
@@ -97,7 +96,6 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
                    else f"matched {outcome.verdict.excerpt!r}")
             log("ERROR", f"fatal engine error: rule {outcome.rule} ({outcome.category}) {why}")
         return True
-    metrics.record_worker_task_local(remote_engine=remote)
     if remote or not upstream(error):
         return False
     # MinerU knows a death our rules do not: keep its verdict, recorded natively.
@@ -105,7 +103,6 @@ def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> 
                            category="engine_dead", exception_type=exception_type_name(error)):
         _mark_first(error)
         log("ERROR", f"fatal engine error (MinerU's own check): {describe_exception(error)}")
-    metrics.record_worker_fatal("mineru.is_fatal_engine_error", "engine_dead")
     return True
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "Answer",
     "AnswerKind",
     "Refusal",
+    "ResubmitReason",
     "RetryBudget",
     "Step",
     "WorkerView",
@@ -96,10 +97,20 @@ class Action(enum.Enum):
     UPSTREAM_ERROR = "upstream_error"  # MinerU's own count (fails the task at its threshold)
 
 
+class ResubmitReason(enum.Enum):
+    """Why a submission is sent again: the label values of the resubmissions metric."""
+
+    ENGINE_DEAD = "engine_dead"  # its task failed with its worker's engine
+    HUNG = "hung"  # the worker's task watchdog failed it
+    LOST = "lost"  # the worker's instance does not know it (404)
+    WORKER_FAILED = "worker_failed"  # its worker was declared failed or is being restarted
+    ROUTER_RESTART = "router_restart"  # a new router resumed it from its store
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     action: Action
-    reason: str = ""  # RESUBMIT: engine_dead | hung | lost | worker_failed
+    reason: str = ""  # RESUBMIT: a ResubmitReason value
     detail: str = ""
 
 
@@ -158,16 +169,16 @@ def next_step(answer: Answer, worker: WorkerView) -> Step:
     if answer.kind is AnswerKind.STATUS:
         payload = answer.payload or {}
         if engine_dead_failure(payload):
-            return Step(Action.RESUBMIT, "engine_dead", str(payload.get("error") or ""))
+            return Step(Action.RESUBMIT, ResubmitReason.ENGINE_DEAD.value, str(payload.get("error") or ""))
         if hung_failure(payload):
-            return Step(Action.RESUBMIT, "hung", str(payload.get("error") or ""))
+            return Step(Action.RESUBMIT, ResubmitReason.HUNG.value, str(payload.get("error") or ""))
         if worker.replaced and worker.same_instance and not is_terminal(payload.get("status")):
-            return Step(Action.RESUBMIT, "worker_failed", "its instance is being restarted")
+            return Step(Action.RESUBMIT, ResubmitReason.WORKER_FAILED.value, "its instance is being restarted")
         return Step(Action.APPLY if worker.same_instance else Action.ADOPT)
     if answer.kind is AnswerKind.NOT_FOUND:
-        return Step(Action.RESUBMIT, "lost", answer.detail)
+        return Step(Action.RESUBMIT, ResubmitReason.LOST.value, answer.detail)
     if worker.declared_failed:
-        return Step(Action.RESUBMIT, "worker_failed", answer.detail)
+        return Step(Action.RESUBMIT, ResubmitReason.WORKER_FAILED.value, answer.detail)
     if worker.in_rotation and answer.kind is AnswerKind.BAD_ANSWER:
         return Step(Action.UPSTREAM_ERROR, "", answer.detail)
     return Step(Action.WAIT, "", answer.detail)

@@ -72,6 +72,7 @@ from .policy import (
     Answer,
     AnswerKind,
     Refusal,
+    ResubmitReason,
     RetryBudget,
     Step,
     WorkerView,
@@ -97,7 +98,7 @@ HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
 SWEEP_S = 30.0
 _SWEEP_BATCH = 32
 #: The resubmission reason of a submission a new router took back from its store.
-RESUMED = "router_restart"
+RESUMED = ResubmitReason.ROUTER_RESTART.value
 
 
 class Supervisor:

@@ -203,6 +203,7 @@ async def _refuse_storage_full(send: Callable[[Any], Awaitable[None]], error: OS
     disk from a bug, and retry elsewhere. The worker stays healthy (its engine is fine)."""
     where = f" ({error.filename})" if error.filename else ""
     reason = os.strerror(error.errno) if error.errno is not None else str(error)
+    current_health().record_storage_full()
     log("ERROR", f"a submission failed: {reason}{where}; answered 507")
     body = {"error": "insufficient_storage",
             "message": f"The worker cannot store the submission: {reason}{where}. "

@@ -8,7 +8,8 @@ document content) in a SQLite file in a state directory that outlives the
 process (``MINERU_HEALTH_STATE_DIR``; unset: 3.x's output root, 4.0's upload
 directory), and a worker started on it loads them back::
 
-    configure(settings, directory)    # install(): opens the file; ConfigError names the variable
+    defer(settings, directory)        # install(), at import: where, nothing opened or written
+    open_deferred()                   # serving starts: opens the file; ConfigError names the variable
     attach(owner, put_back, finish=..., row_of=..., expire=..., live=...)  # start-up complete
     keep(row_of, *args)               # finished work that MinerU does not signal
     read(directory, key)              # the router, about a local worker whose process is gone
@@ -158,8 +159,27 @@ def state_dir(settings: WorkerSettings, default: str | os.PathLike[str]) -> Path
     return Path(str(settings.state_dir) or default).expanduser().resolve()
 
 
+_deferred: tuple[WorkerSettings, Path] | None = None
+
+
+def defer(settings: WorkerSettings, directory: Path) -> None:
+    """Where the store will be, opened by :func:`open_deferred` when the worker starts
+    serving: importing MinerU's server module (which builds its app, and so installs the
+    hooks) must not create files (issue 25)."""
+    global _deferred
+    _deferred = (settings, directory)
+
+
+def open_deferred() -> Store | None:
+    """Opens the store :func:`defer` named (once; idempotent). Raises ``ConfigError`` as
+    :func:`configure` does, which stops the start-up."""
+    if _deferred is None:
+        return runtime.store
+    return configure(*_deferred)
+
+
 def configure(settings: WorkerSettings, directory: Path) -> Store | None:
-    """Opens this process's store in ``directory`` (created if missing); once, by install().
+    """Opens this process's store in ``directory`` (created if missing); once.
 
     None with ``MINERU_HEALTH_TASK_STORE=0``. Raises ``ConfigError`` naming
     ``MINERU_HEALTH_STATE_DIR`` when the directory or the file cannot be

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import _native, metrics, verification
+from ... import _native, verification
 from ...settings import WorkerSettings
 from ...worker import WorkerHealth, describe_exception, fatal_cause
 from .context import EXIT_CODE, LIVENESS_INTERVAL_S, log
@@ -35,7 +35,6 @@ def check_liveness(health: WorkerHealth) -> bool:
     if not health.record_fatal(f"engine died while idle: {detail}", rule=LIVENESS_RULE,
                                category="engine_dead"):
         return False
-    metrics.record_worker_fatal(LIVENESS_RULE, "engine_dead")
     log("ERROR", f"liveness check: {detail}")
     return True
 
