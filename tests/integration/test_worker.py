@@ -418,7 +418,7 @@ def test_importing_the_patched_server_module_writes_no_file(
 
     env = sandbox.mineru_env(patched_mineru_site)
     done = subprocess.run([mineru_python, "-c", "import mineru.cli.fast_api"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not [p for p in tmp_path.rglob("*") if p.is_file()], list(tmp_path.rglob("*"))
 

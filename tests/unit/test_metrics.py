@@ -137,7 +137,9 @@ def test_a_stall_is_counted_as_a_fatal_error() -> None:
 def test_task_local_and_remote_engine_failures_do_not_touch_health() -> None:
     health = _bound_health()
     health.record(ValueError("corrupt page"))
-    health.record(ValueError("the server said no"), remote_engine=True)
+    # A remote engine's death, as its server reports it: task-local here, counted apart.
+    health.record(RuntimeError("EngineCore encountered an issue. See stack trace (above)"),
+                  remote_engine=True)
     assert value("mineru_worker_task_local_failures_total") == 2
     assert value("mineru_worker_remote_engine_failures_total") == 1
     assert value("mineru_worker_healthy") == 1

@@ -14,7 +14,8 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
-from ...runtime.worker import engine_calls, store
+from ...runtime.worker import engine_calls
+from ...runtime.worker import store as task_store
 from ...runtime.worker.context import current_health, log, mineru_version, runtime
 from ...runtime.worker.gate import HealthGate, JsonEdit
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
@@ -200,7 +201,7 @@ class Gate(HealthGate):
         return None
 
     def started(self) -> None:
-        store.open_deferred()  # the task store, now that the worker serves
+        task_store.open_deferred()  # the task store, now that the worker serves
         for app in runtime.apps:
             job_store.attach(app)  # finished jobs of an earlier run back; new ones kept
         report_service()
