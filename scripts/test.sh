@@ -64,5 +64,7 @@ if [ -n "$also" ] && [ $# -eq 0 ]; then
   python -m zipfile -e "$MINERU_HEALTH_RELEASE_WHEELS/mineru-$also-py3-none-any.whl" "$site"
   export PYTHONPATH="$site"
   python -c "import mineru.version as v; assert v.__version__ == '$also', v.__version__"
-  timeout 1500 python -m pytest -q -p no:cacheprovider integration --ignore=integration/mineru4
+  # This PYTHONPATH is 3.x's: the 4.0 tests already ran above, in their own venv.
+  env -u MINERU_HEALTH_MINERU4_PYTHON \
+    timeout 1500 python -m pytest -q -p no:cacheprovider integration --ignore=integration/mineru4
 fi
