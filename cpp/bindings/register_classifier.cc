@@ -109,14 +109,6 @@ void register_classifier(py::module_& m) {
       "strength_name",
       [](RuleKind kind) { return std::string(strength_name(kind)); },
       py::arg("kind"));
-  m.def(
-      "target_name",
-      [](RuleTarget target) { return std::string(to_string(target)); },
-      py::arg("target"));
-  m.def(
-      "scope_name",
-      [](RuleScope scope) { return std::string(to_string(scope)); },
-      py::arg("scope"));
 
   py::class_<Frame> frame(m, "Frame",
                           "One exception of a failure chain, in pre-order.");

@@ -1,4 +1,4 @@
-"""mineru-health: self-healing health checks for MinerU 3.4 workers and router.
+"""mineru-health: self-healing MinerU fleets (3.3–3.4 and 4.0 workers and routers).
 
     >>> import mineru_health
     >>> verdict = mineru_health.classify(exc)   # fatal (engine died) or task-local?

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
-    "ENV_PREFIX",
     "ROUTER_ENV_PREFIX",
     "WORKER_ENV_PREFIX",
     "ConfigComponent",
@@ -44,7 +43,6 @@ ConfigType = _native.ConfigType
 
 ROUTER_ENV_PREFIX: str = _native.env_prefix(ConfigComponent.ROUTER)
 WORKER_ENV_PREFIX: str = _native.env_prefix(ConfigComponent.WORKER)
-ENV_PREFIX = ROUTER_ENV_PREFIX  # the name this module's predecessor exported
 
 
 #: One environment variable of the native table (read-only): ``name``, ``field``

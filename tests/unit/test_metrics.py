@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def fresh_registry() -> Iterator[None]:
-    metrics.reset_for_tests()
+    metrics._registry.reset()
     yield
-    metrics.reset_for_tests()
+    metrics._registry.reset()
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

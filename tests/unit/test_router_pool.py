@@ -146,7 +146,7 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SimpleNames
     monkeypatch.setattr(FakeLocalServer, "control_dir", str(control))
     monkeypatch.setattr(FakeLocalServer, "spawned", [])
     monkeypatch.setattr(FakeLocalServer, "stop_gate", None)
-    metrics.reset_for_tests()
+    metrics._registry.reset()
     ns = dict(vars(router_mod))
     ns["ManagedLocalServer"] = FakeLocalServer
     pool_class = healing.install(ns)

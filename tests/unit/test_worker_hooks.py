@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 from mineru_health.mineru3 import worker as hooks
 from mineru_health.mineru3.worker import tasks
-from mineru_health.runtime.worker import context, threads
+from mineru_health.runtime.worker import context, judge, threads
 from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
@@ -70,6 +70,7 @@ def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
         assert outcome is not None and outcome.fatal and outcome.first
         assert failing.status == "processing"  # MinerU marks its own task failed afterwards
         assert failing._mineru_health_verdict == {  # type: ignore[attr-defined]
+            "version": 1, "kind": "engine_dead",
             "fatal": True, "engine_dead": True, "role": "trigger", "rule": outcome.rule,
             "category": outcome.category, "ambiguous": False, "remote_engine": False,
         }
@@ -101,10 +102,10 @@ def test_the_watcher_acting_first_leaves_the_trigger_to_its_hook(
     async def scenario() -> None:
         manager = _Manager()
         loop = asyncio.get_running_loop()
-        record = tasks._record
+        record = judge.judge
 
-        def record_then_watcher_acts(*args: Any) -> Any:
-            outcome = record(*args)
+        def record_then_watcher_acts(*args: Any, **kwargs: Any) -> Any:
+            outcome = record(*args, **kwargs)
             acted = asyncio.run_coroutine_threadsafe(_watcher_tick(), loop)
             acted.result(10)
             return outcome
@@ -112,7 +113,7 @@ def test_the_watcher_acting_first_leaves_the_trigger_to_its_hook(
         async def _watcher_tick() -> None:
             tasks.act_on_fatal()
 
-        monkeypatch.setattr(tasks, "_record", record_then_watcher_acts)
+        monkeypatch.setattr(judge, "judge", record_then_watcher_acts)
         context.runtime.apps.append(types.SimpleNamespace(
             state=types.SimpleNamespace(task_manager=manager)))
         failing = manager.tasks["failing"] = _Task("failing", "processing")

@@ -33,7 +33,6 @@ __all__ = [
     "exposition",
     "mount_metrics",
     "registry",
-    "reset_for_tests",
     "router",
     "worker",
 ]
@@ -54,11 +53,6 @@ def registry() -> CollectorRegistry:
 def exposition() -> bytes:
     """The current metrics in Prometheus text format."""
     return generate_latest(_registry.current().registry)
-
-
-def reset_for_tests() -> None:
-    """Forget every metric and start from an empty registry. Tests only."""
-    _registry.reset()
 
 
 def mount_metrics(app: Any, role: Role, path: str = "/metrics") -> None:

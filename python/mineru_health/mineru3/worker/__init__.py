@@ -36,7 +36,7 @@ Nothing here may break MinerU: every hook catches and logs its own errors,
 except :func:`install`, which refuses a bad configuration at start-up.
 
 What is MinerU 3.x's own lives here: ``tasks`` (verdicts on its tasks,
-collateral failures, hung tasks), ``watch`` (its task figures, the gate on its
+collateral failures, hung tasks), ``gate`` (its task figures, the gate on its
 paths), ``task_store`` (its finished tasks in the task store); this module
 installs them. The rest is the line-agnostic runtime
 (:mod:`mineru_health.runtime.worker`: install halves, shared context, the gate,
@@ -51,9 +51,9 @@ from typing import Any
 from ...runtime.worker import store
 from ...runtime.worker.context import EXIT_CODE
 from ...runtime.worker.install import begin_install, finish_install
+from .gate import Gate
 from .task_store import state_dir
 from .tasks import fail_outstanding_tasks, on_engine_dead, on_task_failed
-from .watch import Gate
 
 __all__ = [
     "EXIT_CODE",

@@ -1,7 +1,7 @@
-"""Verdicts on MinerU 3.x's tasks, and failing every outstanding task once the engine is dead.
+"""MinerU 3.x's failed tasks handed to the judge, and every outstanding task failed once the engine is dead.
 
-Runs on the worker's event loop thread, except classification, which runs on
-two threads of our own (the native matcher releases the GIL).
+Runs on the worker's event loop thread, except the judge, which runs on two
+threads of our own (the native matcher releases the GIL; verification waits).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import functools
 import sys
 from typing import Any
 
-from ... import verification
-from ...runtime.worker import engine_calls
+from ...runtime.verdict import TaskVerdict
+from ...runtime.worker import judge
 from ...runtime.worker.context import current_health, log, runtime, utc_now_iso
-from ...worker import FatalInfo, Recorded, WorkerHealth, describe_exception, fatal_cause
+from ...worker import FatalInfo, Recorded, describe_exception, fatal_cause
 from . import task_store
 from .task_store import VERDICT_ATTR
 
@@ -41,29 +41,9 @@ def task_managers() -> list[Any]:
     return managers
 
 
-#: The verdict of a task the task watchdog failed: its parse made no progress.
-HUNG_RULE = "watchdog.task_hung"
-HUNG_CATEGORY = "task_hung"
-
-
-def _set_verdict(task: Any, *, fatal: bool, engine_dead: bool, role: str | None, rule: str,
-                 category: str, ambiguous: bool = False, remote_engine: bool = False,
-                 hung: bool = False, verified: dict[str, Any] | None = None) -> None:
-    verdict: dict[str, Any] = {
-        "fatal": fatal,
-        "engine_dead": engine_dead,
-        "role": role,
-        "rule": rule,
-        "category": category,
-        "ambiguous": ambiguous,
-        "remote_engine": remote_engine,
-    }
-    if hung:  # the router resubmits it, and counts it against its document
-        verdict["hung"] = True
-    if verified is not None:
-        verdict["verification"] = verified
+def _set_verdict(task: Any, verdict: TaskVerdict) -> None:
     with contextlib.suppress(Exception):  # a task object that refuses attributes keeps working
-        setattr(task, VERDICT_ATTR, verdict)
+        setattr(task, VERDICT_ATTR, verdict.to_wire())
 
 
 def wrap_status_payload(task_class: type) -> None:
@@ -76,8 +56,8 @@ def wrap_status_payload(task_class: type) -> None:
     def to_status_payload(task: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         payload: dict[str, Any] = current(task, *args, **kwargs)
         verdict = getattr(task, VERDICT_ATTR, None)
-        if isinstance(verdict, dict):
-            payload["engine_dead"] = bool(verdict["engine_dead"])
+        if isinstance(verdict, dict):  # the wire form (also as a task store kept it)
+            payload["engine_dead"] = verdict.get("engine_dead") is True
             payload["verdict"] = dict(verdict)
         return payload
 
@@ -121,8 +101,7 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
     failed_status = getattr(module, "TASK_FAILED", FAILED)
     now = utc_now_iso()
     reason = _collateral_error(fatal)
-    rule = fatal.rule if fatal else ""
-    category = fatal.category if fatal else ""
+    verdict = judge.collateral_verdict(fatal)
 
     failed = 0
     spared = []
@@ -135,8 +114,7 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
         task.status = failed_status
         task.error = reason
         task.completed_at = now
-        _set_verdict(task, fatal=False, engine_dead=True, role="collateral", rule=rule,
-                     category=category)
+        _set_verdict(task, verdict)
         task_store.record(manager, task)  # task store: MinerU does not signal these
         failed += 1
 
@@ -191,9 +169,7 @@ def fail_hung_tasks() -> int:
             task.error = ("mineru-health: the parse made no progress for "
                           f"{runtime.settings.task_hang_s:g} s (hung); resubmit it")
             task.completed_at = utc_now_iso()
-            _set_verdict(task, fatal=False, engine_dead=False, role="trigger",
-                         rule=HUNG_RULE, category=HUNG_CATEGORY, hung=True,
-                         remote_engine=_remote_backend(task))
+            _set_verdict(task, TaskVerdict.hung(remote_engine=_remote_backend(task)))
             manager._signal_task_event(task_id)  # wakes waiters; the task store keeps it
             for processor in list(getattr(manager, "active_tasks", ())):
                 if _processes(processor, task_id) and not processor.done():
@@ -247,13 +223,6 @@ def _remote_backend(task: Any) -> bool:
     return str(getattr(task, "backend", "") or "").endswith("http-client")
 
 
-def _record(health: WorkerHealth, exc: BaseException, remote_engine: bool) -> Recorded:
-    """Classifies and records; an undecided local failure then asks the engine (issue 18)."""
-    outcome = health.record(exc, remote_engine=remote_engine)
-    local = not remote_engine or engine_calls.raised_by_local_engine(exc)
-    return verification.confirm(health, outcome, exc, remote_engine=not local)
-
-
 async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     """Hook at the top of ``AsyncTaskManager._process_task``'s except block. Never raises.
 
@@ -273,37 +242,18 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
 async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     health = current_health()
     try:
-        remote_engine = _remote_backend(task)
-        record = functools.partial(_record, health, exc, remote_engine)
-        outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), record)
+        ask = functools.partial(judge.judge, health, exc, remote_engine=_remote_backend(task))
+        outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), ask)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - MinerU must keep its own failure handling
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
         return None
     try:
-        verdict = outcome.verdict
-        task_id = getattr(task, "task_id", "?")
-        _set_verdict(
-            task, fatal=outcome.fatal, engine_dead=outcome.fatal,
-            role=("trigger" if outcome.first else "collateral") if outcome.fatal else None,
-            rule=outcome.rule, category=outcome.category, ambiguous=verdict.ambiguous,
-            remote_engine=verdict.remote_engine,
-            verified=outcome.verification.to_json() if outcome.verification else None,
-        )
-        if not outcome.fatal:
-            checked = (f"; engine check {outcome.verification.outcome}: "
-                       f"{outcome.verification.detail}" if outcome.verification else "")
-            log("INFO", f"task {task_id} failed task-locally "
-                         f"({verdict.rule or 'no rule matched'}, {verdict.category or '-'}{checked})")
-            return outcome
-        if outcome.first and outcome.verification is not None:
-            log("ERROR", f"fatal failure in task {task_id}: no rule decided it and the engine "
-                          f"check failed: {outcome.verification.detail}")
-        elif outcome.first:
-            log("ERROR", f"fatal failure in task {task_id}: rule {outcome.rule} "
-                          f"({outcome.category}) matched {verdict.excerpt!r}")
-        act_on_fatal(also_manager=manager)
+        _set_verdict(task, judge.task_verdict(outcome))
+        judge.log_outcome(getattr(task, "task_id", "?"), outcome)
+        if outcome.fatal:
+            act_on_fatal(also_manager=manager)
         return outcome
     except Exception as error:  # noqa: BLE001
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")

@@ -71,6 +71,7 @@ from mineru_health.runtime.router.policy import (
 )
 from mineru_health.runtime.router.store import RouterStore, Saved
 from mineru_health.runtime.router.supervisor import Supervisor
+from mineru_health.runtime.verdict import TaskVerdict
 
 __all__ = ["Job", "JobLine", "policy_payload"]
 
@@ -108,8 +109,7 @@ def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
     elif any(e.get("code") == TASK_HUNG_CODE for e in errors):
         # The worker's task watchdog failed it: resubmit it, count it against
         # the document (poison guard), never eject the worker for it.
-        view["verdict"] = {"hung": True, "role": "trigger", "rule": "watchdog.task_hung",
-                           "category": TASK_HUNG_CODE}
+        view["verdict"] = TaskVerdict.hung().to_wire()
     return view
 
 

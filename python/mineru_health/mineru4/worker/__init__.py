@@ -14,7 +14,7 @@ What they give the worker, as on 3.x (the runtime: :mod:`mineru_health.runtime.w
   the worker.
 * **A native health endpoint** (``MINERU_HEALTH_PORT``): ``/health``,
   ``/livez``, ``/readyz`` served off the event loop from the native state.
-* **Loop lag and engine stall watchdog** (:mod:`.watch`, and the engine calls
+* **Loop lag and engine stall watchdog** (:mod:`.gate`, and the engine calls
   of :mod:`mineru_health.runtime.worker.engine_calls`, which 4.0's VLM path
   still makes through ``mineru_vl_utils``).
 * **The main port**: ``GET /v1/health`` answers 503 with the native body once
@@ -33,8 +33,8 @@ from typing import Any
 from ...runtime.worker import store
 from ...runtime.worker.context import EXIT_CODE
 from ...runtime.worker.install import begin_install, finish_install
+from .gate import Gate, follow_jobs
 from .verdicts import rebind
-from .watch import Gate, follow_jobs
 
 __all__ = ["EXIT_CODE", "Gate", "install"]
 

@@ -1,4 +1,4 @@
-"""MinerU 4.0's question "is this engine error fatal?", answered by the native classifier.
+"""MinerU 4.0's question "is this engine error fatal?", answered by the judge.
 
 4.0 asks ``mineru.model.vlm.errors.is_fatal_engine_error(exc)`` in three
 places: its VLM runtime thread (``async_runtime``, which then refuses every
@@ -24,15 +24,12 @@ too, and the router resubmits it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
-import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from ... import verification
-from ...runtime.worker import engine_calls
+from ...runtime.worker import engine_calls, judge
 from ...runtime.worker.context import current_health, log, runtime
 from ...worker import describe_exception, exception_type_name
 
@@ -63,38 +60,14 @@ def _remote_engine() -> bool:
     return False
 
 
-def _verified(health: Any, outcome: Any, error: BaseException, remote: bool) -> Any:
-    """``verification.confirm`` off the event loop.
-
-    4.0 asks from its VLM runtime thread (wait for the answer there) or from
-    ``_run_job`` on the event loop, which must not wait: there the check runs
-    on a thread of its own, and a dead engine it finds is recorded natively,
-    for the watcher to fail the jobs (this failure stays the job's own).
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return verification.confirm(health, outcome, error, remote_engine=remote)
-    threading.Thread(target=verification.confirm, args=(health, outcome, error),
-                     kwargs={"remote_engine": remote}, name="mineru-health-verify",
-                     daemon=True).start()
-    return outcome
-
-
 def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> bool:
     remote = _remote_engine()
     health = current_health()
-    outcome = health.record(error, remote_engine=remote)
-    checked_as_remote = remote and not engine_calls.raised_by_local_engine(error)
-    if verification.needs_verification(outcome, remote_engine=checked_as_remote):
-        outcome = _verified(health, outcome, error, checked_as_remote)
+    outcome = judge.judge(health, error, remote_engine=remote)
     if outcome.fatal:
         if outcome.first:
             _mark_first(error)
-            checked = getattr(outcome, "verification", None)
-            why = (checked.detail if checked is not None
-                   else f"matched {outcome.verdict.excerpt!r}")
-            log("ERROR", f"fatal engine error: rule {outcome.rule} ({outcome.category}) {why}")
+            judge.log_outcome(engine_calls.current_task_id() or "?", outcome)
         return True
     if remote or not upstream(error):
         return False
@@ -143,9 +116,7 @@ def job_verdict(record: Any) -> dict[str, Any] | None:
     if first is None:
         return None
     trigger = bool(runtime.trigger_task) and runtime.trigger_task == getattr(record, "id", None)
-    verdict = {"fatal": trigger, "engine_dead": True,
-               "role": "trigger" if trigger else "collateral", "rule": first.rule,
-               "category": first.category, "ambiguous": False, "remote_engine": False}
+    verdict = judge.trigger_or_collateral(first, trigger).to_wire()
     with contextlib.suppress(Exception):  # a record refusing attributes is judged again
         setattr(record, VERDICT_ATTR, verdict)
     return verdict

@@ -42,6 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..verdict import Kind, TaskVerdict
+
 __all__ = [
     "Action",
     "Answer",
@@ -125,9 +127,9 @@ def hung_failure(payload: Mapping[str, Any]) -> bool:
     The worker itself may be fine (its other tasks progress): resubmit the
     task, never eject the worker for it.
     """
-    verdict = payload.get("verdict")
-    return (payload.get("status") == "failed" and isinstance(verdict, Mapping)
-            and verdict.get("hung") is True)
+    verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    return (payload.get("status") == "failed" and verdict is not None
+            and verdict.kind is Kind.HUNG)
 
 
 def passive_reason(payload: Mapping[str, Any]) -> str | None:
@@ -139,8 +141,8 @@ def passive_reason(payload: Mapping[str, Any]) -> str | None:
     """
     if not engine_dead_failure(payload):
         return None
-    verdict = payload.get("verdict")
-    rule = verdict.get("rule") if isinstance(verdict, Mapping) else None
+    verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    rule = verdict.rule if verdict is not None else ""
     return f"a task failed with a fatal error (rule {rule or 'engine_dead'})"
 
 
@@ -149,19 +151,15 @@ def trigger_rule(payload: Mapping[str, Any]) -> str | None:
 
     Collateral failures (queued or running when another task found the
     engine dead, or failed by the stall watchdog) never count against a
-    document, nor does a hung task whose engine is remote: whoever names the
-    server decides whether it answers, and must not get a document that
-    someone else also sends quarantined.
+    document, nor does a hung task whose engine is remote
+    (:attr:`TaskVerdict.counts_against_document`).
     """
-    verdict = payload.get("verdict")
-    if not isinstance(verdict, Mapping):
+    verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    if verdict is None or not verdict.counts_against_document:
         return None
-    remote_hang = hung_failure(payload) and verdict.get("remote_engine") is True
-    if not (engine_dead_failure(payload) or hung_failure(payload)) or remote_hang:
+    if not (engine_dead_failure(payload) or hung_failure(payload)):
         return None
-    if verdict.get("role") != "trigger":
-        return None
-    return str(verdict.get("rule") or "unknown rule")
+    return verdict.rule or "unknown rule"
 
 
 def next_step(answer: Answer, worker: WorkerView) -> Step:
