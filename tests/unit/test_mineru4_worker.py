@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
-from mineru_health.mineru4.worker import job_store, verdicts, watch
+from mineru_health.mineru4.worker import gate, job_store, verdicts
 from mineru_health.runtime.worker import context, store
 from mineru_health.settings import WorkerSettings
 from mineru_health.testing.faults import make_engine_dead_error
@@ -112,7 +112,7 @@ def _app() -> FastAPI:
     async def tasks() -> JSONResponse:
         return JSONResponse({"accepted": True}, status_code=202)
 
-    app.add_middleware(watch.Gate)
+    app.add_middleware(gate.Gate)
     app.state.job_store = _JobStore()
     context.runtime.apps.append(app)
     return app
@@ -165,14 +165,14 @@ def test_a_full_disk_is_named_507_and_leaves_the_worker_healthy() -> None:
 
 def test_act_on_fatal_fails_every_app_once() -> None:
     stores = [_app().state.job_store, _app().state.job_store]
-    watch.act_on_fatal()
+    gate.act_on_fatal()
     assert all(not s.failed_with for s in stores)
     worker_health().record(make_engine_dead_error())
-    watch.act_on_fatal()
-    watch.act_on_fatal()
+    gate.act_on_fatal()
+    gate.act_on_fatal()
     assert all(len(s.failed_with) == 1 and "vllm.engine_dead" in s.failed_with[0]
                for s in stores)
-    watch.report_jobs()  # MinerU's own error is pushed with the figures
+    gate.report_jobs()  # MinerU's own error is pushed with the figures
 
 
 def _failed_job(job_id: str, code: str = "engine_dead") -> Any:
