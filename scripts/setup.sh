@@ -65,7 +65,7 @@ if ! .venv-mineru4/bin/python -c "import importlib.metadata as m, sys; \
   .venv-mineru4/bin/pip install -q --upgrade pip >/dev/null
   timeout 1800 .venv-mineru4/bin/pip install -q "mineru==$MINERU4_VERSION"
 fi
-# The tiny llama.cpp VLM of the demo and the tests (mineru_health.demo_engine: gguf writes the
+# The tiny llama.cpp VLM of the demo and the tests (mineru_health.demo.engine: gguf writes the
 # GGUF pair) and the stand-ins for 4.0's small ONNX models (onnx writes them) are generated in
 # this venv: the 4.0 demo's real engine death, the llama tests and bench/recovery's llama_real.
 if ! .venv-mineru4/bin/python -c "import gguf, onnx" 2>/dev/null; then

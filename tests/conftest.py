@@ -1,4 +1,5 @@
-"""Shared fixtures on :mod:`mineru_health.testing.sandbox` and :mod:`~mineru_health.testing.router`.
+"""Shared fixtures on :mod:`mineru_health.demo.sandbox` and :mod:`~mineru_health.demo.fleet`
+(the demo's fleet, which the tests run on) and the tests' own ``harness``.
 
 Integration tests never touch the venv's MinerU: they copy the ``mineru``
 package into a temporary directory, patch the copy and start processes with
@@ -32,21 +33,25 @@ Fixtures and helpers (for every test module):
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import functools
 import importlib
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import LINE3, Router, start_fake_vlm, start_router, start_worker
-from mineru_health.testing.sandbox import (
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import LINE3, Router, start_fake_vlm, start_router, start_worker
+from mineru_health.demo.sandbox import (
     MINERU_PYTHON_ENV,
     ManagedProcess,
     Processes,
@@ -71,6 +76,20 @@ __all__ = [
     "wait_until",
     "worker_health",
 ]
+
+def _harness_on_workers_path() -> None:
+    """Worker processes import ``harness.children`` and ``harness.fake_engines`` when a fault
+    plan asks: a directory holding only a link to ``tests/harness`` goes on the ``PYTHONPATH``
+    every process started by a test inherits (the sandboxes keep what they inherit)."""
+    link_dir = Path(tempfile.mkdtemp(prefix="mineru-health-harness-"))
+    (link_dir / "harness").symlink_to(Path(__file__).resolve().parent / "harness",
+                                      target_is_directory=True)
+    atexit.register(shutil.rmtree, link_dir, ignore_errors=True)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*inherited, str(link_dir)])
+
+
+_harness_on_workers_path()
 
 exception_groups: Any = (builtins if sys.version_info >= (3, 11)
                          else importlib.import_module("exceptiongroup"))

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mineru_health.testing.router import Client, Router, http
-from mineru_health.testing.sandbox import SandboxError, wait_until
+from mineru_health.demo.fleet import Client, Router, http
+from mineru_health.demo.sandbox import SandboxError, wait_until
 
 __all__ = ["RestartRun", "kill_and_restart"]
 

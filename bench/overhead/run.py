@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mineru_health.testing.router import (
+from mineru_health.demo.fleet import (
     LINE3,
     LINE4,
     Client,
@@ -55,8 +55,10 @@ from mineru_health.testing.router import (
     start_fake_vlm,
     start_worker,
 )
-from mineru_health.testing.samplers import Prober
-from mineru_health.testing.sandbox import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
+from harness.samplers import Prober
+from mineru_health.demo.sandbox import (
     Processes,
     copy_mineru,
     make_pdf,

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mineru_health.testing.faults import write_plan
-from mineru_health.testing.router import LINE4, Worker, start_worker, text_pdf
-from mineru_health.testing.sandbox import Processes, mineru4_python
+from mineru_health.demo.faults import write_plan
+from mineru_health.demo.fleet import LINE4, Worker, start_worker, text_pdf
+from mineru_health.demo.sandbox import Processes, mineru4_python
 
 FAULTS = ("llama_engine_dead", "cuda_illegal_address", "engine_dead", "task_local")
 START_TIMEOUT_S = 180.0

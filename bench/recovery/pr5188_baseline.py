@@ -75,7 +75,7 @@ class _FollowTasks:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from mineru_health.testing import fault_plugin
+        from mineru_health.demo import fault_plugin
 
         state = getattr(scope.get("app"), "state", None)
         manager = getattr(state, "task_manager", None)

@@ -37,7 +37,7 @@ one worker: ``kill9``, ``engine_dead`` (vLLM's ``EngineDeadError`` from
 ``/v1/health`` 503) or ``hang`` (the worker's event loop blocks), all three
 injected; and ``llama_real``, a real engine death beside them: workers on
 the standard tier (MinerU's VLM path on llama.cpp, 4.0's default engine on
-CPU, with the tiny generated model of ``mineru_health.demo_engine``), one
+CPU, with the tiny generated model of ``mineru_health.demo.engine``), one
 job every 2 s, and the engine of whichever worker generates next closed
 under its running jobs (``Engine.close()``; no fault plugin). Sides:
 ``upstream`` (MinerU 4.0's own router; the fault plugin only) and ``ours``,
@@ -76,9 +76,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mineru_health import demo_engine
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import (
+from mineru_health.demo import engine as demo_engine
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import (
     FLEET4_ENV,
     LINE3,
     LINE4,
@@ -91,8 +91,10 @@ from mineru_health.testing.router import (
     run_fault,
     start_fake_vlm,
 )
-from mineru_health.testing.samplers import RotationLog
-from mineru_health.testing.sandbox import Processes, SandboxError, make_pdf, wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
+from harness.samplers import RotationLog
+from mineru_health.demo.sandbox import Processes, SandboxError, make_pdf, wait_until
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("engine_death", "stall", "kill9", "poison")

@@ -161,7 +161,7 @@ def through_the_line(path: Path, jobs: int) -> list[float]:
 
 
 def through_router(line_name: str, jobs: int, rounds: int, root: Path) -> dict[str, Any]:
-    from mineru_health.testing.router import (
+    from mineru_health.demo.fleet import (
         LINE3,
         LINE4,
         Client,
@@ -169,7 +169,7 @@ def through_router(line_name: str, jobs: int, rounds: int, root: Path) -> dict[s
         start_fake_vlm,
         text_pdf,
     )
-    from mineru_health.testing.sandbox import Processes, make_pdf, mineru4_python, mineru_python
+    from mineru_health.demo.sandbox import Processes, make_pdf, mineru4_python, mineru_python
 
     line = LINE4 if line_name == "4" else LINE3
     python = mineru4_python() if line is LINE4 else mineru_python()

@@ -30,8 +30,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mineru_health.testing.router import LINE3, Client, Router, Stream, fleet, start_fake_vlm
-from mineru_health.testing.sandbox import Processes, make_pdf, mineru_python
+from mineru_health.demo.fleet import LINE3, Client, Router, Stream, fleet, start_fake_vlm
+from mineru_health.demo.sandbox import Processes, make_pdf, mineru_python
 
 SIDES = {"upstream": False, "ours": True}
 

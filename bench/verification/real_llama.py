@@ -4,7 +4,7 @@
 Runs in MinerU 4.0's venv (``mineru_llama_cpp``, ``gguf``), with this package on
 ``PYTHONPATH`` (``run.py --real-llama`` arranges both). One real
 ``mineru_llama_cpp.Engine`` on the tiny random-weight MinerU 2.5 model of
-``mineru_health.demo_engine.tiny_gguf`` (4 slots, as MinerU builds it), and
+``mineru_health.demo.engine.tiny_gguf`` (4 slots, as MinerU builds it), and
 ``verification.confirm`` with that engine as its one handle, as after an
 undecided failure:
 
@@ -40,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from mineru_health import verification
-    from mineru_health.demo_engine import tiny_gguf
+    from mineru_health.demo.engine import tiny_gguf
     from mineru_health.verification import Handle, Verifier
     from mineru_health.worker import WorkerHealth
     from mineru_llama_cpp import Engine, SamplingParams

@@ -7,7 +7,7 @@ Same process, same run: for one failure no rule knows,
    the task-local outcome), what every failure already costs;
 2. ``record`` then ``verification.confirm`` with one engine handle of each
    verifier, alive (the common case: the check passes), using the fakes of
-   ``mineru_health.testing.fake_engines``, which have the real API shapes.
+   ``harness.fake_engines``, which have the real API shapes.
 
 The verifier's own cost is the thread it starts, the wait on it and the
 handle reads; the fakes answer at once, so what the real engines add on
@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from mineru_health import verification
-from mineru_health.testing import fake_engines as fe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
+from harness import fake_engines as fe
 from mineru_health.verification import Handle, Verifier
 from mineru_health.worker import WorkerHealth
 

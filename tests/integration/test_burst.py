@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import Router, make_pdf
-from mineru_health.testing.router import Client
+from mineru_health.demo.fleet import Client
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from conftest import Router, http_get, wait_until
-from mineru_health.testing.router import Client, Outcome, Stream
-from mineru_health.testing.samplers import RotationLog
-from mineru_health.testing.sandbox import make_pdf
+from harness.samplers import RotationLog
+from mineru_health.demo.fleet import Client, Outcome, Stream
+from mineru_health.demo.sandbox import make_pdf
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from mineru_health import demo, demo_engine
-from mineru_health.testing.router import LINE3, LINE4, Line
+from mineru_health import demo
+from mineru_health.demo import engine as demo_engine
+from mineru_health.demo.fleet import LINE3, LINE4, Line
 
 
 @pytest.mark.integration
@@ -275,5 +276,5 @@ def test_the_switch_loader_joins_the_fault_plugin_s_once(tmp_path: Path) -> None
         demo_engine.install_into_site(tmp_path)
     text = (tmp_path / "sitecustomize.py").read_text(encoding="utf-8")
     assert text.startswith("# the fault plugin's loader\n")
-    assert text.count("mineru_health.demo_engine.engine_switch.load()") == 1
+    assert text.count("mineru_health.demo.engine.engine_switch.load()") == 1
     compile(text, "sitecustomize.py", "exec")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Router, http_get
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import FLEET4_ENV, LINE4, fleet
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import FLEET4_ENV, LINE4, fleet
 
 pytestmark = pytest.mark.integration
 

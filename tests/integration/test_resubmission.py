@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 from conftest import Router, make_pdf, wait_until
-from mineru_health.testing.router import Client, Outcome, Stream
+from mineru_health.demo.fleet import Client, Outcome, Stream
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 from conftest import Router, http_get, wait_until
+from mineru_health.demo.fleet import START_TIMEOUT_S, Client
 from mineru_health.settings import HealthSettings
-from mineru_health.testing.router import START_TIMEOUT_S, Client
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 from conftest import ManagedProcess, Router, free_port, make_pdf, wait_until
+from mineru_health.demo.fleet import LINE3, Client
+from mineru_health.demo.sandbox import HOST, Processes
 from mineru_health.runtime.router.store import DB_NAME
-from mineru_health.testing.router import LINE3, Client
-from mineru_health.testing.sandbox import HOST, Processes
 from router_restart import kill_and_restart
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import ManagedProcess, submit_task, wait_task, worker_health
-from mineru_health.testing.faults import UNKNOWN_ERROR_MESSAGE, write_plan
+from mineru_health.demo.faults import UNKNOWN_ERROR_MESSAGE, write_plan
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +124,7 @@ def test_mineru4_runtime_and_llama_cpp_shapes(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    from mineru_health.testing.sandbox import mineru_health_path
+    from mineru_health.demo.sandbox import mineru_health_path
 
     python = os.environ.get(MINERU4_PYTHON_ENV, "")
     if not python:

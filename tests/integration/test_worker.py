@@ -31,7 +31,7 @@ from conftest import (
     wait_until,
     worker_health,
 )
-from mineru_health.testing.faults import write_plan
+from mineru_health.demo.faults import write_plan
 
 pytestmark = pytest.mark.integration
 
@@ -414,7 +414,7 @@ def test_importing_the_patched_server_module_writes_no_file(
 ) -> None:
     """Issue 25: importing it made ``output/mineru-health-finished.sqlite3`` in the current
     directory; the task store opens when the worker starts serving."""
-    from mineru_health.testing import sandbox
+    from mineru_health.demo import sandbox
 
     env = sandbox.mineru_env(patched_mineru_site)
     done = subprocess.run([mineru_python, "-c", "import mineru.cli.fast_api"], cwd=tmp_path,

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 from conftest import submit_task, wait_until
+from harness.children import CHILDREN_ENV, cgroups_here, family, survivors
+from mineru_health.demo.fleet import LINE3, Router, start_router
+from mineru_health.demo.sandbox import Processes
 from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
-from mineru_health.testing.children import CHILDREN_ENV, cgroups_here, family, survivors
-from mineru_health.testing.router import LINE3, Router, start_router
-from mineru_health.testing.sandbox import Processes
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from mineru_health.classifier import (
     load_rules,
     reload_rules,
 )
+from mineru_health.demo.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
 from mineru_health.errors import ConfigError, RulesError
 from mineru_health.frames import Via, frames_from_exception
-from mineru_health.testing.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
 from mineru_health.tracebacks import classify_text
 
 

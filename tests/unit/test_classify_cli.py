@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from mineru_health.testing.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
+from mineru_health.demo.faults import ENGINE_DEAD_MESSAGE, make_engine_dead_error
 
 FATAL_TEXT = f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}\n"
 

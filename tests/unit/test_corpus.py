@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 import pytest
+from harness import corpus
 from mineru_health.classifier import default_rules
-from mineru_health.testing import corpus
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "errors"
 MIN_PRECISION = 0.98

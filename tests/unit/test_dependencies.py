@@ -60,7 +60,7 @@ def test_integration_imports_no_demo_dependency(module: str, tmp_path: Path) -> 
     loaded = json.loads(done.stdout)
     assert not [m for m in loaded if m.split(".")[0] in ABSENT], loaded
     ours = [m for m in loaded if m.startswith("mineru_health.")]
-    assert not [m for m in ours if m.startswith(("mineru_health.demo", "mineru_health.testing"))]
+    assert not [m for m in ours if m.startswith("mineru_health.demo")]
     assert "mineru_health.tracebacks" not in ours  # printed tracebacks: the CLI's, the corpus's
 
 
@@ -79,3 +79,25 @@ def test_the_demo_names_its_extra_when_a_library_is_missing(tmp_path: Path) -> N
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "needs httpx" in done.stderr and "mineru-health[demo]" in done.stderr
+
+
+def test_no_test_scaffolding_is_installed() -> None:
+    """The tests' harness (corpus, samplers, fake engines) ships in no wheel; the fleet the demo
+    runs on is the demo's, and only the CLI's ``demo`` command imports it."""
+    import importlib.util
+
+    import mineru_health
+
+    package = Path(mineru_health.__file__).resolve().parent
+    assert not (package / "testing").exists()
+    harness = importlib.util.find_spec("harness")  # the tests' own, from tests/
+    assert harness is not None and harness.origin is not None
+    assert package.parent not in Path(harness.origin).resolve().parents
+    importers = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "demo" not in path.relative_to(package).parts and path.name != "cli.py"
+        and ("from .demo" in (text := path.read_text(encoding="utf-8"))
+             or "mineru_health.demo" in text or "from ..demo" in text)
+    ]
+    assert importers == []

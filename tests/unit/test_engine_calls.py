@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mineru_health.demo import fault_plugin
+from mineru_health.demo.faults import FaultInjector, write_plan
 from mineru_health.runtime.worker import engine_calls
-from mineru_health.testing import fault_plugin
-from mineru_health.testing.faults import FaultInjector, write_plan
 
 
 def _package(tmp_path: Path, name: str, source: str) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.testing import faults
-from mineru_health.testing.faults import ENGINE_DEAD_MESSAGE, FaultInjector, write_plan
+from mineru_health.demo import faults
+from mineru_health.demo.faults import ENGINE_DEAD_MESSAGE, FaultInjector, write_plan
 
 
 def test_write_plan_is_atomic_and_validated(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_engine_stall_never_returns_until_its_bound(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["-1", "inf", "nan", "86401", "soon"])
 def test_a_bad_hang_time_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                     value: str) -> None:
-    from mineru_health.testing import fault_plugin
+    from mineru_health.demo import fault_plugin
 
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(tmp_path / "p"))
     monkeypatch.setenv(faults.HANG_S_ENV, value)
@@ -185,7 +185,7 @@ class _Health:
 
 def test_plugin_wraps_3x_parse_functions_wherever_bound(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from mineru_health.testing import fault_plugin
+    from mineru_health.demo import fault_plugin
 
     def do_parse(name: str) -> str:
         return f"parsed {name}"
@@ -211,8 +211,8 @@ def test_plugin_wraps_3x_parse_functions_wherever_bound(tmp_path: Path,
 
 
 def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
+    from mineru_health.demo import fault_plugin
     from mineru_health.runtime.worker import engine_calls
-    from mineru_health.testing import fault_plugin
 
     class MinerUParser:
         async def _arun_analysis(self) -> str:
@@ -235,7 +235,7 @@ def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
 
 def test_plugin_reads_the_plan_on_the_loop_while_the_watcher_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mineru_health.testing import fault_plugin
+    from mineru_health.demo import fault_plugin
 
     plan = tmp_path / "plan"
     injector = FaultInjector(plan)

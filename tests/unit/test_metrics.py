@@ -106,7 +106,7 @@ def _bound_health() -> Any:
 def test_worker_starts_healthy_and_every_fatal_record_is_counted() -> None:
     """Issue 25: a stall, a hung-task death and a verified death never reached the counter,
     which was pushed from the classifier's call sites; it is the native state's count now."""
-    from mineru_health.testing.faults import make_engine_dead_error
+    from mineru_health.demo.faults import make_engine_dead_error
 
     health = _bound_health()
     assert value("mineru_worker_healthy") == 1

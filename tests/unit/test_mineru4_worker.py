@@ -16,10 +16,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
+from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.mineru4.worker import gate, job_store, verdicts
 from mineru_health.runtime.worker import context, store
 from mineru_health.settings import WorkerSettings
-from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
 pytestmark = pytest.mark.usefixtures("fresh_worker_state")

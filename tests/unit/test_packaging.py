@@ -66,7 +66,7 @@ def test_version_names_the_mineru_releases_it_patches(capsys: pytest.CaptureFixt
 
 def test_a_relative_mineru_python_is_made_absolute(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mineru_health.testing import sandbox
+    from mineru_health.demo import sandbox
 
     venv_bin = tmp_path / "venv" / "bin"
     venv_bin.mkdir(parents=True)
@@ -80,7 +80,7 @@ def test_a_relative_mineru_python_is_made_absolute(
 
 
 def test_a_bare_interpreter_name_is_looked_up_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mineru_health.testing import sandbox
+    from mineru_health.demo import sandbox
 
     name = Path(sys.executable).name
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))

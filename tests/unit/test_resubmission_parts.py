@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from mineru_health.audit import AuditLog
+from mineru_health.demo import fault_plugin, faults
+from mineru_health.demo.faults import FaultInjector, write_plan
 from mineru_health.mineru3.router.endpoints import retained_payload_class
 from mineru_health.mineru3.router.pool import RetiredOutputs
 from mineru_health.runtime.worker import engine_calls
 from mineru_health.state_dirs import StateDirs
-from mineru_health.testing import fault_plugin, faults
-from mineru_health.testing.faults import FaultInjector, write_plan
 from mineru_health.worker import WorkerHealth
 
 # --- fault plan: poison <file name> -----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""mineru_health.testing.router against a fake router on loopback: the job client of both lines,
+"""mineru_health.demo.fleet against a fake router on loopback: the job client of both lines,
 the stream's outcomes, the rotation log and the fault run (no MinerU)."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.testing.processes import ManagedProcess
-from mineru_health.testing.router import (
+from harness.samplers import run_fault
+from mineru_health.demo.fleet import (
     LINE3,
     LINE4,
     Client,
     Line,
     Router,
     Stream,
-    run_fault,
 )
+from mineru_health.demo.processes import ManagedProcess
 
 pytest.importorskip("httpx")
 

@@ -1,4 +1,4 @@
-"""mineru_health.testing.sandbox: PDFs, environments and processes that are always reaped.
+"""mineru_health.demo.sandbox: PDFs, environments and processes that are always reaped.
 
 Process tests start tiny Python children; every wait is bounded.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mineru_health.testing import sandbox
+from mineru_health.demo import sandbox
 
 pypdf = pytest.importorskip("pypdf")
 pytest.importorskip("reportlab")

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from harness import fake_engines as fe
 from mineru_health import verification
 from mineru_health.classifier import Rule, RuleKind, Rules
-from mineru_health.testing import fake_engines as fe
 from mineru_health.verification import Handle, Verification, Verifier, confirm
 from mineru_health.worker import WorkerHealth
 
@@ -484,8 +484,8 @@ def test_hook_verifies_a_remote_task_whose_failure_escaped_a_local_engine_call(
 def test_fault_plan_unknown_error_stands_in_for_a_local_engine(
         worker_state: WorkerHealth, tmp_path: Any) -> None:
     from mineru_health.classifier import classify
-    from mineru_health.testing.fault_plugin import faulted
-    from mineru_health.testing.faults import FaultInjector, make_unknown_error
+    from mineru_health.demo.fault_plugin import faulted
+    from mineru_health.demo.faults import FaultInjector, make_unknown_error
 
     error = make_unknown_error()
     assert not classify(error).matched  # no rule knows it

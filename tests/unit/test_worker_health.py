@@ -8,8 +8,8 @@ import urllib.request
 from datetime import datetime
 
 import pytest
+from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.errors import HealthEndpointError
-from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import (
     FatalInfo,
     HealthEndpoint,

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.mineru3 import worker as hooks
 from mineru_health.mineru3.worker import tasks
 from mineru_health.runtime.worker import context, judge, threads
-from mineru_health.testing.faults import make_engine_dead_error
 from mineru_health.worker import worker_health
 
 pytestmark = pytest.mark.usefixtures("fresh_worker_state")

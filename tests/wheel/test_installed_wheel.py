@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ManagedProcess, free_port, http_get, wait_until
-from mineru_health.testing.faults import write_plan
+from mineru_health.demo.faults import write_plan
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TEST_INSTALLED_WHEEL") != "1",

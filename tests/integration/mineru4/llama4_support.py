@@ -1,4 +1,4 @@
-"""Real MinerU 4.0 standard-tier workers on the tiny llama.cpp VLM (``mineru_health.demo_engine``).
+"""Real MinerU 4.0 standard-tier workers on the tiny llama.cpp VLM (``mineru_health.demo.engine``).
 
 * fixture ``tiny_vlm_home`` (session): a ``MINERU_HOME`` holding the tiny GGUF pair and
   the stand-in ONNX layout/OCR models, generated once per run by ``demo_engine.write_home``
@@ -6,8 +6,8 @@
 * fixture ``site4_llama`` (session): a patched copy of MinerU 4.0 whose ``sitecustomize``
   loads ``demo_engine.engine_switch`` in processes given ``ENGINE_SWITCH_CLOSE_ARM``;
   without it the workers run the copy untouched.
-* ``LINE4_STANDARD`` (``testing/router.py``): the 4.0 line with standard-tier workers and
-  jobs, for :func:`~mineru_health.testing.router.start_router` and ``run_fault``.
+* ``LINE4_STANDARD`` (``mineru_health/demo/fleet.py``): the 4.0 line with standard-tier workers and
+  jobs, for :func:`~mineru_health.demo.fleet.start_router` and ``run_fault``.
 * ``big_page_pdf()``: a document whose page is too large for the tiny model's context.
 """
 
@@ -17,10 +17,10 @@ import io
 from pathlib import Path
 
 import pytest
-from mineru_health import demo_engine
-from mineru_health.demo_engine import install_into_site, worker_env
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import LINE4_STANDARD
+from mineru_health.demo import engine as demo_engine
+from mineru_health.demo import sandbox
+from mineru_health.demo.engine import install_into_site, worker_env
+from mineru_health.demo.fleet import LINE4_STANDARD
 
 __all__ = ["LINE4_STANDARD", "big_page_pdf", "worker_env"]
 

@@ -2,7 +2,7 @@
 
 Skips unless ``MINERU_HEALTH_MINERU4_PYTHON`` names the interpreter of a
 MinerU 4.0 venv (``scripts/setup.sh`` makes ``.venv-mineru4``). The worker
-(``testing/router.py``'s ``start_worker``) runs the flash tier offline,
+(``mineru_health/demo/fleet.py``'s ``start_worker``) runs the flash tier offline,
 ``MINERU_HOME``/``HOME`` in a scratch directory, its native endpoint on a
 port of its own, with the fault plan plugin of the test sandbox.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import LINE4, Worker, start_worker, text_pdf
-from mineru_health.testing.samplers import Prober
-from mineru_health.testing.sandbox import Processes, wait_until
+from harness.samplers import Prober
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import LINE4, Worker, start_worker, text_pdf
+from mineru_health.demo.sandbox import Processes, wait_until
 
 __all__ = ["Prober", "Worker", "plan_consumed", "text_pdf"]
 

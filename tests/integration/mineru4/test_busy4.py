@@ -22,7 +22,7 @@ from mineru4_support import (
     site4,  # noqa: F401 - fixture
     start_worker4,  # noqa: F401 - fixture
 )
-from mineru_health.testing.sandbox import make_pdf
+from mineru_health.demo.sandbox import make_pdf
 
 pytestmark = pytest.mark.integration
 

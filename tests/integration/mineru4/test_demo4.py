@@ -16,8 +16,8 @@ import subprocess
 import sys
 
 import pytest
-from mineru_health import demo_engine
-from mineru_health.testing.sandbox import MINERU4_PYTHON_ENV, MINERU_PYTHON_ENV
+from mineru_health.demo import engine as demo_engine
+from mineru_health.demo.sandbox import MINERU4_PYTHON_ENV, MINERU_PYTHON_ENV
 
 pytestmark = pytest.mark.integration
 

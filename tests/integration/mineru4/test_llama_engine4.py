@@ -2,7 +2,7 @@
 
 Standard-tier ``mineru-api`` 4.0.12 workers run MinerU's own VLM path in-process on
 ``mineru_llama_cpp.Engine`` (4.0's default engine on CPU) with the tiny random-weight
-MinerU 2.5 model of ``mineru_health.demo_engine`` (generated once a run). No fault plugin: failures are
+MinerU 2.5 model of ``mineru_health.demo.engine`` (generated once a run). No fault plugin: failures are
 the engine's own.
 
 * A document parses through the real engine; a document whose page is too large for the
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.samplers import run_fault
 from llama4_support import (  # noqa: F401 - fixtures
     LINE4_STANDARD,
     big_page_pdf,
@@ -34,16 +35,15 @@ from llama4_support import (  # noqa: F401 - fixtures
     tiny_vlm_home,
     worker_env,
 )
-from mineru_health.testing.router import (
+from mineru_health.demo.fleet import (
     FLEET4_ENV,
     Router,
     Worker,
-    run_fault,
     start_router,
     start_worker,
     text_pdf,
 )
-from mineru_health.testing.sandbox import Processes
+from mineru_health.demo.sandbox import Processes
 
 pytestmark = [pytest.mark.integration]
 

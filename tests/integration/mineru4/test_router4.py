@@ -1,6 +1,6 @@
 """The patched MinerU 4.0 ``mineru-router`` with two real local ``mineru-api`` workers.
 
-Offline, flash tier, text PDFs (harness: ``testing/router.py``). A steady
+Offline, flash tier, text PDFs (harness: ``mineru_health/demo/fleet.py``). A steady
 stream of jobs goes through the router's ``/v1/tasks`` while one worker is
 killed with ``kill -9``, its engine dies (vLLM's ``EngineDeadError`` raised
 in 4.0's real parse call) or its event loop hangs. Every job submitted must
@@ -20,16 +20,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import (
+from harness.samplers import FaultRun, run_fault
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import (
     FLEET4_ENV,
     LINE4,
     Client,
-    FaultRun,
     Outcome,
     Router,
     fleet,
-    run_fault,
     text_document,
 )
 

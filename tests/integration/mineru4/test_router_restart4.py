@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mineru_health.testing import sandbox
-from mineru_health.testing.router import (
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import (
     FLEET4_ENV,
     LINE4,
     Client,
@@ -24,7 +24,7 @@ from mineru_health.testing.router import (
     start_router,
     text_pdf,
 )
-from mineru_health.testing.sandbox import Processes
+from mineru_health.demo.sandbox import Processes
 from router_restart import kill_and_restart
 
 pytestmark = [

@@ -25,9 +25,9 @@ from mineru4_support import (  # noqa: F401 - fixtures
     start_worker4,
     text_pdf,
 )
-from mineru_health.testing import faults
-from mineru_health.testing.faults import write_plan
-from mineru_health.testing.sandbox import wait_until
+from mineru_health.demo import faults
+from mineru_health.demo.faults import write_plan
+from mineru_health.demo.sandbox import wait_until
 
 pytestmark = pytest.mark.integration
 

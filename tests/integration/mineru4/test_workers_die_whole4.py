@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
-from mineru_health.testing import sandbox
-from mineru_health.testing.children import CHILDREN_ENV, cgroups_here, family, survivors
-from mineru_health.testing.router import (
+from harness.children import CHILDREN_ENV, cgroups_here, family, survivors
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import (
     FLEET4_ENV,
     LINE4,
     Client,
@@ -37,7 +36,8 @@ from mineru_health.testing.router import (
     start_router,
     text_pdf,
 )
-from mineru_health.testing.sandbox import HOST, Processes, wait_until
+from mineru_health.demo.sandbox import HOST, Processes, wait_until
+from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
 
 pytestmark = [
     pytest.mark.integration,

@@ -464,7 +464,11 @@ class FaultInjector:
             singleton._models[FAKE_ENGINE_KEY] = _FakePredictor()
 
     def _plant_engine(self, alive: bool) -> None:
-        from .fake_engines import FakeLmdeployEngine, predictor_with
+        # Tests only (the verification plans): the tests' fake engines are on the path.
+        from harness.fake_engines import (  # type: ignore[import-not-found]
+            FakeLmdeployEngine,
+            predictor_with,
+        )
 
         module = importlib.import_module("mineru.backend.vlm.vlm_analyze")
         engine = FakeLmdeployEngine("alive" if alive else "dead")

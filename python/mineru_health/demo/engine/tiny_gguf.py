@@ -13,7 +13,7 @@ ends a reply after a token or two. MinerU sets no ``max_new_tokens``, so a purel
 would decode until its context is full; with this one a parse completes. Pass
 ``ignore_eos=True`` (``SamplingParams``) to keep it decoding (the busy-engine benchmark does).
 
-    python -m mineru_health.demo_engine.tiny_gguf OUT_DIR [--mineru-home]   # prints paths, timing
+    python -m mineru_health.demo.engine.tiny_gguf OUT_DIR [--mineru-home]   # prints paths, timing
 
 ``--mineru-home`` lays the files out as MinerU's model store expects them under
 ``OUT_DIR/models`` (``MINERU_HOME=OUT_DIR``, ``MINERU_MODEL_SOURCE=local``), together with

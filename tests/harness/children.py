@@ -25,10 +25,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mineru_health.demo.fault_plugin import CHILDREN_ENV  # one name: the plugin reads it
+
 __all__ = ["CHILDREN_ENV", "LIFE_S", "cgroups_here", "family", "read_children", "start_from_env",
            "survivors"]
 
-CHILDREN_ENV = "MINERU_HEALTH_FAULT_CHILDREN"
 #: How long a test child lives if nothing ends it.
 LIFE_S = 600
 
@@ -91,8 +92,8 @@ def family(directory: Path, worker_pid: int, timeout_s: float = 60.0) -> dict[st
     Raises ``TimeoutError`` when the record does not come, ``ProcessLookupError`` when one
     of them is gone already.
     """
-    from .. import _native
-    from .sandbox import wait_until
+    from mineru_health import _native
+    from mineru_health.demo.sandbox import wait_until
 
     recorded = wait_until(lambda: read_children(directory, worker_pid), timeout_s, 0.1)
     if not recorded:
@@ -107,7 +108,7 @@ def family(directory: Path, worker_pid: int, timeout_s: float = 60.0) -> dict[st
 def cgroups_here() -> str:
     """Why a router here would keep its workers in process groups, not cgroups ("": it
     would not): a real process is put in a cgroup the way a router puts a worker there."""
-    from ..runtime.router.processes import WorkerProcesses
+    from mineru_health.runtime.router.processes import WorkerProcesses
 
     processes = WorkerProcesses(cgroups=True, grace_s=1.0)
     launch = processes.prepare("cgroup-probe")
@@ -125,7 +126,7 @@ def cgroups_here() -> str:
 
 def survivors(members: dict[str, Any]) -> dict[str, int]:
     """Those of ``members`` (a :func:`family`) still running: name -> pid."""
-    from .. import _native
+    from mineru_health import _native
 
     return {name: process.pid for name, process in members.items()
             if _native.process_id(process.pid) == process}

@@ -1,4 +1,5 @@
-"""What watches a running fleet from a thread of its own: its rotation and a health URL.
+"""What watches a running fleet from a thread of its own: its rotation and a health URL;
+and one fault run over a document stream (:func:`run_fault`).
 
     with RotationLog(router, every_s=0.2) as rotation:   # out_at / back_at after a fault
         ...
@@ -16,14 +17,17 @@ import ssl
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from mineru_health.demo.fleet import Client, Outcome, Router, Stream, text_document
+from mineru_health.demo.sandbox import SandboxError, wait_until
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from .router import Router
-
-__all__ = ["Prober", "RotationLog"]
+__all__ = ["FaultRun", "Prober", "RotationLog", "run_fault"]
 
 class _Sampler:
     """Calls ``_sample`` every ``every_s`` from a thread of its own (a context manager)."""
@@ -140,4 +144,42 @@ class Prober(_Sampler):
                 "p99_ms": round(p99 * 1000, 2), "max_ms": round(values[-1] * 1000, 2),
                 "failures": failures}
 
+@dataclass
+class FaultRun:
+    outcomes: list[Outcome]
+    before: list[Outcome]  # completed before the fault
+    fault_at: float  # unix time
+    out_at: float | None  # first time a worker was out of rotation
+    back_at: float | None  # every worker in rotation again after that
 
+    @property
+    def lost(self) -> list[Outcome]:
+        """Documents refused, failed or not finished."""
+        return [o for o in self.outcomes if o.status != "completed"]
+
+
+def run_fault(router: Router, inject: Callable[[], object], *, client: Client | None = None,
+              document: Callable[[int], tuple[str, bytes]] = text_document,
+              every_s: float = 0.8, warm: int = 3, recovery_timeout_s: float = 120.0,
+              task_timeout_s: float = 240.0, after_s: float = 5.0, poll_s: float = 1.0
+              ) -> FaultRun:
+    """Streams documents, injects the fault after ``warm`` completed, waits for the end.
+
+    Recovery is read from the router's rotation (:class:`RotationLog`, which
+    MinerU's own router shows too): out when a worker left it, back when all
+    are in it again; then ``after_s`` more of the stream on the healed (or
+    not) fleet, and every document waited for (``task_timeout_s``, bounded).
+    """
+    client = client or Client(router.base, router.line)
+    with (Stream(client, document, every_s=every_s, task_timeout_s=None, poll_s=poll_s) as stream,
+          RotationLog(router, every_s=0.2) as rotation):
+        if not wait_until(lambda: len(stream.completed()) >= warm, task_timeout_s, poll_s):
+            raise SandboxError(f"no job completed: {router.proc.log_tail()}")
+        before = stream.completed()
+        fault_at = time.time()
+        inject()
+        wait_until(lambda: rotation.back_at(fault_at), recovery_timeout_s, 0.2)
+        time.sleep(after_s)
+        outcomes = stream.outcomes(task_timeout_s)
+    return FaultRun(outcomes, before, fault_at, rotation.out_at(fault_at),
+                    rotation.back_at(fault_at))

@@ -80,11 +80,11 @@ _FIND_MINERU = (
 _IMPORTS_HEALTH = "import mineru_health.mineru3.worker"
 #: Loads the fault plan plugin in every process started from a sandbox site.
 _SITECUSTOMIZE = """\
-# Written by mineru_health.testing.sandbox: the fault plan plugin, for tests and demos only.
+# Written by mineru_health.demo.sandbox: the fault plan plugin, for tests and demos only.
 import os
 if os.environ.get("MINERU_HEALTH_FAULT_PLAN"):
-    import mineru_health.testing.fault_plugin
-    mineru_health.testing.fault_plugin.load()
+    import mineru_health.demo.fault_plugin
+    mineru_health.demo.fault_plugin.load()
 """
 
 
@@ -268,8 +268,8 @@ def mineru_env(
 
 
 def fake_vlm_command(python: str, port: int, host: str = HOST) -> list[str]:
-    """argv of the fake OpenAI-compatible VLM server (``testing/fake_vlm_server.py``)."""
-    module = "mineru_health.testing.fake_vlm_server"
+    """argv of the fake OpenAI-compatible VLM server (``demo/fake_vlm_server.py``)."""
+    module = "mineru_health.demo.fake_vlm_server"
     return [python, "-m", module, "--host", host, "--port", str(port)]
 
 

@@ -6,7 +6,7 @@
 
 It runs the line of the MinerU it finds (``MINERU_HEALTH_MINERU_PYTHON``,
 default: this Python) on the fleet harness the tests and benchmarks share
-(:mod:`mineru_health.testing.router`), all on 127.0.0.1:
+(:mod:`mineru_health.demo.fleet`), all on 127.0.0.1:
 
 1. copies the installed ``mineru`` into a temporary directory, patches the
    copy (the installed MinerU is never touched) and loads the fault plugin;
@@ -19,7 +19,7 @@ default: this Python) on the fleet harness the tests and benchmarks share
    engine-death on MinerU 4.0 kills a real llama.cpp engine instead when
    MinerU's Python can (``--engine llama``, the default there when it has
    ``mineru_llama_cpp``, ``gguf`` and ``onnx``): standard-tier workers on a
-   tiny generated model (:mod:`mineru_health.demo_engine`), whose engine is
+   tiny generated model (:mod:`mineru_health.demo.engine`), whose engine is
    closed under running jobs; otherwise the demo says so and injects
    llama.cpp's error through the fault plugin;
 5. prints a live timeline (the router's audit file and rotation, the victim's
@@ -51,10 +51,10 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .safe_text import printable
+from ..safe_text import printable
 
 if TYPE_CHECKING:
-    from .testing.router import Line
+    from .fleet import Line
 
 __all__ = ["ENGINES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED", "EXIT_SETUP_FAILED",
            "INJECTED", "LLAMA", "SCENARIOS", "Demo", "Scenario", "build_parser", "choose_engine",
@@ -98,7 +98,7 @@ class Scenario:
     """One fault (its plan word on each line that has it) and the outcome that proves it."""
 
     name: str
-    plans: Mapping[str, str]  # MinerU line ("3", "4.0") -> fault plan word (testing/faults.py)
+    plans: Mapping[str, str]  # MinerU line ("3", "4.0") -> fault plan word (demo/faults.py)
     summary: str
     expect: str  # "recovered", "gave_up" or "no_restart"
     observe_s: float  # how long after the fault the outcome may take
@@ -127,7 +127,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 REAL_SUMMARY = ("the llama.cpp engine of one worker (4.0's default engine, which upstream 4.0.12 "
                 "never notices) is closed under its running jobs: a real engine death, on "
                 "standard-tier workers with a tiny generated model, no fault plugin")
-#: What the real engine needs (mineru_health.demo_engine), as a user would install it.
+#: What the real engine needs (mineru_health.demo.engine), as a user would install it.
 REAL_NEEDS = "pip install gguf onnx"
 
 
@@ -261,7 +261,7 @@ class Demo:
     def _read_victim_health(self) -> None:
         import httpx
 
-        from .testing.router import http
+        from .fleet import http
 
         if not self.servers and not self.victim and self.marks["fault_injected"] is not None:
             self.victim = self._first_dead()
@@ -302,7 +302,7 @@ class Demo:
         """
         import httpx
 
-        from .testing.router import http
+        from .fleet import http
 
         for worker, pid in self.pids.items():
             url = self.router.worker_url(pid)
@@ -398,8 +398,8 @@ class Demo:
     # -- one run -----------------------------------------------------------------------------------
     def run(self) -> tuple[int, str]:
         """The exit status and the verdict's reason; the marks and counters as they ended."""
-        from .testing.processes import Processes
-        from .testing.router import Stream, text_document
+        from .fleet import Stream, text_document
+        from .processes import Processes
 
         with Processes() as procs:
             client = self._start(procs)
@@ -425,9 +425,9 @@ class Demo:
         return (EXIT_OK if ok else EXIT_OUTCOME_MISSED), reason
 
     def _start(self, procs: Any) -> Any:
-        from . import demo_engine
-        from .testing.router import FLEET4_ENV, LINE3, Client, start_fake_vlm, start_router
-        from .testing.sandbox import SandboxError, mineru_python
+        from . import engine as demo_engine
+        from .fleet import FLEET4_ENV, LINE3, Client, start_fake_vlm, start_router
+        from .sandbox import SandboxError, mineru_python
 
         s, line, python = self.scenario, self.line, mineru_python()
         self.add("demo", f"scenario {s.name} on MinerU {line.name}: "
@@ -612,10 +612,10 @@ def choose_engine(choice: str, line: Line, scenario: Scenario,
 
 def _mineru_line() -> Line:
     """The harness's line for the MinerU the demo runs, told by its files (3.x if unknown)."""
-    from . import patching
-    from .errors import MineruHealthError
-    from .testing import sandbox
-    from .testing.router import LINE3, LINE4
+    from .. import patching
+    from ..errors import MineruHealthError
+    from . import sandbox
+    from .fleet import LINE3, LINE4
 
     try:
         manifest, _ = patching.detect(sandbox.mineru_package_dir(sandbox.mineru_python()))
@@ -625,8 +625,8 @@ def _mineru_line() -> Line:
 
 
 def _lacking() -> list[str]:
-    from . import demo_engine
-    from .testing.sandbox import mineru_python
+    from . import engine as demo_engine
+    from .sandbox import mineru_python
 
     return demo_engine.missing(mineru_python())
 
@@ -660,7 +660,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
         print(f"mineru-health demo: {exc}", file=err)
         return EXIT_SETUP_FAILED
     if engine == LLAMA:
-        from .testing.router import LINE4_STANDARD
+        from .fleet import LINE4_STANDARD
 
         line = LINE4_STANDARD
     rate = args.rate or (2.0 if line.name == "3" else RATE_LLAMA if engine == LLAMA else 1.25)

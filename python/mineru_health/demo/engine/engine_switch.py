@@ -32,11 +32,11 @@ _MARK = "__mineru_health_engine_switch__"
 
 #: Appended to a sandbox site's ``sitecustomize.py`` (after the fault plugin's loader, if any).
 _LOADER = """
-# Written by mineru_health.demo_engine: the engine switch, for the demo and tests only.
+# Written by mineru_health.demo.engine: the engine switch, for the demo and tests only.
 import os
 if os.environ.get("ENGINE_SWITCH_CLOSE_ARM"):
-    import mineru_health.demo_engine.engine_switch
-    mineru_health.demo_engine.engine_switch.load()
+    import mineru_health.demo.engine.engine_switch
+    mineru_health.demo.engine.engine_switch.load()
 """
 
 

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible server that lets MinerU's ``vlm-http-client`` backend finish a parse.
 
-    python -m mineru_health.testing.fake_vlm_server --host 127.0.0.1 --port 30000
+    python -m mineru_health.demo.fake_vlm_server --host 127.0.0.1 --port 30000
 
 It answers what ``mineru_vl_utils``' HTTP client asks for: ``GET /v1/models``
 (one model, whose id the client adopts) and ``POST /v1/chat/completions``.
@@ -94,7 +94,7 @@ def create_app() -> FastAPI:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mineru_health.testing.fake_vlm_server",
+        prog="python -m mineru_health.demo.fake_vlm_server",
         description="Fake OpenAI-compatible VLM server for MinerU's vlm-http-client backend "
         "(tests and demos; answers every page with an empty layout).",
     )

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..classifier import Rules, Verdict, default_rules
-from ..frames import Frame, Via
-from ..tracebacks import frames_from_text
+from mineru_health.classifier import Rules, Verdict, default_rules
+from mineru_health.frames import Frame, Via
+from mineru_health.tracebacks import frames_from_text
 
 LABELS = ("fatal", "task_local", "ambiguous")
 _VIA = {"cause": Via.CAUSE, "context": Via.CONTEXT, "group_member": Via.GROUP}

@@ -31,7 +31,7 @@ LABEL = 1
 BOX = (0.1, 0.1, 0.9, 0.45)
 
 _CONFIG = f"""\
-# Written by mineru_health.demo_engine: the stand-in layout model's preprocessing.
+# Written by mineru_health.demo.engine: the stand-in layout model's preprocessing.
 Preprocess:
 - type: Resize
   target_size: [{INPUT_SIZE}, {INPUT_SIZE}]

@@ -1,7 +1,7 @@
 """The fault plan as a plugin the test and demo sandboxes load into MinerU (never production).
 
 The sandbox writes a ``sitecustomize.py`` next to its MinerU copy
-(:func:`~mineru_health.testing.sandbox.add_fault_plugin`) that calls
+(:func:`~mineru_health.demo.sandbox.add_fault_plugin`) that calls
 :func:`load` when ``MINERU_HEALTH_FAULT_PLAN`` is set. The plugin attaches
 itself from outside, through the post-import hook of
 :mod:`~mineru_health.runtime.worker.engine_calls`, to what each MinerU line
@@ -21,7 +21,7 @@ imports:
   blocks that loop), for as long as the worker's loop watcher runs
   (``loop_watch.watch_loop``, which both lines start once MinerU's start-up
   is over); engine and parse calls read it too.
-* **Child processes** (``MINERU_HEALTH_FAULT_CHILDREN``, :mod:`.children`)
+* **Child processes** (``MINERU_HEALTH_FAULT_CHILDREN``, ``tests/harness/children.py``)
   are started when the loop watcher starts, as an engine starts its own.
 * **The task's upload names** are kept in context for ``poison``
   (:func:`current_uploads`): 3.x's task manager's ``_run_task`` is wrapped
@@ -40,6 +40,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,7 +49,6 @@ from typing import Any
 
 from ..runtime.worker import engine_calls
 from ..worker import WorkerHealth, worker_health
-from . import children
 from .faults import FaultInjector, hang_s_from_env
 
 __all__ = ["current_uploads", "faulted", "follow_uploads", "injector", "load"]
@@ -180,7 +180,7 @@ def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
 
         for manager in task_managers():  # 3.x's; 4.0's jobs are followed at import
             follow_uploads(manager)
-        children.start_from_env()  # its start-up is over: an engine's processes, if asked
+        _start_children()  # its start-up is over: an engine's processes, if asked
         planned = injector()
         reads = None if planned is None else asyncio.get_running_loop().create_task(
             _read_plan(planned), name="mineru-health-fault-plan")
@@ -237,3 +237,16 @@ def load() -> None:
         make=functools.partial(_with_uploads, names_of=_job_file_names)))
     engine_calls.on_import(WATCHER_MODULE, functools.partial(
         _wrap_functions, names=("watch_loop",), make=_reading_the_plan))
+
+
+#: Tests only: a directory where the worker starts and records engine-like child processes
+#: (``tests/harness/children.py``, on the worker's path when a test sets this).
+CHILDREN_ENV = "MINERU_HEALTH_FAULT_CHILDREN"
+
+
+def _start_children() -> None:
+    if not os.environ.get(CHILDREN_ENV):
+        return
+    from harness import children  # type: ignore[import-not-found]  # the tests' own
+
+    children.start_from_env()

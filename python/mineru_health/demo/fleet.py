@@ -1,4 +1,4 @@
-"""A real MinerU fleet on loopback, either line: what the tests, the demo and the benchmarks share.
+"""A real MinerU fleet on loopback, either line: what the demo runs on (the tests and benchmarks too).
 
     line = LINE3                                       # or LINE4: data, not two copies
     site = line.site(tmp / "mineru-site", python)      # patched copy, fault plugin loaded
@@ -13,7 +13,6 @@
             outcomes = stream.outcomes()
         worker = start_worker(procs, line, site, python, tmp / "worker", native=True)
     with fleet(LINE4, tmp, python, env=FLEET4_ENV) as router:   # started, both in rotation
-        run = run_fault(router, lambda: router.write_plan("engine_dead"))
 
 What differs between the lines is data of two small classes (:class:`Line3`,
 :class:`Line4`): the commands, the job API's paths (``/tasks`` or
@@ -23,8 +22,8 @@ shows (3.x: the router's ``/health`` ``servers``; 4.0: ``/v1/usage``). 4.0
 jobs are text PDFs with a real text layer (:func:`text_pdf`: the flash tier
 parses them with no model weights). Everything runs on 127.0.0.1 and every
 wait is bounded. Used from one thread, except :class:`Client` and
-:class:`Stream`, which say so. What watches a running fleet (its rotation,
-a health URL's latency) is in :mod:`.samplers`.
+:class:`Stream`, which say so. What watches a running fleet for the tests
+(its rotation, a health URL's latency, one fault run) is in ``tests/harness/samplers.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import sandbox
 from .faults import FAULT_PLAN_ENV, write_plan
 from .processes import ManagedProcess, Processes
-from .samplers import RotationLog
 from .sandbox import HOST, SandboxError, free_port, wait_until
 
 if TYPE_CHECKING:
@@ -60,7 +58,6 @@ __all__ = [
     "LINE4",
     "LINE4_STANDARD",
     "Client",
-    "FaultRun",
     "Line",
     "Outcome",
     "Router",
@@ -68,7 +65,6 @@ __all__ = [
     "Worker",
     "fleet",
     "http",
-    "run_fault",
     "start_fake_vlm",
     "start_router",
     "start_worker",
@@ -221,7 +217,7 @@ class Line3(Line):
 
 class Line4(Line):
     """MinerU 4.0 on one tier: ``flash`` (:data:`LINE4`: text PDFs, no model) or ``standard``
-    (:data:`LINE4_STANDARD`: MinerU's VLM path, on :mod:`mineru_health.demo_engine`'s tiny
+    (:data:`LINE4_STANDARD`: MinerU's VLM path, on :mod:`mineru_health.demo.engine`'s tiny
     llama.cpp model)."""
 
     name = "4.0"
@@ -774,43 +770,3 @@ def start_fake_vlm(procs: Processes, scratch: Path, python: str = sys.executable
 
 # --- the fault run ------------------------------------------------------------------------------
 
-
-@dataclass
-class FaultRun:
-    outcomes: list[Outcome]
-    before: list[Outcome]  # completed before the fault
-    fault_at: float  # unix time
-    out_at: float | None  # first time a worker was out of rotation
-    back_at: float | None  # every worker in rotation again after that
-
-    @property
-    def lost(self) -> list[Outcome]:
-        """Documents refused, failed or not finished."""
-        return [o for o in self.outcomes if o.status != "completed"]
-
-
-def run_fault(router: Router, inject: Callable[[], object], *, client: Client | None = None,
-              document: Callable[[int], tuple[str, bytes]] = text_document,
-              every_s: float = 0.8, warm: int = 3, recovery_timeout_s: float = 120.0,
-              task_timeout_s: float = 240.0, after_s: float = 5.0, poll_s: float = 1.0
-              ) -> FaultRun:
-    """Streams documents, injects the fault after ``warm`` completed, waits for the end.
-
-    Recovery is read from the router's rotation (:class:`RotationLog`, which
-    MinerU's own router shows too): out when a worker left it, back when all
-    are in it again; then ``after_s`` more of the stream on the healed (or
-    not) fleet, and every document waited for (``task_timeout_s``, bounded).
-    """
-    client = client or Client(router.base, router.line)
-    with (Stream(client, document, every_s=every_s, task_timeout_s=None, poll_s=poll_s) as stream,
-          RotationLog(router, every_s=0.2) as rotation):
-        if not wait_until(lambda: len(stream.completed()) >= warm, task_timeout_s, poll_s):
-            raise SandboxError(f"no job completed: {router.proc.log_tail()}")
-        before = stream.completed()
-        fault_at = time.time()
-        inject()
-        wait_until(lambda: rotation.back_at(fault_at), recovery_timeout_s, 0.2)
-        time.sleep(after_s)
-        outcomes = stream.outcomes(task_timeout_s)
-    return FaultRun(outcomes, before, fault_at, rotation.out_at(fault_at),
-                    rotation.back_at(fault_at))
