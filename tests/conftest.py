@@ -155,19 +155,13 @@ def worker_health(proc: ManagedProcess) -> httpx.Response:
 
 @pytest.fixture
 def fresh_worker_state() -> Iterator[None]:
-    """The process's worker health and runtime context, reset around a hook test."""
-    from mineru_health import worker
+    """A fresh worker runtime (native health, verifier, rules) around a hook test."""
     from mineru_health.runtime.worker import context
+    from mineru_health.settings import WorkerSettings
 
-    worker.worker_health().reset()
-    context.runtime.acted_on_fatal = False
-    context.runtime.trigger_task = ""
+    context.assemble(WorkerSettings.from_env({}))
     yield
-    worker.worker_health().reset()
-    context.runtime.apps.clear()
-    context.runtime.acted_on_fatal = False
-    context.runtime.trigger_task = ""
-    context.runtime.advertised_port = None
+    context.assemble(WorkerSettings.from_env({}))
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,8 @@ def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) ->
 
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(state)})
     runtime.store = None  # one store per measurement in this process
-    store = task_stores.configure(settings, state)
+    store = task_stores.open_store(settings, state)
+    runtime.store = store
     assert store is not None
     store._db.execute(f"PRAGMA synchronous={synchronous}")
     manager = manager_with(fast_api, tasks)
@@ -92,8 +93,7 @@ def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) ->
     store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     size = sum(p.stat().st_size for p in state.iterdir() if p.is_file())
     restarted = manager_with(fast_api, [])
-    runtime.store = None
-    task_stores.configure(settings, state)
+    runtime.store = task_stores.open_store(settings, state)
     start = time.perf_counter()
     loaded = task_store.attach(restarted)
     restore_s = time.perf_counter() - start

@@ -5,7 +5,7 @@ Runs in MinerU 4.0's venv (``mineru_llama_cpp``, ``gguf``), with this package on
 ``PYTHONPATH`` (``run.py --real-llama`` arranges both). One real
 ``mineru_llama_cpp.Engine`` on the tiny random-weight MinerU 2.5 model of
 ``mineru_health.demo.engine.tiny_gguf`` (4 slots, as MinerU builds it), and
-``verification.confirm`` with that engine as its one handle, as after an
+``judge.confirm`` with that engine as its one handle, as after an
 undecided failure:
 
 1. idle: nothing else runs;
@@ -39,9 +39,9 @@ def main() -> int:
                         help="tokens each background request decodes")
     args = parser.parse_args()
 
-    from mineru_health import verification
     from mineru_health.demo.engine import tiny_gguf
-    from mineru_health.verification import Handle, Verifier
+    from mineru_health.runtime.worker.judge import confirm
+    from mineru_health.verification import DEFAULT_TIMEOUT_S, Handle, Verifier
     from mineru_health.worker import WorkerHealth
     from mineru_llama_cpp import Engine, SamplingParams
 
@@ -57,7 +57,7 @@ def main() -> int:
             def verify_once() -> tuple[float, str]:
                 outcome = health.record(error)
                 start = time.perf_counter()
-                checked = verification.confirm(health, outcome, error, verifier=verifier)
+                checked = confirm(health, outcome, error, verifier)
                 elapsed = time.perf_counter() - start
                 assert checked.verification is not None and not checked.fatal, checked
                 return elapsed, checked.verification.outcome
@@ -107,7 +107,7 @@ def main() -> int:
     idle = rows[0]["median_ms"]
     for row in rows:
         row["ratio_to_idle"] = row["median_ms"] / idle
-    print(json.dumps({"bound_s": verification.DEFAULT_TIMEOUT_S, "rounds": args.rounds,
+    print(json.dumps({"bound_s": DEFAULT_TIMEOUT_S, "rounds": args.rounds,
                       "rows": rows}))
     return 0
 

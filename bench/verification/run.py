@@ -5,7 +5,7 @@ Same process, same run: for one failure no rule knows,
 
 1. baseline: ``WorkerHealth.record(exc)`` (classify the chain natively, record
    the task-local outcome), what every failure already costs;
-2. ``record`` then ``verification.confirm`` with one engine handle of each
+2. ``record`` then ``judge.confirm`` with one engine handle of each
    verifier, alive (the common case: the check passes), using the fakes of
    ``harness.fake_engines``, which have the real API shapes.
 
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mineru_health import verification
+from mineru_health.runtime.worker.judge import confirm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
 from harness import fake_engines as fe
@@ -108,7 +108,7 @@ def main() -> int:
 
         def verified(v: Verifier = verifier) -> None:
             outcome = health.record(error)
-            checked = verification.confirm(health, outcome, error, verifier=v)
+            checked = confirm(health, outcome, error, v)
             assert checked.verification is not None and not checked.fatal
 
         for _ in range(5):

@@ -60,7 +60,7 @@ _LAZY = {
     "load_rules": "classifier",
     "reload_rules": "classifier",
     "WorkerHealth": "worker",
-    "worker_health": "worker",
+    "worker_health": "runtime.worker.context",
 }
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ if TYPE_CHECKING:
         reload_rules,
     )
     from .frames import Frame, frames_from_exception
+    from .runtime.worker.context import worker_health
     from .tracebacks import classify_text, frames_from_text
-    from .worker import WorkerHealth, worker_health
+    from .worker import WorkerHealth
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,11 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["logger", "printable"]
+__all__ = ["MAX_ERROR_CHARS", "describe_exception", "exception_type_name", "logger", "printable",
+           "valid_utf8"]
+
+#: Cap on the error text kept natively; the full traceback goes to the log.
+MAX_ERROR_CHARS = 2000
 
 # C0 and C1 controls and DEL; line/paragraph separators; bidi marks, embeddings,
 # overrides and isolates; lone surrogates (undecodable bytes kept by
@@ -62,3 +66,28 @@ def logger(name: str) -> logging.Logger:
     if _FILTER not in log.filters:
         log.addFilter(_FILTER)
     return log
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: message"``, short and safe to put in a JSON body."""
+    try:
+        message = str(exc)
+    except Exception as error:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        message = f"<unprintable: {type(error).__name__} in __str__>"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return valid_utf8(text)
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """``module.Type`` of ``exc`` (just ``Type`` for builtins): safe to publish."""
+    cls = type(exc)
+    module = getattr(cls, "__module__", "") or ""
+    name = getattr(cls, "__qualname__", cls.__name__)
+    return name if module in ("", "builtins") else f"{module}.{name}"
+
+
+def valid_utf8(text: str) -> str:
+    """``text`` with lone surrogates as U+FFFD: JSON and the native side want valid UTF-8."""
+    return text.encode("utf-8", "replace").decode("utf-8")

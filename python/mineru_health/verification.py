@@ -1,13 +1,12 @@
 """Verify, don't guess: after a failure no rule decides, ask the engine itself.
 
-    >>> outcome = health.record(exc, remote_engine=remote)
-    >>> outcome = confirm(health, outcome, exc, remote_engine=remote)   # one line, any MinerU line
-    >>> outcome.fatal, outcome.rule, outcome.verification.outcome
-    (True, 'verify.vllm', 'dead')
+    >>> Verifier(timeout_s=10).verify(busy=lambda: False)
+    Verification(outcome='dead', rule='verify.vllm', ...)
 
 A failure that no rule decides (no rule matched, or only a generic timeout or
 cancellation), and an ambiguous device error, leave the classifier without
-evidence. The worker still holds the engine: :func:`confirm` checks the
+evidence. The worker still holds the engine: the judge
+(:func:`mineru_health.runtime.worker.judge.confirm`) has a :class:`Verifier` check the
 handles MinerU keeps in ``ModelSingleton._models`` (3.x
 ``mineru.backend.vlm.vlm_analyze``, 4.0 ``mineru.model.vlm.runtime``) and the
 accelerator devices torch or MLX already use, and records a dead one as fatal
@@ -77,7 +76,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .worker import Recorded, WorkerHealth, describe_exception, exception_type_name
+from .safe_text import describe_exception
 
 __all__ = [
     "CATEGORY",
@@ -88,13 +87,9 @@ __all__ = [
     "Handle",
     "Verification",
     "Verifier",
-    "confirm",
-    "default_verifier",
     "device_handles",
     "engine_handles",
     "errored_engine",
-    "needs_verification",
-    "set_default_verifier",
 ]
 
 #: Category of every fatal verdict verification records.
@@ -172,20 +167,6 @@ class Verification:
         return {"outcome": self.outcome, "rule": self.rule, "detail": self.detail,
                 "elapsed_s": round(self.elapsed_s, 6),
                 "checks": [check.to_json() for check in self.checks]}
-
-
-def needs_verification(outcome: Recorded, *, remote_engine: bool = False) -> bool:
-    """True when no rule decided ``outcome`` and its engine is local.
-
-    Undecided: no rule matched, or only a generic (timeout, cancellation)
-    rule; and ambiguous device errors that did not exhaust the error budget.
-    A fatal outcome (definitive or heuristic) and a task-local rule's match
-    are decisions already.
-    """
-    verdict = outcome.verdict
-    if outcome.fatal or remote_engine or verdict.remote_engine:
-        return False
-    return not verdict.matched or verdict.ambiguous or verdict.strength == "generic"
 
 
 # --- finding handles ---------------------------------------------------------------------------
@@ -531,7 +512,7 @@ class Verifier:
 
     ``find`` lists the handles (default: MinerU's engines and the devices in
     use); ``clock`` is injectable for tests. ``timeout_s`` 0 turns
-    verification off (:func:`confirm` then never asks).
+    verification off (the judge then never asks).
     """
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -625,52 +606,3 @@ class Verifier:
                                       tuple(run.checks), self._clock() - run.started)
         finally:
             run.done.set()
-
-
-_default_lock = threading.Lock()
-_default: Verifier | None = None
-
-
-def default_verifier() -> Verifier:
-    """The process-wide verifier (MinerU's engines and devices, :data:`DEFAULT_TIMEOUT_S`)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Verifier()
-        return _default
-
-
-def set_default_verifier(verifier: Verifier | None) -> None:
-    """Replaces the process-wide verifier (tests, a worker with its own bound)."""
-    global _default
-    with _default_lock:
-        _default = verifier
-
-
-def _busy(health: WorkerHealth) -> bool:
-    return health.snapshot().engine_calls_in_flight > 0
-
-
-def confirm(health: WorkerHealth, outcome: Recorded, failure: BaseException, *,
-            remote_engine: bool = False, verifier: Verifier | None = None) -> Recorded:
-    """Verifies the engines when ``outcome`` is undecided (:func:`needs_verification`).
-
-    Blocks the calling thread up to the verifier's bound: call it off the
-    event loop. Returns ``outcome`` itself when nothing needed checking;
-    otherwise a copy carrying the :class:`Verification`, made fatal (rule
-    ``verify.<verifier>``, category :data:`CATEGORY`, recorded in ``health``)
-    when the check found a dead engine. Never raises.
-    """
-    chosen = verifier or default_verifier()
-    if chosen.timeout_s <= 0 or not needs_verification(outcome, remote_engine=remote_engine):
-        return outcome
-    try:
-        result = chosen.verify(busy=lambda: _busy(health))
-    except Exception as error:  # noqa: BLE001 - verification never breaks failure handling
-        result = Verification("inconclusive", "", f"verification failed: {_error_text(error)}")
-    if not result.dead:
-        return dataclasses.replace(outcome, verification=result)
-    first = health.record_fatal(describe_exception(failure), rule=result.rule, category=CATEGORY,
-                                exception_type=exception_type_name(failure))
-    return dataclasses.replace(outcome, fatal=True, first=first, rule=result.rule,
-                               category=CATEGORY, verification=result)

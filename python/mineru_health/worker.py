@@ -30,6 +30,7 @@ from . import _native
 from ._names import enum_name
 from .classifier import Rules, Verdict, classify
 from .errors import HealthEndpointError
+from .safe_text import describe_exception, exception_type_name, valid_utf8
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -44,46 +45,14 @@ __all__ = [
     "HealthSnapshot",
     "Recorded",
     "WorkerHealth",
-    "configure_worker_health",
-    "describe_exception",
-    "exception_type_name",
     "fatal_cause",
-    "worker_health",
 ]
-
-#: Cap on the error text kept natively; the full traceback goes to the log.
-MAX_ERROR_CHARS = 2000
 
 #: How the ``error`` of a dead worker's 503 refusal of a submission begins.
 #: MinerU's router reports a refused submission as "503 <error>"; our router
 #: recognises the worker's own verdict by this prefix, never by classifying
 #: text (the rest of the line names the category and rule).
 REFUSAL_ERROR_PREFIX = "engine_unusable:"
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``"TypeName: message"``, short and safe to put in a JSON body."""
-    try:
-        message = str(exc)
-    except Exception as error:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        message = f"<unprintable: {type(error).__name__} in __str__>"
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS - 3] + "..."
-    return _clean(text)
-
-
-def exception_type_name(exc: BaseException) -> str:
-    """``module.Type`` of ``exc`` (just ``Type`` for builtins): safe to publish."""
-    cls = type(exc)
-    module = getattr(cls, "__module__", "") or ""
-    name = getattr(cls, "__qualname__", cls.__name__)
-    return name if module in ("", "builtins") else f"{module}.{name}"
-
-
-def _clean(text: str) -> str:
-    # JSON and the native side want valid UTF-8: lone surrogates become U+FFFD.
-    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 #: One recorded fatal failure: ``error`` (may quote a user's document), ``rule``,
@@ -111,7 +80,7 @@ class Recorded:
     (a fatal verdict, or an ambiguous one that exhausted the error budget);
     ``first`` when this failure is the one that made it so.
     ``verification``: what checking the engine found, when the verdict left
-    the failure undecided (:func:`mineru_health.verification.confirm`).
+    the failure undecided (:func:`mineru_health.runtime.worker.judge.confirm`).
     """
 
     verdict: Verdict
@@ -211,7 +180,7 @@ class WorkerHealth:
     ) -> bool:
         """Records a fatal failure decided elsewhere (a liveness check...); True if first."""
         when = time.time() if unix_time is None else unix_time
-        record = _native.FatalRecord(_clean(error), rule, category, when, exception_type)
+        record = _native.FatalRecord(valid_utf8(error), rule, category, when, exception_type)
         return self._state.record_fatal(record)
 
     def record_task_local(self) -> None:
@@ -262,7 +231,7 @@ class WorkerHealth:
     def set_tasks(self, queued: int, processing: int, completed: int, failed: int,
                   manager_error: str = "") -> None:
         self._state.set_tasks(
-            _native.TaskCounts(queued, processing, completed, failed), _clean(manager_error)
+            _native.TaskCounts(queued, processing, completed, failed), valid_utf8(manager_error)
         )
 
     def set_service(self, *, version: str, protocol_version: int, max_concurrent_requests: int,
@@ -353,18 +322,3 @@ class HealthEndpoint:
 
     def __repr__(self) -> str:
         return f"HealthEndpoint({self.url})"
-
-
-_process_health = WorkerHealth()
-
-
-def worker_health() -> WorkerHealth:
-    """The process-wide instance the worker runtime records into."""
-    return _process_health
-
-
-def configure_worker_health(health: WorkerHealth) -> WorkerHealth:
-    """Makes ``health`` the process-wide instance (the worker runtime, at start-up)."""
-    global _process_health
-    _process_health = health
-    return health

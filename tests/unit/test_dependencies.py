@@ -101,3 +101,48 @@ def test_no_test_scaffolding_is_installed() -> None:
              or "mineru_health.demo" in text or "from ..demo" in text)
     ]
     assert importers == []
+
+
+def _imports(package: Path) -> dict[str, set[str]]:
+    """Each module of ``package`` and the package modules it imports, ``TYPE_CHECKING`` ones
+    included (a module importing its own parent package is not counted: Python always does)."""
+    import ast
+
+    modules: dict[str, tuple[Path, bool]] = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    edges: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                if node.level:
+                    base = base[:len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    found.add(full if full in modules else target)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        edges[name] = {t for t in found
+                       if t in modules and t != name and not name.startswith(t + ".")}
+    return edges
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    """No module needs another that needs it back, not even for a type (issue 25)."""
+    import graphlib
+
+    import mineru_health
+
+    edges = _imports(Path(mineru_health.__file__).resolve().parent)
+    assert "mineru_health.runtime.worker.judge" in edges  # the scan found the package
+    try:
+        tuple(graphlib.TopologicalSorter(edges).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail(f"import cycle: {' -> '.join(error.args[1])}")

@@ -233,7 +233,9 @@ class _Pool:
                                                          connect_timeout_s=0.005)
         self.workers = [SimpleNamespace(worker_id="w0"), SimpleNamespace(worker_id="w1")]
         self.checked: list[str] = []
-        self.fleet = SimpleNamespace(settings=settings, check_process=self.checked.append)
+        self.fleet = SimpleNamespace(settings=settings, check_process=self.checked.append,
+                                     listen=lambda callback: None,
+                                     state_dirs=SimpleNamespace(router_dir=lambda: None))
 
 
 def _supervisor(pool: _Pool) -> Any:

@@ -18,9 +18,9 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.mineru4.worker import gate, job_store, verdicts
-from mineru_health.runtime.worker import context, store
+from mineru_health.runtime.worker import context
+from mineru_health.runtime.worker.context import worker_health
 from mineru_health.settings import WorkerSettings
-from mineru_health.worker import worker_health
 
 pytestmark = pytest.mark.usefixtures("fresh_worker_state")
 
@@ -175,6 +175,14 @@ def test_act_on_fatal_fails_every_app_once() -> None:
     gate.report_jobs()  # MinerU's own error is pushed with the figures
 
 
+def test_act_on_fatal_leaves_jobs_mineru_failed_itself() -> None:
+    mine, theirs = _app().state.job_store, _app().state.job_store
+    theirs.runtime_owner.engine_error = "EngineDeadError: gone"  # _run_job's fail_engine ran
+    worker_health().record(make_engine_dead_error())
+    gate.act_on_fatal()
+    assert len(mine.failed_with) == 1 and theirs.failed_with == []  # failed once each
+
+
 def _failed_job(job_id: str, code: str = "engine_dead") -> Any:
     error = types.SimpleNamespace(code=code)
     return types.SimpleNamespace(id=job_id, status="failed",
@@ -280,7 +288,8 @@ def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None
     """This module stands in for 4.0's api_server (the job store looks its classes up there)."""
     monkeypatch.setattr(context.runtime, "store", None)
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path)})
-    assert store.configure(settings, tmp_path) is not None
+    context.runtime.defer_store(settings, tmp_path)
+    assert context.runtime.open_store() is not None
     module = sys.modules[__name__]
     for name in ("JobProgress", "JobFileResult", "JobLinks"):
         monkeypatch.setattr(module, name, _Model, raising=False)

@@ -87,12 +87,15 @@ class SourceFileStore:
 def line_on(state: Path) -> tuple[JobLine, ResourceRegistry, SourceFileStore]:
     state.mkdir(exist_ok=True)
     settings = HealthSettings.preset("fast")
-    pool = SimpleNamespace(fleet=SimpleNamespace(settings=settings))
+    # The fleet as Supervisor.over reads it: its settings, its state directory, its events.
+    fleet = SimpleNamespace(settings=settings, audit=None, listen=lambda callback: None,
+                            state_dirs=SimpleNamespace(router_dir=lambda: state))
+    pool = SimpleNamespace(fleet=fleet)
     registry, sources = ResourceRegistry(), SourceFileStore(Path("/unused"))
     namespace = {"rewrite_job_payload": lambda payload, *rest: payload,
                  "_mark_missing_job": lambda route, pool: {},
                  "utc_now_iso": lambda: "2026-12-04T11:00:00Z"}
-    line = JobLine(pool, registry, sources, namespace, store=RouterStore(state / DB_NAME))
+    line = JobLine(pool, registry, sources, namespace)
     line.install()
     return line, registry, sources
 

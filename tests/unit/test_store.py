@@ -19,7 +19,8 @@ from mineru_health.settings import WorkerSettings
 def opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[store.Store]:
     monkeypatch.setattr(runtime, "store", None)
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")})
-    current = store.configure(settings, store.state_dir(settings, "unused"))
+    runtime.defer_store(settings, store.state_dir(settings, "unused"))
+    current = runtime.open_store()
     assert current is not None and current.path == tmp_path / "state" / store.DB_NAME
     yield current
     current.close()
@@ -55,7 +56,8 @@ def test_configure_opens_once_per_process_and_leaves_older_files_alone(
     with contextlib.closing(sqlite3.connect(old)) as db, db:
         db.execute("CREATE TABLE tasks (task_id TEXT PRIMARY KEY, task TEXT)")
     other = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "other")})
-    assert store.configure(other, tmp_path / "other") is opened
+    runtime.defer_store(other, tmp_path / "other")
+    assert runtime.open_store() is opened
     assert not (tmp_path / "other").exists()
     with contextlib.closing(sqlite3.connect(old)) as db:
         assert db.execute("SELECT name FROM sqlite_master").fetchall() == [
@@ -83,7 +85,7 @@ def _attach(owner: Owner, put_back: store.PutBack) -> int:
         status = owner.items.get(key)
         return (key, {"status": status}, None) if status in ("completed", "failed") else None
 
-    return store.attach(owner, put_back, finish="finish", row_of=row_of, expire="expire",
+    return store.attach(runtime.store, owner, put_back, finish="finish", row_of=row_of, expire="expire",
                         live=lambda: owner.items)
 
 
@@ -122,9 +124,9 @@ def test_keeping_never_raises(opened: store.Store) -> None:
             raise KeyError(key)
         return key, {"status": "completed"}, None
 
-    store.keep(row_of, "bug")
+    store.keep(runtime.store, row_of, "bug")
     opened.close()  # every later write raises inside the store
-    store.keep(row_of, "t1")
+    store.keep(runtime.store, row_of, "t1")
 
 
 def test_one_connection_serves_many_threads(opened: store.Store) -> None:

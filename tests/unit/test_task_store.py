@@ -54,8 +54,9 @@ class FakeTaskManager:
 
 
 def configure(settings: WorkerSettings) -> store.Store | None:
-    """What the 3.x install does."""
-    return store.configure(settings, task_store.state_dir(settings))
+    """What the 3.x install does, then its gate once serving."""
+    runtime.defer_store(settings, task_store.state_dir(settings))
+    return runtime.open_store()
 
 
 @pytest.fixture

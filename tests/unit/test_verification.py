@@ -12,7 +12,8 @@ import pytest
 from harness import fake_engines as fe
 from mineru_health import verification
 from mineru_health.classifier import Rule, RuleKind, Rules
-from mineru_health.verification import Handle, Verification, Verifier, confirm
+from mineru_health.runtime.worker.judge import confirm
+from mineru_health.verification import Handle, Verification, Verifier
 from mineru_health.worker import WorkerHealth
 
 TIMEOUT_S = 0.3  # a bound on hanging fakes; never a measured timing
@@ -338,7 +339,7 @@ def test_which_failures_are_verified(name: str, checked: bool) -> None:
     health = WorkerHealth(error_budget=3)
     verifier, calls = _counting("alive")
     error = _error(name)
-    confirm(health, health.record(error, rules=_rules()), error, verifier=verifier)
+    confirm(health, health.record(error, rules=_rules()), error, verifier)
     assert bool(calls) is checked
 
 
@@ -347,7 +348,7 @@ def test_never_for_a_remote_engine() -> None:
     verifier, calls = _counting("dead")
     error = _error("Unknown")
     outcome = confirm(health, health.record(error, rules=_rules(), remote_engine=True), error,
-                      remote_engine=True, verifier=verifier)
+                      verifier, remote_engine=True)
     assert calls == [] and not outcome.fatal and health.healthy
 
 
@@ -355,7 +356,7 @@ def test_dead_engine_makes_the_failure_fatal() -> None:
     health = WorkerHealth()
     verifier, _ = _counting("dead")
     error = _error("Unknown")
-    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier=verifier)
+    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier)
     assert outcome.fatal and outcome.first
     assert (outcome.rule, outcome.category) == ("verify.vllm", "engine_check_failed")
     assert outcome.verification is not None and outcome.verification.dead
@@ -370,7 +371,7 @@ def test_alive_engine_keeps_it_task_local() -> None:
     verifier, _ = _counting("alive")
     error = _error("Unknown")
     recorded = health.record(error, rules=_rules())
-    outcome = confirm(health, recorded, error, verifier=verifier)
+    outcome = confirm(health, recorded, error, verifier)
     assert not outcome.fatal and health.healthy
     assert outcome.verification is not None and outcome.verification.outcome == "alive"
     assert outcome.verdict is recorded.verdict
@@ -381,7 +382,7 @@ def test_ambiguous_error_on_a_broken_device_is_fatal(monkeypatch: pytest.MonkeyP
     health = WorkerHealth(error_budget=3)
     error = _error("OomError")
     outcome = confirm(health, health.record(error, rules=_rules()), error,
-                      verifier=Verifier(timeout_s=TIMEOUT_S, find=verification.device_handles))
+                      Verifier(timeout_s=TIMEOUT_S, find=verification.device_handles))
     assert outcome.fatal and outcome.rule == "verify.device_cuda"
 
 
@@ -391,7 +392,7 @@ def test_confirm_uses_the_health_state_for_busy(hang: fe.Hang) -> None:
     verifier = Verifier(timeout_s=TIMEOUT_S,
                         find=lambda: [Handle("vllm", "h", fe.FakeAsyncLLM("hanging", hang))])
     error = _error("Unknown")
-    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier=verifier)
+    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier)
     assert not outcome.fatal and health.healthy
     health.engine_call_finished()
 
@@ -408,14 +409,11 @@ def test_to_json_for_the_task_status() -> None:
 @pytest.fixture
 def worker_state() -> Iterator[WorkerHealth]:
     from mineru_health.runtime.worker import context
-    from mineru_health.worker import worker_health
+    from mineru_health.settings import WorkerSettings
 
-    worker_health().reset()
-    context.runtime.acted_on_fatal = False
-    yield worker_health()
-    verification.set_default_verifier(None)
-    context.runtime.acted_on_fatal = False
-    worker_health().reset()
+    runtime = context.assemble(WorkerSettings.from_env({}))
+    yield runtime.health
+    context.assemble(WorkerSettings.from_env({}))
 
 
 class _HookTask:
@@ -434,8 +432,10 @@ def _hook(task: _HookTask, exc: BaseException) -> Any:
 
 
 def _default(engine: Any) -> None:
-    verification.set_default_verifier(
-        Verifier(timeout_s=TIMEOUT_S, find=lambda: [Handle("vllm", "h", engine)]))
+    from mineru_health.runtime.worker import context
+
+    context.runtime.verifier = Verifier(timeout_s=TIMEOUT_S,
+                                        find=lambda: [Handle("vllm", "h", engine)])
 
 
 def test_hook_unknown_error_with_a_dead_engine_turns_the_worker_fatal(
@@ -506,7 +506,7 @@ def test_zero_bound_turns_verification_off() -> None:
     verifier, calls = _counting("dead")
     verifier.timeout_s = 0.0
     error = _error("Unknown")
-    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier=verifier)
+    outcome = confirm(health, health.record(error, rules=_rules()), error, verifier)
     assert calls == [] and outcome.verification is None and health.healthy
 
 

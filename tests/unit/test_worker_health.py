@@ -10,15 +10,14 @@ from datetime import datetime
 import pytest
 from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.errors import HealthEndpointError
+from mineru_health.safe_text import describe_exception
 from mineru_health.worker import (
     FatalInfo,
     HealthEndpoint,
     HealthPhase,
     HealthSnapshot,
     WorkerHealth,
-    describe_exception,
     fatal_cause,
-    worker_health,
 )
 
 
@@ -180,8 +179,17 @@ def test_concurrent_records() -> None:
     assert health.snapshot().task_local_count == 400
 
 
-def test_process_wide_instance() -> None:
-    assert worker_health() is worker_health()
+def test_the_runtime_holds_the_one_instance_assemble_built() -> None:
+    from mineru_health.runtime.worker import context
+    from mineru_health.settings import WorkerSettings
+
+    runtime = context.assemble(WorkerSettings.from_env({"MINERU_HEALTH_STALL_S": "7"}))
+    try:
+        assert context.worker_health() is runtime.health is context.runtime.health
+        assert runtime.verifier.timeout_s == runtime.settings.verify_s
+        assert runtime.rules is not None and runtime.store is None  # opened when serving
+    finally:
+        context.assemble(WorkerSettings.from_env({}))
 
 
 def test_remote_engine_failures_never_make_the_worker_unhealthy() -> None:

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.mineru3 import worker as hooks
 from mineru_health.mineru3.worker import tasks
-from mineru_health.runtime.worker import context, judge, threads
-from mineru_health.worker import worker_health
+from mineru_health.runtime.worker import context, judge, log, threads
+from mineru_health.runtime.worker.context import worker_health
 
 pytestmark = pytest.mark.usefixtures("fresh_worker_state")
 
@@ -271,7 +271,7 @@ def test_worker_log_lines_escape_task_text(monkeypatch: pytest.MonkeyPatch) -> N
     lines: list[str] = []
     sink = logger.add(lambda message: lines.append(str(message)), format="{message}")
     try:
-        context.log("INFO", "task failed: line one\nforged \x1b[31mred")
+        log.log("INFO", "task failed: line one\nforged \x1b[31mred")
     finally:
         logger.remove(sink)
     assert lines and "\x1b" not in lines[0] and lines[0].count("\n") == 1  # loguru's own newline

@@ -48,7 +48,8 @@ from types import ModuleType
 from typing import Any
 
 from ..runtime.worker import engine_calls
-from ..worker import WorkerHealth, worker_health
+from ..runtime.worker.context import worker_health
+from ..worker import WorkerHealth
 from .faults import FaultInjector, hang_s_from_env
 
 __all__ = ["current_uploads", "faulted", "follow_uploads", "injector", "load"]

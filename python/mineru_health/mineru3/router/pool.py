@@ -39,7 +39,6 @@ from mineru_health.runtime.router.fleet import (
 from mineru_health.runtime.router.launch import launching_class
 from mineru_health.runtime.router.policy import passive_reason
 from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
-from mineru_health.runtime.router.store import RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.worker import REFUSAL_ERROR_PREFIX
 
@@ -212,8 +211,7 @@ class HealingPool:
         retention = getattr(self.settings, "task_retention_seconds", 0)
         self.retired = RetiredOutputs(retention_s=float(retention or 0))
         self.task_line = TaskLine(self, ns)
-        self.supervisor = Supervisor(self.fleet, self.task_line, health_settings,
-                                     store=RouterStore.of(self.fleet))
+        self.supervisor = Supervisor.over(self.fleet, self.task_line)
         for server in self._servers.values():
             local = server.local_server
             if local is not None and self._local_server_class is not None:
@@ -221,7 +219,6 @@ class HealingPool:
                           if f.init}
                 server.local_server = self._local_server_class(**fields)
             self.fleet.add(Server(server, self))
-        self.fleet.listen(self.supervisor.on_event)
 
     @property
     def health_settings(self) -> Any:

@@ -48,8 +48,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...runtime.worker import store
-from ...runtime.worker.context import EXIT_CODE
+from ...runtime.worker.context import EXIT_CODE, runtime
 from ...runtime.worker.install import begin_install, finish_install
 from .gate import Gate
 from .task_store import state_dir
@@ -83,5 +82,5 @@ def install(app: Any) -> None:
         os.environ["MINERU_API_OUTPUT_ROOT"] = str(settings.output_dir)
     # Opened when the worker starts serving (Gate.started); a bad
     # MINERU_HEALTH_STATE_DIR stops the start-up there.
-    store.defer(settings, state_dir(settings))
+    runtime.defer_store(settings, state_dir(settings))
     finish_install(settings, rules, "3.x")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...runtime.worker import engine_calls, store
-from ...runtime.worker.context import current_health, mineru_version
+from ...runtime.worker import engine_calls
+from ...runtime.worker.context import mineru_version, runtime, worker_health
 from ...runtime.worker.gate import HealthGate
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
 from . import task_store
@@ -38,7 +38,7 @@ def _report_service(manager: Any) -> None:
         )
     except Exception:  # noqa: BLE001 - a renamed helper must not stop the worker
         max_requests, window = 1, 1
-    current_health().set_service(
+    worker_health().set_service(
         version=mineru_version(),
         protocol_version=int_or(getattr(module, "API_PROTOCOL_VERSION", 0), 0),
         max_concurrent_requests=int_or(max_requests, 1),
@@ -64,7 +64,7 @@ def _report_tasks() -> None:
         if not manager.is_healthy():
             errors.append(str(manager.last_worker_error or "task manager unhealthy"))
     queued, processing, completed, failed = counts
-    current_health().set_tasks(queued, processing, completed, failed, "; ".join(errors))
+    worker_health().set_tasks(queued, processing, completed, failed, "; ".join(errors))
 
 
 def _act() -> None:
@@ -79,7 +79,7 @@ class Gate(HealthGate):
     gated_posts = GATED_POSTS
 
     def started(self) -> None:
-        store.open_deferred()  # the task store, now that the worker serves
+        runtime.open_store()  # the task store, now that the worker serves
         managers = task_managers()
         for manager in managers:
             module = sys.modules.get(type(manager).__module__)
@@ -88,7 +88,7 @@ class Gate(HealthGate):
                 wrap_status_payload(task_class)
             task_store.attach(manager)  # task store: restore finished tasks, record new ones
             # The task in context (its id): its progress for the task watchdog.
-            engine_calls.follow_tasks(manager, current_health)
+            engine_calls.follow_tasks(manager, worker_health)
             _report_service(manager)
         if managers:
             _report_tasks()

@@ -3,7 +3,7 @@
 A row is a task's fields, as its dataclass declares them (options, names,
 timestamps, the path of its output directory), and our verdict::
 
-    store.defer(settings, state_dir(settings))       # install(); unset: MinerU's output root
+    runtime.defer_store(settings, state_dir(settings))  # install(); unset: MinerU's output root
     task_store.attach(manager)        # start-up complete: tasks back, the manager wrapped
     task_store.record(manager, task)  # a task we failed ourselves (collateral of an engine death)
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...runtime.worker import store
+from ...runtime.worker.context import runtime
 from ...settings import WorkerSettings
 
 __all__ = ["VERDICT_ATTR", "attach", "record", "state_dir"]
@@ -61,7 +62,7 @@ def _row(manager: Any, task: Any) -> store.Row | None:
 
 def record(manager: Any, task: Any) -> None:
     """Writes ``task``'s row if it is finished. Never raises."""
-    store.keep(_row, manager, task)
+    store.keep(runtime.store, _row, manager, task)
 
 
 def attach(manager: Any) -> int:
@@ -94,6 +95,6 @@ def attach(manager: Any) -> int:
         manager.task_events[task_id] = event
         return True
 
-    return store.attach(manager, put_back, finish="_signal_task_event",
+    return store.attach(runtime.store, manager, put_back, finish="_signal_task_event",
                         row_of=lambda task_id: _row(manager, manager.tasks.get(task_id)),
                         expire="cleanup_expired_tasks", live=lambda: manager.tasks)

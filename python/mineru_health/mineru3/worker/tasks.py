@@ -15,8 +15,10 @@ from typing import Any
 
 from ...runtime.verdict import TaskVerdict
 from ...runtime.worker import judge
-from ...runtime.worker.context import current_health, log, runtime, utc_now_iso
-from ...worker import FatalInfo, Recorded, describe_exception, fatal_cause
+from ...runtime.worker.context import runtime, utc_now_iso, worker_health
+from ...runtime.worker.log import log
+from ...safe_text import describe_exception
+from ...worker import FatalInfo, Recorded, fatal_cause
 from . import task_store
 from .task_store import VERDICT_ATTR
 
@@ -152,7 +154,7 @@ def fail_hung_tasks() -> int:
     concurrency slot (a thread stuck inside the parse cannot be stopped; when
     every task is hung the worker is stalled, and its restart ends them).
     """
-    health = current_health()
+    health = worker_health()
     hung = set(health.take_hung_tasks())
     if not hung:
         return 0
@@ -196,7 +198,7 @@ def act_on_fatal(*, also_manager: Any = None) -> None:
     ``also_manager``: the failing task's manager, acted on too when its app is
     not among those the hooks were installed on.
     """
-    health = current_health()
+    health = worker_health()
     if health.healthy or runtime.acted_on_fatal:
         return
     runtime.acted_on_fatal = True
@@ -240,7 +242,7 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
 
 
 async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
-    health = current_health()
+    health = worker_health()
     try:
         ask = functools.partial(judge.judge, health, exc, remote_engine=_remote_backend(task))
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), ask)

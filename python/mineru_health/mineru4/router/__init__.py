@@ -30,7 +30,6 @@ from typing import Any
 from mineru_health import metrics
 from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 from mineru_health.runtime.router.launch import launching_class
-from mineru_health.runtime.router.store import RouterStore
 
 from .jobs import JobLine
 from .pool import healing_pool_class, outputs_kept_class
@@ -63,11 +62,9 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     state = app.state
     pool = state.worker_pool
     pool.keep_in_scratch(state.source_store)
-    line = JobLine(pool, state.registry, state.source_store, namespace,
-                   store=RouterStore.of(pool.fleet))
+    line = JobLine(pool, state.registry, state.source_store, namespace)
     line.install()
     pool.job_line = line
-    pool.fleet.listen(line.supervisor.on_event)
 
 
 def _line(app: Any) -> JobLine | None:

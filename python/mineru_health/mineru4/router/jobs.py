@@ -69,7 +69,7 @@ from mineru_health.runtime.router.policy import (
     Refusal,
     is_terminal,
 )
-from mineru_health.runtime.router.store import RouterStore, Saved
+from mineru_health.runtime.router.store import Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.runtime.verdict import TaskVerdict
 
@@ -117,12 +117,13 @@ class JobLine:
     """MinerU 4.0's side of the supervisor: jobs, their statuses, their submissions."""
 
     def __init__(self, pool: Any, registry: Any, sources: Any,
-                 namespace: MutableMapping[str, Any], *, store: RouterStore | None = None) -> None:
+                 namespace: MutableMapping[str, Any]) -> None:
         self._pool = pool
         self._registry = registry
         self._sources = sources
         self._ns = namespace
-        self.supervisor = Supervisor(pool.fleet, self, pool.fleet.settings, store=store)
+        self.supervisor = Supervisor.over(pool.fleet, self)
+        store = self.supervisor.store
         rewrite, missing = namespace["rewrite_job_payload"], namespace["_mark_missing_job"]
         self._rewrite = getattr(rewrite, "__wrapped__", rewrite)
         self._mark_missing = getattr(missing, "__wrapped__", missing)

@@ -31,7 +31,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ...runtime.worker import store
-from ...runtime.worker.context import EXIT_CODE
+from ...runtime.worker.context import EXIT_CODE, runtime
 from ...runtime.worker.install import begin_install, finish_install
 from .gate import Gate, follow_jobs
 from .verdicts import rebind
@@ -55,5 +55,5 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
         follow_jobs(namespace)  # the task watchdog, and the job in context
     if first_install:
         upload_dir = getattr(getattr(app, "state", None), "upload_dir", "")
-        store.defer(settings, store.state_dir(settings, upload_dir or "."))
+        runtime.defer_store(settings, store.state_dir(settings, upload_dir or "."))
         finish_install(settings, rules, "4.0")

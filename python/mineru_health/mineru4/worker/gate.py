@@ -15,9 +15,9 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ...runtime.worker import engine_calls
-from ...runtime.worker import store as task_store
-from ...runtime.worker.context import current_health, log, mineru_version, runtime
+from ...runtime.worker.context import mineru_version, runtime, worker_health
 from ...runtime.worker.gate import HealthGate, JsonEdit
+from ...runtime.worker.log import log
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
 from ...worker import fatal_cause
 from .. import TASK_HUNG_CODE
@@ -47,7 +47,7 @@ def report_service() -> None:
         return
     store = stores[0]
     module = sys.modules.get("mineru.utils.retention")
-    current_health().set_service(
+    worker_health().set_service(
         version=mineru_version(), protocol_version=0,
         max_concurrent_requests=int_or(getattr(store, "_concurrency", 1), 1),
         processing_window_size=1,
@@ -77,7 +77,7 @@ def report_jobs() -> None:
         elif preload is not None:
             errors.append(str(getattr(preload, "message", preload)))
     queued, running, completed, failed = counts
-    current_health().set_tasks(queued, running, completed, failed, "; ".join(errors))
+    worker_health().set_tasks(queued, running, completed, failed, "; ".join(errors))
 
 
 
@@ -96,7 +96,7 @@ def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
     @functools.wraps(run_job)
     async def run_job_followed(record: Any, *args: Any, **kwargs: Any) -> Any:
         job_id = str(getattr(record, "id", "") or "")
-        state = current_health()
+        state = worker_health()
         state.task_started(job_id)
         try:
             with engine_calls.task_context(job_id):
@@ -113,7 +113,7 @@ def follow_jobs(namespace: MutableMapping[str, Any]) -> None:
             try:
                 return await parse(*args, **kwargs)
             finally:
-                current_health().task_progress(engine_calls.current_task_id())
+                worker_health().task_progress(engine_calls.current_task_id())
 
         setattr(parse_counted, _MARK, True)
         namespace["parse_async"] = parse_counted
@@ -126,7 +126,7 @@ def fail_hung_jobs() -> int:
     cancelled (its concurrency slot is freed); every job hung makes the
     worker stalled, natively, and ``act_on_fatal`` does the rest.
     """
-    hung = set(current_health().take_hung_tasks())
+    hung = set(worker_health().take_hung_tasks())
     if not hung:
         return 0
     failed = 0
@@ -157,15 +157,25 @@ def fail_hung_jobs() -> int:
 
 
 def act_on_fatal() -> None:
-    """Once per fatal record: every app fails its unfinished jobs (loop thread)."""
-    health = current_health()
+    """Once per fatal record: every app fails its unfinished jobs (loop thread).
+
+    A job store whose ``fail_engine`` MinerU already ran (its ``_run_job`` met the
+    fatal exception: ``engine_error`` is set) is left alone: its jobs failed once,
+    with MinerU's message, and a job still being cancelled keeps that message.
+    Stalls, hung tasks and verified deaths never pass there: those we fail.
+    """
+    health = worker_health()
     if health.healthy or runtime.acted_on_fatal:
         return
     runtime.acted_on_fatal = True
     what = fatal_cause(health.snapshot().first_fatal)
+    failed = 0
     for store in job_stores():
-        store.fail_engine(f"inference engine unusable ({what})")
-    log("ERROR", f"inference engine unusable ({what}); unfinished jobs failed")
+        if getattr(getattr(store, "runtime_owner", None), "engine_error", None) is None:
+            store.fail_engine(f"inference engine unusable ({what})")
+            failed += 1
+    log("ERROR", f"inference engine unusable ({what}); unfinished jobs failed"
+                 + ("" if failed else " by MinerU itself"))
 
 
 def _act() -> None:
@@ -201,7 +211,7 @@ class Gate(HealthGate):
         return None
 
     def started(self) -> None:
-        task_store.open_deferred()  # the task store, now that the worker serves
+        runtime.open_store()  # the task store, now that the worker serves
         for app in runtime.apps:
             job_store.attach(app)  # finished jobs of an earlier run back; new ones kept
         report_service()

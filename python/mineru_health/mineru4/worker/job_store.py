@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from ...runtime.worker import store
+from ...runtime.worker.context import runtime
 from . import verdicts
 
 __all__ = ["FINISHED", "attach"]
@@ -95,6 +96,6 @@ def attach(app: Any) -> int:
             return None
         return _row(record)
 
-    return store.attach(jobs, functools.partial(_put_back, jobs, file_store),
+    return store.attach(runtime.store, jobs, functools.partial(_put_back, jobs, file_store),
                         finish="_record_usage", row_of=row_of, expire="collect_expired",
                         live=lambda: jobs._jobs)

@@ -30,8 +30,9 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from ...runtime.worker import engine_calls, judge
-from ...runtime.worker.context import current_health, log, runtime
-from ...worker import describe_exception, exception_type_name
+from ...runtime.worker.context import runtime, worker_health
+from ...runtime.worker.log import log
+from ...safe_text import describe_exception, exception_type_name
 
 NAME = "is_fatal_engine_error"
 #: Modules of 4.0.12 that hold the function (``errors`` defines it, the others import it).
@@ -62,7 +63,7 @@ def _remote_engine() -> bool:
 
 def _decide(error: BaseException, upstream: Callable[[BaseException], bool]) -> bool:
     remote = _remote_engine()
-    health = current_health()
+    health = worker_health()
     outcome = judge.judge(health, error, remote_engine=remote)
     if outcome.fatal:
         if outcome.first:
@@ -112,7 +113,7 @@ def job_verdict(record: Any) -> dict[str, Any] | None:
     files = getattr(record, "files", None) or ()
     if not any(getattr(getattr(f, "error", None), "code", None) == _ENGINE_DEAD for f in files):
         return None
-    first = current_health().snapshot().first_fatal
+    first = worker_health().snapshot().first_fatal
     if first is None:
         return None
     trigger = bool(runtime.trigger_task) and runtime.trigger_task == getattr(record, "id", None)

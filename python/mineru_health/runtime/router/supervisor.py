@@ -39,7 +39,7 @@ how a submission is sent or failed) is the line's :class:`Line`; the
 supervisor never knows which line it serves. Its view of the workers is the
 :class:`~mineru_health.runtime.router.fleet.Fleet`.
 
-    supervisor = Supervisor(fleet, line, settings, store=RouterStore.of(fleet))
+    supervisor = Supervisor.over(fleet, line)   # both lines: the fleet's store, its events
     supervisor.resume()                  # start-up, workers up, before any request
     kept = supervisor.keep(key, item, worker_id, instance_url)   # after the line submitted it
     await supervisor.refresh(kept)       # a client asked for its status
@@ -103,6 +103,14 @@ RESUMED = ResubmitReason.ROUTER_RESTART.value
 
 class Supervisor:
     """Keeps unfinished submissions and sends again those a worker lost."""
+
+    @classmethod
+    def over(cls, fleet: Fleet, line: Line) -> Supervisor:
+        """The router's supervisor, built the one way both lines build it: ``fleet``'s
+        settings, the store in its durable state directory, every event of ``fleet`` heard."""
+        supervisor = cls(fleet, line, fleet.settings, store=RouterStore.of(fleet))
+        fleet.listen(supervisor.on_event)
+        return supervisor
 
     def __init__(self, fleet: Fleet, line: Line, settings: HealthSettings, *,
                  store: RouterStore | None = None,

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ...worker import REFUSAL_ERROR_PREFIX, fatal_cause
-from .context import ASGIApp, current_health, log, runtime
+from .context import ASGIApp, runtime, worker_health
+from .log import log
 
 
 async def _send_json(
@@ -151,7 +152,7 @@ class HealthGate:
         method = scope.get("method", "")
         is_health = method in ("GET", "HEAD") and path in self.health_paths
         gated = is_health or (method == "POST" and path in self.gated_posts)
-        health = current_health()
+        health = worker_health()
         if gated and not health.healthy:
             status, body = health.answer("/health", expose_errors=runtime.settings.expose_errors)
             if is_health:
@@ -203,7 +204,7 @@ async def _refuse_storage_full(send: Callable[[Any], Awaitable[None]], error: OS
     disk from a bug, and retry elsewhere. The worker stays healthy (its engine is fine)."""
     where = f" ({error.filename})" if error.filename else ""
     reason = os.strerror(error.errno) if error.errno is not None else str(error)
-    current_health().record_storage_full()
+    worker_health().record_storage_full()
     log("ERROR", f"a submission failed: {reason}{where}; answered 507")
     body = {"error": "insufficient_storage",
             "message": f"The worker cannot store the submission: {reason}{where}. "

@@ -16,13 +16,13 @@ import multiprocessing
 import sys
 from typing import Any
 
-from ... import metrics, patching, verification
-from ...classifier import default_rules
+from ... import metrics, patching
 from ...errors import ConfigError, HealthEndpointError
 from ...settings import WorkerSettings
-from ...worker import HealthEndpoint, WorkerHealth, configure_worker_health
+from ...worker import HealthEndpoint, WorkerHealth
 from . import engine_calls
-from .context import current_health, log, runtime
+from .context import assemble, runtime, worker_health
+from .log import log
 from .threads import (
     exit_after_fatal,
     exit_with_parent,
@@ -82,31 +82,23 @@ def begin_install(app: Any, gate: type) -> tuple[WorkerSettings, Any, bool] | No
         return None
     if any(known is app for known in runtime.apps):
         return None
-    rules = default_rules()  # a bad MINERU_HEALTH_RULES file stops the start-up here
     settings = WorkerSettings.from_env()
     first_install = not runtime.installed
     if first_install:
-        runtime.settings = settings
-        health = configure_worker_health(WorkerHealth(
-            loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
-            task_hang_s=settings.task_hang_s,
-            error_budget=settings.error_budget,
-            error_budget_window_s=settings.error_budget_window_s,
-        ))
-        _start_endpoint(health, settings)
-        verification.set_default_verifier(verification.Verifier(timeout_s=settings.verify_s))
+        assemble(settings)  # a bad MINERU_HEALTH_RULES file stops the start-up here
+        _start_endpoint(runtime.health, settings)
     runtime.apps.append(app)
     app.add_middleware(gate)
     metrics.mount_metrics(app, role="worker")
-    metrics.bind_worker_healthy(lambda: current_health().healthy)
-    metrics.bind_worker_snapshot(lambda: current_health().snapshot())
-    return settings, rules, first_install
+    metrics.bind_worker_healthy(lambda: runtime.health.healthy)
+    metrics.bind_worker_snapshot(lambda: runtime.health.snapshot())
+    return settings, runtime.rules, first_install
 
 
 def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     """The second half, once per process: engine calls, threads, the start-up checks."""
-    health = current_health()
-    engine_calls.install(current_health)
+    health = runtime.health
+    engine_calls.install(worker_health)
     if settings.parent_pid:
         # Launched by a router: what it starts is its group's, carries its tag,
         # and ends with it however it ends.

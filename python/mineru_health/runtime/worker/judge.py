@@ -6,7 +6,7 @@
 An adapter hands the judge the exception and whether the task's engine is a
 remote server; the judge classifies the whole exception chain, records the
 outcome in the native worker state, and, when no rule decided and the engine
-is local, verifies the engine (:func:`mineru_health.verification.confirm`).
+is local, has the runtime's verifier check the engine (:func:`confirm`).
 The verdicts on tasks failed with the engine (collateral of a death) are
 built here too; a hung task's is :meth:`TaskVerdict.hung`.
 
@@ -20,16 +20,19 @@ Thread-safety: every function may be called from any thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
-from ... import verification
+from ...safe_text import describe_exception, exception_type_name
+from ...verification import CATEGORY, Verification, Verifier
 from ...worker import FatalInfo, Recorded, WorkerHealth
 from ..verdict import Kind, Role, TaskVerdict
 from . import engine_calls
-from .context import log
+from .context import runtime
+from .log import log
 
-__all__ = ["collateral_verdict", "judge", "log_outcome", "task_verdict",
-           "trigger_or_collateral"]
+__all__ = ["collateral_verdict", "confirm", "judge", "log_outcome", "needs_verification",
+           "task_verdict", "trigger_or_collateral"]
 
 
 def judge(health: WorkerHealth, failure: BaseException, *, remote_engine: bool) -> Recorded:
@@ -41,18 +44,59 @@ def judge(health: WorkerHealth, failure: BaseException, *, remote_engine: bool) 
     watcher acts on it). A failure that escaped a call into a local engine is
     verified as a local one even when the task's backend is remote.
     """
-    outcome = health.record(failure, remote_engine=remote_engine)
+    outcome = health.record(failure, rules=runtime.rules, remote_engine=remote_engine)
     remote = remote_engine and not engine_calls.raised_by_local_engine(failure)
-    if not verification.needs_verification(outcome, remote_engine=remote):
+    if not needs_verification(outcome, remote_engine=remote):
         return outcome
+    verifier = runtime.verifier
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return verification.confirm(health, outcome, failure, remote_engine=remote)
-    threading.Thread(target=verification.confirm, args=(health, outcome, failure),
+        return confirm(health, outcome, failure, verifier, remote_engine=remote)
+    threading.Thread(target=confirm, args=(health, outcome, failure, verifier),
                      kwargs={"remote_engine": remote}, name="mineru-health-verify",
                      daemon=True).start()
     return outcome
+
+
+def needs_verification(outcome: Recorded, *, remote_engine: bool = False) -> bool:
+    """True when no rule decided ``outcome`` and its engine is local.
+
+    Undecided: no rule matched, or only a generic (timeout, cancellation)
+    rule; and ambiguous device errors that did not exhaust the error budget.
+    A fatal outcome (definitive or heuristic) and a task-local rule's match
+    are decisions already.
+    """
+    verdict = outcome.verdict
+    if outcome.fatal or remote_engine or verdict.remote_engine:
+        return False
+    return not verdict.matched or verdict.ambiguous or verdict.strength == "generic"
+
+
+def confirm(health: WorkerHealth, outcome: Recorded, failure: BaseException, verifier: Verifier,
+            *, remote_engine: bool = False) -> Recorded:
+    """Has ``verifier`` check the engines when ``outcome`` is undecided (:func:`needs_verification`).
+
+    Blocks the calling thread up to the verifier's bound: call it off the
+    event loop. Returns ``outcome`` itself when nothing needed checking;
+    otherwise a copy carrying the :class:`~mineru_health.verification.Verification`,
+    made fatal (rule ``verify.<verifier>``, category ``engine_check_failed``,
+    recorded in ``health``) when the check found a dead engine. Never raises.
+    """
+    if verifier.timeout_s <= 0 or not needs_verification(outcome, remote_engine=remote_engine):
+        return outcome
+    try:
+        result = verifier.verify(
+            busy=lambda: health.snapshot().engine_calls_in_flight > 0)
+    except Exception as error:  # noqa: BLE001 - verification never breaks failure handling
+        result = Verification("inconclusive", "",
+                              f"verification failed: {describe_exception(error)[:300]}")
+    if not result.dead:
+        return dataclasses.replace(outcome, verification=result)
+    first = health.record_fatal(describe_exception(failure), rule=result.rule, category=CATEGORY,
+                                exception_type=exception_type_name(failure))
+    return dataclasses.replace(outcome, fatal=True, first=first, rule=result.rule,
+                               category=CATEGORY, verification=result)
 
 
 def task_verdict(outcome: Recorded) -> TaskVerdict:

@@ -14,8 +14,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ...worker import describe_exception
-from .context import TICK_S, current_health, log, runtime
+from ...safe_text import describe_exception
+from .context import TICK_S, runtime, worker_health
+from .log import log
 
 __all__ = ["int_or", "start_watcher", "stop_watcher", "watch_loop"]
 
@@ -35,7 +36,7 @@ async def watch_loop(report: Callable[[], None], act: Callable[[], None]) -> Non
     figures every 0.5 s and, every second, fails hung tasks and ``act``s on
     a new fatal record: the line's own two steps.
     """
-    health = current_health()
+    health = worker_health()
     ticks = 0
     while True:
         try:

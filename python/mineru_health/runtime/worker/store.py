@@ -8,10 +8,10 @@ document content) in a SQLite file in a state directory that outlives the
 process (``MINERU_HEALTH_STATE_DIR``; unset: 3.x's output root, 4.0's upload
 directory), and a worker started on it loads them back::
 
-    defer(settings, directory)        # install(), at import: where, nothing opened or written
-    open_deferred()                   # serving starts: opens the file; ConfigError names the variable
-    attach(owner, put_back, finish=..., row_of=..., expire=..., live=...)  # start-up complete
-    keep(row_of, *args)               # finished work that MinerU does not signal
+    runtime.defer_store(settings, directory)  # install(), at import: where, nothing written
+    runtime.open_store()              # serving starts: open_store(); ConfigError names the variable
+    attach(runtime.store, owner, put_back, finish=..., row_of=..., expire=..., live=...)
+    keep(runtime.store, row_of, *args)  # finished work that MinerU does not signal
     read(directory, key)              # the router, about a local worker whose process is gone
 
 What a record holds, how it goes back into MinerU and which of MinerU's
@@ -48,11 +48,11 @@ from typing import Any
 
 from ... import state_dirs
 from ...errors import ConfigError
+from ...safe_text import describe_exception
 from ...settings import WorkerSettings
-from ...worker import describe_exception
-from .context import log, runtime
+from .log import log
 
-__all__ = ["DB_NAME", "PutBack", "Row", "Store", "attach", "configure", "keep", "read", "state_dir"]
+__all__ = ["DB_NAME", "PutBack", "Row", "Store", "attach", "keep", "open_store", "read", "state_dir"]
 
 #: File name of the store inside the state directory.
 DB_NAME = "mineru-health-finished.sqlite3"
@@ -159,51 +159,31 @@ def state_dir(settings: WorkerSettings, default: str | os.PathLike[str]) -> Path
     return Path(str(settings.state_dir) or default).expanduser().resolve()
 
 
-_deferred: tuple[WorkerSettings, Path] | None = None
-
-
-def defer(settings: WorkerSettings, directory: Path) -> None:
-    """Where the store will be, opened by :func:`open_deferred` when the worker starts
-    serving: importing MinerU's server module (which builds its app, and so installs the
-    hooks) must not create files (issue 25)."""
-    global _deferred
-    _deferred = (settings, directory)
-
-
-def open_deferred() -> Store | None:
-    """Opens the store :func:`defer` named (once; idempotent). Raises ``ConfigError`` as
-    :func:`configure` does, which stops the start-up."""
-    if _deferred is None:
-        return runtime.store
-    return configure(*_deferred)
-
-
-def configure(settings: WorkerSettings, directory: Path) -> Store | None:
-    """Opens this process's store in ``directory`` (created if missing); once.
+def open_store(settings: WorkerSettings, directory: Path) -> Store | None:
+    """Opens a worker's store in ``directory`` (created if missing).
 
     None with ``MINERU_HEALTH_TASK_STORE=0``. Raises ``ConfigError`` naming
     ``MINERU_HEALTH_STATE_DIR`` when the directory or the file cannot be
     created or opened, so the worker refuses to start rather than lose
     results silently later.
     """
-    if runtime.store is not None or not settings.task_store:
-        return runtime.store
+    if not settings.task_store:
+        return None
     variable = WorkerSettings.variable_name("state_dir")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        runtime.store = Store(directory / DB_NAME)
+        return Store(directory / DB_NAME)
     except (OSError, sqlite3.Error) as error:
         where = "" if settings.state_dir else " (unset: MinerU's own directory)"
         raise ConfigError(
             f"{variable}={directory}{where}: cannot open the task store: {error}",
             variable=variable,
         ) from error
-    return runtime.store
 
 
-def keep(row_of: Callable[..., Row | None], *args: Any) -> None:
-    """Writes the row ``row_of(*args)`` gives (None: not finished). Never raises."""
-    current = runtime.store
+def keep(current: Store | None, row_of: Callable[..., Row | None], *args: Any) -> None:
+    """Writes the row ``row_of(*args)`` gives (None: not finished) in ``current`` (None:
+    no store). Never raises."""
     if current is None:
         return
     row = None
@@ -235,17 +215,16 @@ def _put_back_all(current: Store, put_back: PutBack) -> int:
     return loaded
 
 
-def attach(owner: Any, put_back: PutBack, *,
+def attach(current: Store | None, owner: Any, put_back: PutBack, *,
            finish: str, row_of: Callable[..., Row | None], expire: str,
            live: Callable[[], Collection[str]]) -> int:
-    """Loads the stored rows back (``put_back``), then keeps ``owner``'s finished work.
+    """Loads ``current``'s rows back (``put_back``), then keeps ``owner``'s finished work there.
 
     Wraps two of ``owner``'s methods: after ``owner.<finish>(*args)``, the
     row ``row_of(*args)`` is written; ``owner.<expire>()`` deletes the rows
     of the keys it took out of ``live()``. Once per owner; returns how many
     rows came back. Failures after the methods are found are logged.
     """
-    current = runtime.store
     if current is None or owner is None or getattr(owner, _ATTACHED, False):
         return 0
     try:
@@ -258,7 +237,7 @@ def attach(owner: Any, put_back: PutBack, *,
     @functools.wraps(finished)
     def finish_and_keep(*args: Any) -> Any:
         result = finished(*args)
-        keep(row_of, *args)
+        keep(current, row_of, *args)
         return result
 
     @functools.wraps(expired)

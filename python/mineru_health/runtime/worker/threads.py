@@ -14,9 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _native, verification
+from ...safe_text import describe_exception
 from ...settings import WorkerSettings
-from ...worker import WorkerHealth, describe_exception, fatal_cause
-from .context import EXIT_CODE, LIVENESS_INTERVAL_S, log
+from ...worker import WorkerHealth, fatal_cause
+from .context import EXIT_CODE, LIVENESS_INTERVAL_S
+from .log import log
 
 #: The rule of an engine death the liveness thread finds.
 LIVENESS_RULE = "liveness:mineru-engines"
