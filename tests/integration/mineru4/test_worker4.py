@@ -199,3 +199,22 @@ def test_a_hung_parse_ends_as_task_hung_and_stalls_a_worker_with_nothing_else(
     body = worker.native().json()
     assert body["engine_dead"] is True and body["rule"] == "watchdog.tasks_hung", body
     assert worker.get("/v1/health").status_code == 503
+
+
+def test_building_the_app_installs_the_hooks_and_writes_no_store(
+        python4: str, site4: Any, tmp_path: Any) -> None:
+    """Issue 25: 4.0 builds its app in ``create_app`` (no app at import); building it installs
+    the hooks, and the task store is opened only when the worker starts serving."""
+    import subprocess
+
+    from mineru_health.demo import sandbox
+
+    code = ("from mineru.parser.api_server import create_app; "
+            "app = create_app(upload_dir='uploads'); "
+            "print([m.cls.__name__ for m in app.user_middleware])")
+    done = subprocess.run([python4, "-c", code], cwd=tmp_path, env=sandbox.mineru_env(site4),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'Gate'" in done.stdout, done.stdout
+    written = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [], written  # MinerU's own upload directories, empty; no store file
