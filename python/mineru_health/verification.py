@@ -553,7 +553,12 @@ class Verifier:
                 self.started += 1
                 thread = threading.Thread(target=self._execute, args=(run,),
                                           name="mineru-health-verify", daemon=True)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as error:  # no thread to be had: no evidence either way
+                    run.result = Verification("inconclusive", "",
+                                              f"verification failed: {_error_text(error)}")
+                    run.done.set()  # ended: the next failure starts a check of its own
         assert run is not None
         run.done.wait(max(0.0, run.deadline - self._clock()))
         result = run.result

@@ -303,6 +303,23 @@ def test_nothing_local_is_inconclusive() -> None:
     assert _verify().outcome == "inconclusive"
 
 
+def test_no_thread_to_verify_with_is_inconclusive_and_ends_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    engine = fe.FakeAsyncLLM("dead")
+    verifier = Verifier(timeout_s=TIMEOUT_S, find=lambda: [Handle("vllm", "h", engine)])
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", no_thread)
+        result = verifier.verify()
+    assert result.outcome == "inconclusive" and "can't start new thread" in result.detail
+    assert not verifier.running and verifier.verify().dead  # the next check runs for real
+
+
 # --- confirm: the worker's one call ----------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ import dataclasses
 import threading
 
 from ...safe_text import describe_exception, exception_type_name
-from ...verification import CATEGORY, Verification, Verifier
+from ...verification import CATEGORY, Verifier
 from ...worker import FatalInfo, Recorded, WorkerHealth
 from ..verdict import Kind, Role, TaskVerdict
 from . import engine_calls
@@ -85,12 +85,7 @@ def confirm(health: WorkerHealth, outcome: Recorded, failure: BaseException, ver
     """
     if verifier.timeout_s <= 0 or not needs_verification(outcome, remote_engine=remote_engine):
         return outcome
-    try:
-        result = verifier.verify(
-            busy=lambda: health.snapshot().engine_calls_in_flight > 0)
-    except Exception as error:  # noqa: BLE001 - verification never breaks failure handling
-        result = Verification("inconclusive", "",
-                              f"verification failed: {describe_exception(error)[:300]}")
+    result = verifier.verify(busy=lambda: health.snapshot().engine_calls_in_flight > 0)
     if not result.dead:
         return dataclasses.replace(outcome, verification=result)
     first = health.record_fatal(describe_exception(failure), rule=result.rule, category=CATEGORY,
