@@ -153,7 +153,7 @@ def lack_of_room(directories: Iterable[Path | str], need_bytes: int,
         if free < need_bytes:
             return str(directory), (
                 f"{directory} has {max(0, free) / _MIB:.1f} MiB free for new submissions, "
-                f"this one needs {need_bytes / _MIB:.1f} MiB")
+                f"less than the {need_bytes / _MIB:.1f} MiB needed")
     return None
 
 

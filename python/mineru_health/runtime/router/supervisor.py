@@ -141,6 +141,7 @@ class Supervisor:
         self._admitted_bytes = 0
         #: Submissions refused, by ``admission.CAP`` (503) and ``admission.STORAGE`` (507).
         self.refusals = {CAP: 0, STORAGE: 0}
+        self._refusing_storage = False  # logged once per streak of 507s
         self._kept: dict[str, Kept] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -298,6 +299,9 @@ class Supervisor:
             directory, why = room
             raise self.refuse(STORAGE, f"insufficient storage: {why}; retry once room "
                                        "returns", directory)
+        if self._refusing_storage:
+            self._refusing_storage = False
+            _log.warning("the router's storage has room again: submissions are accepted")
         admission = Admission(size_bytes, self._resize, self._unreserve)
         self._admitted.add(admission)
         self._admitted_bytes += size_bytes
@@ -343,8 +347,9 @@ class Supervisor:
     def refuse(self, reason: str, detail: str, directory: str | None = None) -> Refused:
         """A refusal of a submission (``admission.CAP`` or ``STORAGE``), counted, to raise."""
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
-        if reason == STORAGE:
-            _log.warning("submission refused (507): %s", detail)
+        if reason == STORAGE and not self._refusing_storage:  # once per streak
+            self._refusing_storage = True
+            _log.error("submissions refused with 507 until room returns: %s", detail)
         return Refused(reason, detail, self.retry_after_s, directory)
 
     def refusal_counts(self) -> dict[str, int]:
@@ -356,6 +361,7 @@ class Supervisor:
         (what the router holds is served; new submissions get 507 until room returns)."""
         room = self._lack_of_room(0)
         if room is not None:
+            self._refusing_storage = True
             _log.error("the router's storage is full: %s; new submissions are refused with "
                        "507 until room returns, what it holds is served", room[1])
 
