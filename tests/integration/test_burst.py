@@ -73,7 +73,8 @@ def test_a_burst_of_large_uploads_is_capped_in_bytes_then_in_count(
     pdf = make_pdf(text="one of a burst")
     client = Client(router.base, router.line, engine_url=f"{fake_vlm_url}/delay/60000/",
                     submit_timeout_s=120.0)
-    large = burst(client, [(f"large-{n:02d}.pdf", padded(pdf, 19 * MIB)) for n in range(20)], 20)
+    large = burst(client, [(f"large-{n:02d}.pdf", padded(make_pdf(text=f"large {n}"), 19 * MIB))
+                           for n in range(20)], 20)
     kept = sum(p.stat().st_size for p in (state / "kept").rglob("*") if p.is_file())
     accepted = sum(1 for code, _, _ in large if code == 202)
     assert 1 <= accepted <= 5 and kept <= 100 * MIB, (accepted, kept, large)

@@ -55,15 +55,14 @@ def test_4_0_holds_the_byte_and_count_caps_under_a_burst(python4: str, site4: Pa
         plan = router.write_plan("parse_hang")
         assert wait_until(lambda: not plan.exists(), 30.0, 0.05), router.proc.log_tail()
         client = Client(router.base, LINE4, submit_timeout_s=120.0)
-        pdf = text_pdf(1)
-        large = burst(client, [(f"large-{n:02d}.pdf", padded(pdf, 19 * MIB))
+        large = burst(client, [(f"large-{n:02d}.pdf", padded(text_pdf(1, seed=n), 19 * MIB))
                                for n in range(20)], 20)
         sources = tmp_path / "router-state" / "sources" / "uploads"
         kept = sum(p.stat().st_size for p in sources.iterdir() if p.is_file())
         accepted = sum(1 for code, _, _ in large if code == 202)
         assert 1 <= accepted <= 5 and kept <= 100 * MIB, (accepted, kept, large)
         assert all(code == 503 and retry for code, retry, _ in large if code != 202), large
-        small = burst(client, [(f"small-{n:02d}.pdf", text_pdf(1, seed=n))
+        small = burst(client, [(f"small-{n:02d}.pdf", text_pdf(1, seed=100 + n))
                                for n in range(20)], 20)
         more = sum(1 for code, _, _ in small if code == 202)
         assert 1 <= more <= 8 - accepted, (accepted, small)

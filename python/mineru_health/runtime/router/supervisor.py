@@ -34,6 +34,12 @@ kept again and checked at once (its worker's new instance does not know it:
 it is sent again under the same id, neither a retry nor counted by the
 budget), and the poison guard remembers its documents.
 
+Admission (``admission.py``): a submission is admitted (``admit``) before
+the line stages it, its declared size reserved under the caps
+(``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``) and checked against the room on disk;
+``keep`` takes the reservation over. One that cannot be kept (a cap: 503; no
+room, or its row not written: 507) is refused and counted (``refusals``).
+
 What differs between MinerU lines (how a status is asked and written back,
 how a submission is sent or failed) is the line's :class:`Line`; the
 supervisor never knows which line it serves. Its view of the workers is the
