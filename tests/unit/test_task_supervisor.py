@@ -20,6 +20,7 @@ import pytest
 from mineru_health import _native
 from mineru_health.mineru3.router.endpoints import _following_restarts
 from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
+from mineru_health.runtime.router.admission import Refused
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.runtime.worker import store
@@ -555,20 +556,24 @@ def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
 
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, max_kept_tasks=2)
-        assert line.supervisor.full() is None
+        line.supervisor.admit(0).close()
         track(line, "t0")
         track(line, "t1")
-        why = line.supervisor.full()
-        assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS=2" in why
+        with pytest.raises(Refused) as refused:
+            line.supervisor.admit(0)
+        assert refused.value.status == 503 and refused.value.headers["Retry-After"]
+        assert "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS=2" in refused.value.detail
         await line.supervisor.close()
-        assert line.supervisor.full() is None  # released uploads free their place
+        line.supervisor.admit(0).close()  # released uploads free their place
         # Issue 24: a burst is counted as it is admitted, before any of it is kept.
-        line.supervisor.admit()
-        line.supervisor.admit()
-        assert line.supervisor.full() is not None
-        line.supervisor.admitted()
-        assert line.supervisor.full() is None
-        line.supervisor.admitted()
+        first, second = line.supervisor.admit(0), line.supervisor.admit(0)
+        with pytest.raises(Refused):
+            line.supervisor.admit(0)
+        first.close()
+        first.close()  # idempotent: gives its place back once
+        third = line.supervisor.admit(0)
+        second.close()
+        third.close()
 
         by_size = line_for(fleet, max_kept_mb=1)
         big = tmp_path / "big.pdf"
@@ -576,8 +581,9 @@ def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
         record, payload = new_record("t2", "w0"), Payload()
         payload.uploads = [SimpleNamespace(upload_name="big.pdf", path=str(big))]
         by_size.track(record, payload, "digest", Registry())
-        why = by_size.supervisor.full()
-        assert why is not None and "MINERU_ROUTER_HEALTH_MAX_KEPT_MB=1" in why
+        with pytest.raises(Refused) as refused:
+            by_size.supervisor.admit(1)
+        assert "MINERU_ROUTER_HEALTH_MAX_KEPT_MB=1" in refused.value.detail
         await by_size.supervisor.close()
 
     run(scenario)

@@ -19,6 +19,13 @@ Two kinds, by where the truth lives:
   ``mineru_router_ejections_suppressed_total`` (ejections the mass-ejection
   guard held back).
 
+- **Admission refusals** (``bind_admission_refusals(fn)``, the supervisor's
+  ``refusal_counts``), read the same way:
+  ``mineru_router_storage_full_refusals_total`` (submissions answered 507:
+  the router could not keep them on its disk) and
+  ``mineru_router_kept_cap_refusals_total`` (answered 503: the caps on kept
+  submissions and bytes were reached).
+
 - **Events** are counted as they are handled on the router's loop:
 
   - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
@@ -77,8 +84,10 @@ __all__ = [
     "EJECTION_REASONS",
     "METRIC_NAMES",
     "WORKER_STATES",
+    "AdmissionRefusalCollector",
     "PollerStatsCollector",
     "WorkerStatusCollector",
+    "bind_admission_refusals",
     "bind_poller_stats",
     "bind_worker_statuses",
     "ensure_families",
@@ -121,6 +130,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_task_resubmissions_total",
     "mineru_router_task_resubmissions_refused_total",
     "mineru_router_poison_documents_total",
+    "mineru_router_storage_full_refusals_total",
+    "mineru_router_kept_cap_refusals_total",
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
@@ -204,8 +215,34 @@ class PollerStatsCollector(BoundSourceCollector):
         suppressed.add_metric([], float(value.ejections_suppressed))
 
 
+class AdmissionRefusalCollector(BoundSourceCollector):
+    """Submissions the router refused at admission, from the supervisor's counts
+    (``{"storage_full": n, "kept_cap": n}``), read at every scrape."""
+
+    what = "admission refusals"
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            CounterMetricFamily(
+                "mineru_router_storage_full_refusals",
+                "Submissions refused with 507: the router could not keep them on its disk.",
+            ),
+            CounterMetricFamily(
+                "mineru_router_kept_cap_refusals",
+                "Submissions refused with 503: the caps on kept submissions or bytes.",
+            ),
+        )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        storage, cap = families
+        storage.add_metric([], float(value.get("storage_full", 0)))
+        cap.add_metric([], float(value.get("kept_cap", 0)))
+
+
 class _RouterMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
+        self.admission = AdmissionRefusalCollector()
+        reg.register(self.admission)
         self.statuses = WorkerStatusCollector()
         reg.register(self.statuses)
         self.poller = PollerStatsCollector()
@@ -305,6 +342,11 @@ def bind_worker_statuses(source: StatusSource | None) -> None:
 def bind_poller_stats(source: StatsSource | None) -> None:
     """Makes the poller counters read ``source()`` (the poller's ``stats``) at every scrape."""
     _metrics().poller.bind(source)
+
+
+def bind_admission_refusals(source: Callable[[], Any] | None) -> None:
+    """Makes the refusal counters read ``source()`` (the supervisor's ``refusal_counts``)."""
+    _metrics().admission.bind(source)
 
 
 def observe_probe(

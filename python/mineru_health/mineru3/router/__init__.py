@@ -22,7 +22,7 @@ from typing import Any
 from mineru_health import metrics
 from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 
-from .endpoints import install_endpoints
+from .endpoints import answer_storage_errors, install_endpoints
 from .pool import healing_pool_class
 
 __all__ = ["install", "install_app"]
@@ -44,5 +44,6 @@ def install_app(app: Any, namespace: MutableMapping[str, Any] | None = None) -> 
     after every function of the module is defined, so they can be wrapped.
     """
     metrics.mount_metrics(app, role="router")
+    answer_storage_errors(app)  # 507, never a bare 500, for a full disk
     if namespace is not None:
         install_endpoints(namespace)

@@ -4,23 +4,30 @@ MinerU's endpoints look these names up in the router module's globals when
 they run; ``install_endpoints(namespace)`` (called by ``install_app`` once
 the module is fully defined) rebinds them:
 
-- ``stage_multipart_request`` answers 503 with Retry-After, before staging
-  anything, while the supervisor keeps as many tasks or bytes as its caps
-  allow (``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``), the submissions being staged
-  counted too (``admit``, until MinerU's cleanup after submitting); else it
-  returns a
-  ``RetainedPayload``: MinerU calls its
-  ``cleanup()`` in a ``finally`` right after submitting, which now does
-  nothing once the task supervisor kept the payload; the supervisor deletes
-  the staged files when the task is terminal (or at shutdown). With the
-  router's store the staged directory is moved into the router's state
-  directory first, so that a new router can send the task again.
+- ``stage_multipart_request`` admits the submission first
+  (``Supervisor.admit``, ``runtime/router/admission.py``): its declared size
+  (``Content-Length``) is reserved under the caps (``MAX_KEPT_TASKS``,
+  ``MAX_KEPT_MB``) and checked against the room left in the router's state
+  and scratch directories, before anything is staged; past a cap it answers
+  503 with Retry-After, without room 507 ``insufficient_storage`` with
+  Retry-After, naming the directory. Else MinerU stages it, the reservation
+  is resized to what was staged, and it returns a ``RetainedPayload``: MinerU
+  calls its ``cleanup()`` in a ``finally`` right after submitting, which
+  ends the admission and does nothing else once the task supervisor kept the
+  payload; the supervisor deletes the staged files when the task is terminal
+  (or at shutdown). With the router's store the staged directory is moved
+  into the router's state directory first, so that a new router can send the
+  task again. A staging or move that fails for lack of storage (ENOSPC,
+  EDQUOT, EIO, EROFS) leaves nothing behind and answers 507, never a 500.
 - ``startup_router_state``: once MinerU's registry and pool are up, the
   router's store is taken back (``TaskLine.resume``).
 - ``submit_router_task`` hashes the uploaded files (the poison guard's key),
   refuses a quarantined document with 422, submits as MinerU does, then
   hands the task to the supervisor; when MinerU finds no healthy worker but
   one is being restarted, the supervisor holds the task instead of the 503.
+  A task whose store row cannot be written is taken out of MinerU's registry,
+  its staged files deleted, and answered 507: never acknowledged unkept (its
+  worker, which 3.x cannot tell to cancel, finishes it for nobody).
 - ``fetch_router_task_status`` lets the supervisor refresh a tracked task
   (and resubmit it when its worker lost it); other tasks as MinerU does.
   ``/file_parse`` polls through it, so it gets the same behaviour.
@@ -40,14 +47,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import tempfile
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
+from mineru_health.runtime.router.admission import (
+    STORAGE,
+    Admission,
+    Refused,
+    answer_refusals,
+    storage_error,
+)
 from mineru_health.runtime.router.poison import content_digest
+from mineru_health.runtime.router.supervisor import Supervisor
 
-from .tasks import RETAINED_CLASS, TaskLine, move_staged, upload_names, workers_tried
+from .tasks import (
+    RETAINED_CLASS,
+    TaskLine,
+    move_staged,
+    upload_bytes,
+    upload_names,
+    workers_tried,
+)
 
-__all__ = ["install_endpoints", "retained_payload_class"]
+__all__ = ["answer_storage_errors", "install_endpoints", "retained_payload_class"]
 
 _INSTALLED = "_mineru_health_endpoints"
 
@@ -57,14 +81,14 @@ def retained_payload_class(base: type) -> type:
 
     class RetainedPayload(base):  # type: ignore[misc]
         retained = False
-        # Ends the submission's admission (the supervisor's count of the ones being
-        # staged or submitted); MinerU's cleanup right after submitting ends it.
-        admission: Callable[[], None] | None = None
+        # The submission's reservation under the caps (admission.py) until it is kept or
+        # refused; MinerU's cleanup right after submitting ends it either way.
+        admission: Admission | None = None
 
         def cleanup(self) -> None:
-            admitted, self.admission = self.admission, None
-            if admitted is not None:
-                admitted()
+            admission, self.admission = self.admission, None
+            if admission is not None:
+                admission.close()
             if not self.retained:
                 super().cleanup()
 
@@ -95,36 +119,39 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     fetch = namespace["fetch_router_task_status"]
     startup = namespace["startup_router_state"]
 
+    def refused(refusal: Refused) -> NoReturn:
+        raise http_exception(status_code=refusal.status, detail=refusal.detail,
+                             headers=refusal.headers) from None
+
     @functools.wraps(stage)
     async def stage_multipart_request(request: Any) -> Any:
         line = _line(request)
-        why = line.supervisor.full() if line is not None else None
-        if why is not None and line is not None:
-            raise http_exception(
-                status_code=503,
-                detail=f"{why}; retry shortly",
-                headers={"Retry-After": str(line.supervisor.retry_after_s)},
-            )
         if line is None:
             return await stage(request)
-        # Counted from here, before the await: a burst of submissions cannot all pass
-        # the caps before the first of them is kept.
-        line.supervisor.admit()
         try:
-            payload = await stage(request)
-        except BaseException:
-            line.supervisor.admitted()
-            raise
-        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
-        retained = retained_class(**fields)
-        retained.admission = line.supervisor.admitted
-        kept_dir = line.kept_dir()
-        if kept_dir is not None:
-            try:
+            admission = line.supervisor.admit(_declared_size(request))
+        except Refused as refusal:
+            refused(refusal)
+        retained = None
+        try:
+            payload = await stage(request)  # MinerU deletes its directory when this fails
+            fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
+            retained = retained_class(**fields)
+            retained.admission = admission
+            admission.resize(upload_bytes(retained))
+            kept_dir = line.kept_dir()
+            if kept_dir is not None:
                 await asyncio.to_thread(move_staged, retained, kept_dir)
-            except BaseException:
+        except BaseException as error:
+            admission.close()
+            if retained is not None:
                 retained.cleanup()
+            if isinstance(error, Refused):
+                refused(error)
+            full = storage_error(error)
+            if full is None:
                 raise
+            refused(_staging_refused(line.supervisor, full))
         return retained
 
     @functools.wraps(submit)
@@ -145,12 +172,15 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
                                      detail=quarantine.message(upload_names(payload)))
         registry = request.app.state.router_task_registry
         try:
-            record = await submit(request, payload)
-        except http_exception as exc:
-            if exc.status_code != 503 or not supervisor.healing():
-                raise
-            return await line.hold(payload, digest, registry)
-        line.track(record, payload, digest, registry)
+            try:
+                record = await submit(request, payload)
+            except http_exception as exc:
+                if exc.status_code != 503 or not supervisor.healing():
+                    raise
+                return await line.hold(payload, digest, registry)
+            line.track(record, payload, digest, registry)
+        except Refused as refusal:  # its row could not be written: not accepted
+            refused(refusal)
         return record
 
     @functools.wraps(fetch)
@@ -176,6 +206,34 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
         namespace[name] = _following_restarts(namespace[name], http_exception, synchronous)
     _add_attempts(namespace["RouterTaskRecord"])
     namespace[_INSTALLED] = True
+
+
+def answer_storage_errors(app: Any) -> None:
+    """A storage write failure that reaches the app outside the wrappers above (Starlette
+    spooling a form to the scratch directory) is answered 507 with Retry-After, not 500."""
+
+    def supervisor_of(request: Any) -> Supervisor | None:
+        line = _line(request)
+        return line.supervisor if line is not None else None
+
+    answer_refusals(app, supervisor_of, lambda refusal: {"detail": refusal.detail})
+
+
+def _declared_size(request: Any) -> int:
+    """The request's ``Content-Length`` (the upload and its form), 0 when it declares none:
+    its staged size is reserved then."""
+    try:
+        return max(0, int(request.headers.get("content-length") or 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _staging_refused(supervisor: Supervisor, error: OSError) -> Refused:
+    """The 507 of an upload that could not be staged or moved for lack of storage."""
+    where = Path(error.filename).parent if error.filename else Path(tempfile.gettempdir())
+    return supervisor.refuse(STORAGE, f"insufficient storage: the upload could not be written "
+                                      f"to {where} ({error.strerror or error}); retry once "
+                                      "room returns", str(where))
 
 
 def _following_restarts(proxy: Callable[..., Any], http_exception: type,

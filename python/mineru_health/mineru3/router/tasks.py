@@ -31,6 +31,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from mineru_health import safe_text
+from mineru_health.runtime.router.admission import Refused
 from mineru_health.runtime.router.fleet import DECLARED_FAILED
 from mineru_health.runtime.router.line import (
     Kept,
@@ -46,8 +47,8 @@ from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_
 from mineru_health.runtime.router.store import Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
-__all__ = ["RETAINED_CLASS", "WORKERS_ATTR", "Task", "TaskLine", "upload_names",
-           "workers_tried"]
+__all__ = ["RETAINED_CLASS", "WORKERS_ATTR", "Task", "TaskLine", "move_staged", "upload_bytes",
+           "upload_names", "workers_tried"]
 
 _log = safe_text.logger("mineru_health.router.tasks")
 
@@ -71,7 +72,7 @@ def upload_names(payload: Any) -> list[str]:
     return [str(u.upload_name) for u in getattr(payload, "uploads", [])]
 
 
-def _upload_bytes(payload: Any) -> int:
+def upload_bytes(payload: Any) -> int:
     """Bytes the staged uploads take on disk (0 for one already gone)."""
     total = 0
     for upload in getattr(payload, "uploads", []):
@@ -93,7 +94,13 @@ def move_staged(payload: Any, kept_dir: Path) -> Any:
     old = Path(payload.temp_dir)
     kept_dir.mkdir(parents=True, exist_ok=True)
     new = kept_dir / old.name
-    shutil.move(str(old), str(new))
+    try:
+        shutil.move(str(old), str(new))
+    except BaseException:
+        # A copy cut short (a full disk) leaves nothing in kept_dir; the caller deletes ``old``.
+        if new.exists() and old.exists():
+            shutil.rmtree(new, ignore_errors=True)
+        raise
     payload.temp_dir = str(new)
     for upload in payload.uploads:
         upload.path = str(new / Path(upload.path).relative_to(old))
@@ -130,15 +137,12 @@ class TaskLine:
     def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
         """Keeps ``payload`` for ``record`` (MinerU registered the task) until it is terminal.
 
-        The router's store has its row when this returns (before the client's answer).
+        The router's store has its row when this returns (before the client's answer);
+        when it cannot be written the task leaves MinerU's registry, its staged files are
+        deleted, and :class:`Refused` (507) is raised: it was never accepted.
         """
-        tried: list[str] = []
-        setattr(record, WORKERS_ATTR, tried)
-        payload.retained = True
-        kept = self.supervisor.keep(record.task_id, Task(record, payload, registry),
-                                    record.upstream_server_id, record.upstream_base_url,
-                                    digest=digest, size_bytes=_upload_bytes(payload),
-                                    workers=tried)
+        kept = self._keep(record, payload, digest, registry, record.upstream_server_id,
+                          record.upstream_base_url)
         if is_terminal(record.status):
             self.supervisor.release(kept)
 
@@ -152,14 +156,26 @@ class TaskLine:
             file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
             created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
             completed_at=None, error=None, queued_ahead=None)
+        kept = self._keep(record, payload, digest, registry, "", "")
+        self.supervisor.hold(kept)
+        return record
+
+    def _keep(self, record: Any, payload: Any, digest: str | None, registry: Any,
+              worker_id: str, instance: str) -> Kept:
+        """The supervisor keeps the task (its admission taken over) and writes its row; a
+        row that cannot be written takes it out of MinerU's registry (Refused, 507)."""
         tried: list[str] = []
         setattr(record, WORKERS_ATTR, tried)
         payload.retained = True
-        kept = self.supervisor.keep(record.task_id, Task(record, payload, registry), "", "",
-                                    digest=digest, size_bytes=_upload_bytes(payload),
-                                    workers=tried)
-        self.supervisor.hold(kept)
-        return record
+        try:
+            return self.supervisor.keep(record.task_id, Task(record, payload, registry),
+                                        worker_id, instance, digest=digest,
+                                        size_bytes=upload_bytes(payload), workers=tried,
+                                        admission=getattr(payload, "admission", None))
+        except Refused:
+            # Not served as accepted: MinerU's registry has no removal, its dict is it.
+            registry._tasks.pop(record.task_id, None)
+            raise
 
     def tracks(self, record: Any) -> bool:
         return self.supervisor.find(getattr(record, "task_id", "")) is not None
@@ -310,7 +326,7 @@ class TaskLine:
             temp_dir=saved.source, fields=[tuple(f) for f in saved.record.get("fields") or []],
             uploads=[ns["StagedUpload"](**u) for u in saved.record.get("uploads") or []])
         payload.retained = True
-        return Revived(Task(record, payload, registry), tried, _upload_bytes(payload))
+        return Revived(Task(record, payload, registry), tried, upload_bytes(payload))
 
     def resume(self, registry: Any) -> None:
         """Takes the router's store back (start-up, workers up, before any request).

@@ -12,7 +12,9 @@ The patch (``patches/mineru-4.0/``) adds a few lines:
   store, resumed by the pool once its workers are up) and, in
   ``submit_job``, ``job_submitted(application, job_route, body)``: the job
   is kept until it ends (``jobs.py``); ``submit_job = failover(application,
-  submit_job)``: a submission its worker lost on the way is sent to another.
+  submit_job)``: every submission is admitted under the caps on kept jobs
+  and bytes and the room on disk (503 or 507 with Retry-After, ``jobs.py``),
+  and one its worker lost on the way is sent to another.
 
 What is MinerU 4.0's own lives here: its worker objects and capabilities
 (``pool.py``), its jobs and routes (``jobs.py``), the outputs of replaced
@@ -28,6 +30,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from mineru_health import metrics
+from mineru_health.runtime.router.admission import Refused, answer_refusals
 from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 from mineru_health.runtime.router.launch import launching_class
 
@@ -65,6 +68,12 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     line = JobLine(pool, state.registry, state.source_store, namespace)
     line.install()
     pool.job_line = line
+    # 503/507 with Retry-After, in 4.0's error shape (admission.py), never a bare 500.
+    answer_refusals(app, lambda request: line.supervisor, _error_body)
+
+
+def _error_body(refusal: Refused) -> dict[str, Any]:
+    return {"error": {"type": "api_error", "code": refusal.code, "message": refusal.detail}}
 
 
 def _line(app: Any) -> JobLine | None:

@@ -19,6 +19,21 @@ and each 404 (``missing``, wrapping ``_mark_missing_job``). A submission its
 worker lost on the way (502/504, a 503 ``engine_dead``) is made again on
 another worker (``submit_with_failover``).
 
+Admission (``runtime/router/admission.py``), the same caps as 3.x's: every
+submission (``/v1/parse/jobs``, ``/v1/tasks``, ``/v1/file_parse``: all go
+through ``submit_job``) is admitted in ``submit_with_failover`` before
+``submit_job`` stages its inputs or asks a worker: its inputs' bytes
+(uploaded with it, or the stored files it names) are reserved under
+``MAX_KEPT_TASKS`` and ``MAX_KEPT_MB`` and checked against the room left in
+the state and scratch directories (503 or 507 with Retry-After, answered by
+the handler ``install_app`` adds). ``track`` takes the reservation over (a
+context variable carries it through 4.0's ``submit_job``). When the job's
+row cannot be written at 4.0's first read of it (``observe``), the job is
+undone (``_unaccept``: its route and the files staged with it leave 4.0's
+registry and source store, its worker's load is released, the worker is
+asked to cancel it and delete those files) and the client gets 507: it was
+never accepted.
+
     line = JobLine(pool, registry, source_store, app_globals, store=store)   # install_app
     line.track(route, body)       # submit_job handed ``body`` on (patched line)
     line.resume()                 # start-up, workers up: the router's store taken back
@@ -39,12 +54,13 @@ not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import functools
 import hashlib
 import sys
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +68,7 @@ from typing import Any
 
 from mineru_health import safe_text
 from mineru_health.mineru4 import TASK_HUNG_CODE
+from mineru_health.runtime.router.admission import Admission, Refused
 from mineru_health.runtime.router.line import (
     Kept,
     NotSent,
@@ -80,6 +97,10 @@ _log = safe_text.logger("mineru_health.router.jobs")
 _ENGINE_DEAD = "engine_dead"
 #: The source store's directory inside the router's state directory (with a store).
 SOURCES_NAME = "sources"
+#: The admission of the submission ``submit_job`` is making (set by ``submit_with_failover``,
+#: taken over by ``track``): 4.0's ``submit_job`` has no parameter to carry it.
+_ADMISSION: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "mineru_health_admission", default=None)
 
 
 @dataclass
@@ -128,6 +149,7 @@ class JobLine:
         self._rewrite = getattr(rewrite, "__wrapped__", rewrite)
         self._mark_missing = getattr(missing, "__wrapped__", missing)
         self._sources_dir: Path | None = None
+        self._undoing: set[asyncio.Task[None]] = set()  # upstream deletions of unaccepted jobs
         if store is not None and store.path is not None and sources is not None:
             # Nothing staged yet (create_app): inputs land where they outlive the router.
             self._sources_dir = store.path.parent / SOURCES_NAME
@@ -196,7 +218,9 @@ class JobLine:
                   resendable=resendable)
         # Saved once 4.0 has read its payload (``observe``), still before the client's answer.
         self.supervisor.keep(route.public_id, job, route.worker_id,
-                             self._pool.get(route.worker_id).base_url, digest=digest, save=False)
+                             self._pool.get(route.worker_id).base_url, digest=digest, save=False,
+                             size_bytes=sum(stored.bytes for stored, _ in sources.values()),
+                             admission=_ADMISSION.get())
 
     def file_payloads(self, worker_id: str) -> list[tuple[str, dict[str, Any]]]:
         """(upstream id, metadata) of every file the router knows on ``worker_id``."""
@@ -210,7 +234,11 @@ class JobLine:
         kept = self.supervisor.find(str(rewritten.get("job_id") or ""))
         if kept is not None and not kept.item.saved:
             kept.item.saved = True  # the first read: submit_job answers the client next
-            self.supervisor.save(kept)
+            try:
+                self.supervisor.commit(kept)
+            except Refused as refusal:  # not kept: submit_with_failover undoes it
+                refusal.item = kept.item
+                raise
         if (kept is None or kept.busy or kept.worker != worker.worker_id
                 or not is_terminal(rewritten.get("status"))):
             return rewritten
@@ -248,6 +276,21 @@ class JobLine:
         if quarantine is not None:
             names = [getattr(u, "filename", "") for u in (uploads or {}).values()]
             raise error(422, "document_quarantined", quarantine.message([n for n in names if n]))
+        admission = self.supervisor.admit(self._declared_size(body, uploads or {}))
+        token = _ADMISSION.set(admission)
+        try:
+            return await self._submit(submit_job, body, request, uploads)
+        except Refused as refusal:
+            if isinstance(refusal.item, Job):
+                self._unaccept(refusal.item, uploads or {})
+            raise
+        finally:
+            _ADMISSION.reset(token)
+            admission.close()
+
+    async def _submit(self, submit_job: Any, body: dict[str, Any], request: Any,
+                      uploads: Any) -> Any:
+        error = self._ns["RouterProxyError"]
         tries = len(self._pool.workers) + 1
         attempt = waits = 0
         while True:
@@ -274,6 +317,49 @@ class JobLine:
             for worker in self._pool.workers:
                 self._pool.fleet.check_process(worker.worker_id)
             await asyncio.sleep(self.supervisor.retry_interval_s)
+
+    def _declared_size(self, body: dict[str, Any], uploads: Mapping[int, Any]) -> int:
+        """Bytes the job's inputs will take in the router: those uploaded with it, and the
+        stored files it names by id (what ``track`` keeps)."""
+        size = sum(int(getattr(u, "bytes", 0) or 0) for u in uploads.values())
+        for index, entry in enumerate(body.get("files") or []):
+            source = entry.get("source") if isinstance(entry, dict) else None
+            if index in uploads or not isinstance(source, dict) \
+                    or source.get("type") != "file_id":
+                continue
+            stored = self._sources.find_file(str(source.get("file_id")))
+            size += int(stored.bytes) if stored is not None else 0
+        return size
+
+    def _unaccept(self, job: Job, uploads: Mapping[int, Any]) -> None:
+        """Undoes a job whose row could not be written (the client gets 507): its route and
+        the files uploaded with it leave 4.0's registry and source store (their bytes are
+        deleted), its worker's load is released, and its worker is asked (in the background)
+        to cancel it and delete those files. The supervisor already dropped it."""
+        route, files = job.route, job.body.get("files") or []
+        self._ns["release_job_load"](route, self._pool)
+        self._registry.remove("job", route.public_id)
+        upstream = [(route.worker_id, f"/v1/parse/jobs/{route.upstream_id}")]
+        for index in uploads:
+            source = files[index].get("source") if index < len(files) else None
+            public_id = str(source.get("file_id")) if isinstance(source, dict) else ""
+            file_route = self._registry.remove("file", public_id)
+            self._sources.delete_file(public_id)
+            if file_route is not None:
+                upstream.append((file_route.worker_id, f"/v1/files/{file_route.upstream_id}"))
+        _log.warning("job %s: not accepted (its row could not be written); undone",
+                     route.public_id)
+        task = asyncio.get_running_loop().create_task(self._delete_upstream(upstream))
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
+
+    async def _delete_upstream(self, paths: list[tuple[str, str]]) -> None:
+        for worker_id, path in paths:
+            try:
+                await self._ns["request_upstream"](self._pool, self._pool.get(worker_id),
+                                                   "DELETE", path)
+            except Exception as exc:  # noqa: BLE001 -- best effort: the worker's retention ends it
+                _log.info("%s on %s: not deleted (%s)", path, worker_id, exc)
 
     def _quarantined(self, body: dict[str, Any], uploads: dict[int, Any]) -> Quarantine | None:
         """The quarantine of the submission's document, if the poison guard has one.
@@ -517,7 +603,7 @@ class JobLine:
             sources[public_id] = (stored, str(source["name"]))
         job = Job(route=route, body=dict(record.get("body") or {}), sources=sources, pins=pins,
                   headers=dict(fields.get("headers") or {}), resendable=resendable, saved=True)
-        return Revived(job, list(saved.workers), 0)
+        return Revived(job, list(saved.workers), sum(s.bytes for s, _ in sources.values()))
 
     def resume(self) -> None:
         """Takes the router's store back (start-up, workers up, before any request).

@@ -34,6 +34,12 @@ kept again and checked at once (its worker's new instance does not know it:
 it is sent again under the same id, neither a retry nor counted by the
 budget), and the poison guard remembers its documents.
 
+Admission (``admission.py``): a submission is admitted (``admit``) before
+the line stages it, its declared size reserved under the caps
+(``MAX_KEPT_TASKS``, ``MAX_KEPT_MB``) and checked against the room on disk;
+``keep`` takes the reservation over. One that cannot be kept (a cap: 503; no
+room, or its row not written: 507) is refused and counted (``refusals``).
+
 What differs between MinerU lines (how a status is asked and written back,
 how a submission is sent or failed) is the line's :class:`Line`; the
 supervisor never knows which line it serves. Its view of the workers is the
@@ -41,7 +47,9 @@ supervisor never knows which line it serves. Its view of the workers is the
 
     supervisor = Supervisor.over(fleet, line)   # both lines: the fleet's store, its events
     supervisor.resume()                  # start-up, workers up, before any request
-    kept = supervisor.keep(key, item, worker_id, instance_url)   # after the line submitted it
+    admission = supervisor.admit(size)   # before staging: the caps and the disk (admission.py)
+    kept = supervisor.keep(key, item, worker_id, instance_url, admission=admission)
+                                         # after the line submitted it; Refused (507) unkept
     await supervisor.refresh(kept)       # a client asked for its status
     supervisor.decide(kept, answer)      # an answer the line read itself
     supervisor.hold(kept)                # no worker took it yet: send it once one is back
@@ -57,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -64,6 +73,7 @@ from typing import Any
 from mineru_health import _native, metrics, safe_text
 from mineru_health.settings import HealthSettings
 
+from .admission import CAP, ROW_MARGIN_BYTES, STORAGE, Admission, Refused, lack_of_room
 from .fleet import DECLARED_FAILED, Fleet
 from .line import Kept, Line, NotSent, Sent, Unavailable
 from .poison import Death, PoisonGuard, Quarantine
@@ -110,6 +120,8 @@ class Supervisor:
         settings, the store in its durable state directory, every event of ``fleet`` heard."""
         supervisor = cls(fleet, line, fleet.settings, store=RouterStore.of(fleet))
         fleet.listen(supervisor.on_event)
+        metrics.router.bind_admission_refusals(supervisor.refusal_counts)
+        supervisor.say_if_full()
         return supervisor
 
     def __init__(self, fleet: Fleet, line: Line, settings: HealthSettings, *,
@@ -129,9 +141,13 @@ class Supervisor:
         #: Retry-After of a refused submission or result request while the fleet heals.
         self.retry_after_s = max(1, math.ceil(2 * float(settings.interval_s)))
         self.max_kept = int(settings.max_kept_tasks)
-        self._admitting = 0  # submissions admitted, not yet kept (admit)
         self.max_kept_bytes = int(settings.max_kept_mb) * 1024 * 1024
         self._kept_bytes = 0
+        self._admitted: set[Admission] = set()  # admitted, not yet kept or refused
+        self._admitted_bytes = 0
+        #: Submissions refused, by ``admission.CAP`` (503) and ``admission.STORAGE`` (507).
+        self.refusals = {CAP: 0, STORAGE: 0}
+        self._refusing_storage = False  # logged once per streak of 507s
         self._kept: dict[str, Kept] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -141,21 +157,46 @@ class Supervisor:
     # -- keeping --------------------------------------------------------------------------
     def keep(self, key: str, item: Any, worker_id: str, instance: str, *,
              digest: str | None = None, size_bytes: int = 0,
-             workers: list[str] | None = None, save: bool = True) -> Kept:
+             workers: list[str] | None = None, save: bool = True,
+             admission: Admission | None = None) -> Kept:
         """Keeps a submission its line made (``worker_id`` "" for one no worker took yet).
 
         ``workers`` is the list to record the workers tried in (the line may
-        show it to clients); it gets ``worker_id``. Written to the store now
+        show it to clients); it gets ``worker_id``. ``admission`` (its
+        reservation under the caps) is taken over. Written to the store now
         (before its client hears of it), unless not ``save``: then the line
-        calls :meth:`save` itself before it answers.
+        calls :meth:`commit` itself before it answers. Raises :class:`Refused`
+        (507) when its row cannot be written: it is not kept then (its uploads
+        are released), and the line takes it out of MinerU's records.
         """
         tried = workers if workers is not None else []
         tried[:] = [worker_id] if worker_id else []
         kept = Kept(key, item, tried, instance, digest, size_bytes)
         self._add(kept)
+        if admission is not None:
+            admission.close()
         if save:
-            self.save(kept)
+            self.commit(kept)
         return kept
+
+    def commit(self, kept: Kept) -> None:
+        """Writes the row of a submission just kept, before its client's answer; when the
+        store cannot, drops it (:meth:`drop`) and raises :class:`Refused` (507)."""
+        if not self.save(kept):
+            self.drop(kept)
+            directory = str(self.store.path.parent) if self.store and self.store.path else ""
+            raise self.refuse(STORAGE, f"insufficient storage: the router's store in {directory} "
+                                       "cannot write this submission's row, so it could not "
+                                       "survive a restart of the router; retry once room "
+                                       "returns", directory)
+
+    def drop(self, kept: Kept) -> None:
+        """Forgets a submission that was never accepted (its row could not be written) and
+        lets go of its uploads; nothing is written."""
+        if self._kept.get(kept.key) is kept:
+            del self._kept[kept.key]
+            self._kept_bytes -= kept.size_bytes
+        self.line.release(kept)
 
     def _add(self, kept: Kept) -> None:
         self._kept[kept.key] = kept
@@ -164,18 +205,20 @@ class Supervisor:
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(), name="mineru-health-sweep")
 
-    def save(self, kept: Kept) -> None:
-        """Writes what the router knows of ``kept`` to the store (no store: nothing)."""
+    def save(self, kept: Kept) -> bool:
+        """Writes what the router knows of ``kept`` to the store (no store: nothing);
+        False when the store could not write it."""
         if self.store is None:
-            return
+            return True
         try:
             snapshot = self.line.snapshot(kept)
         except Exception:  # noqa: BLE001 -- the submission goes on; only its row is missing
             _log.exception("%s: cannot describe it for the router's store", kept.key)
-            return
-        self.store.save(Saved(kept.key, snapshot.state, kept.worker, snapshot.upstream_id,
-                              kept.instance, list(kept.workers), snapshot.source, kept.digest,
-                              snapshot.record, kept.accepted_at))
+            return True
+        return self.store.save(Saved(kept.key, snapshot.state, kept.worker,
+                                     snapshot.upstream_id, kept.instance, list(kept.workers),
+                                     snapshot.source, kept.digest, snapshot.record,
+                                     kept.accepted_at))
 
     def forget(self, keys: Iterable[str]) -> None:
         """MinerU forgot these submissions (its retention): so does the store."""
@@ -240,29 +283,102 @@ class Supervisor:
     def find(self, key: str) -> Kept | None:
         return self._kept.get(key)
 
-    def admit(self) -> None:
-        """A submission passed ``full()`` and is being staged: counted against the caps
-        until ``admitted()`` (then it is kept, or gone)."""
-        self._admitting += 1
+    # -- admission (admission.py) ----------------------------------------------------------
+    def admit(self, size_bytes: int) -> Admission:
+        """Reserves a place and ``size_bytes`` (the upload's declared size) for a submission
+        about to be staged; raises :class:`Refused`: 503 past the caps on kept submissions
+        and bytes, 507 when a directory it is written to has no room for it.
 
-    def admitted(self) -> None:
-        self._admitting = max(0, self._admitting - 1)
-
-    def full(self) -> str | None:
-        """Why nothing more can be kept now (the caps on kept submissions and bytes), or None.
-
-        The line then refuses a new submission with 503 and Retry-After before
-        it stages anything, so the router's memory and disk stay bounded.
+        Held until the submission is kept (``keep`` takes it over) or refused
+        (:meth:`Admission.close`): a burst of concurrent submissions cannot pass
+        the caps, each one counting from here.
         """
-        kept = len(self._kept) + self._admitting
-        if kept >= self.max_kept:
-            return (f"the router keeps {kept} submissions for resubmission "
-                    f"(MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS={self.max_kept})")
-        if self._kept_bytes >= self.max_kept_bytes:
-            return (f"the router keeps {self._kept_bytes // (1024 * 1024)} MiB of uploads for "
-                    f"resubmission (MINERU_ROUTER_HEALTH_MAX_KEPT_MB="
-                    f"{self.max_kept_bytes // (1024 * 1024)})")
-        return None
+        size_bytes = max(0, int(size_bytes))
+        count = len(self._kept) + len(self._admitted)
+        if count >= self.max_kept:
+            raise self.refuse(CAP, f"the router keeps {count} submissions for resubmission "
+                                   f"(MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS={self.max_kept}); "
+                                   "retry shortly")
+        self._check_bytes(size_bytes)
+        room = self._lack_of_room(size_bytes)
+        if room is not None:
+            directory, why = room
+            raise self.refuse(STORAGE, f"insufficient storage: {why}; retry once room "
+                                       "returns", directory)
+        if self._refusing_storage:
+            self._refusing_storage = False
+            _log.warning("the router's storage has room again: submissions are accepted")
+        admission = Admission(size_bytes, self._resize, self._unreserve)
+        self._admitted.add(admission)
+        self._admitted_bytes += size_bytes
+        return admission
+
+    def _check_bytes(self, more: int) -> None:
+        held = self._kept_bytes + self._admitted_bytes
+        # One upload larger than the whole cap is taken alone, never refused for good.
+        if held + more > self.max_kept_bytes and (held > 0 or len(self._kept) > 0):
+            mib = 1024 * 1024
+            raise self.refuse(CAP, f"the router keeps {held / mib:.0f} MiB of uploads for "
+                                   f"resubmission and this one adds {more / mib:.1f} MiB "
+                                   f"(MINERU_ROUTER_HEALTH_MAX_KEPT_MB="
+                                   f"{self.max_kept_bytes // mib}); retry shortly")
+
+    def _resize(self, admission: Admission, size_bytes: int) -> None:
+        more = max(0, int(size_bytes)) - admission.size_bytes
+        if more > 0:
+            try:
+                self._check_bytes(more)
+            except Refused:
+                admission.close()
+                raise
+        self._admitted_bytes += more
+        admission.size_bytes += more
+
+    def _unreserve(self, admission: Admission) -> None:
+        if admission in self._admitted:
+            self._admitted.remove(admission)
+            self._admitted_bytes -= admission.size_bytes
+
+    def _lack_of_room(self, size_bytes: int) -> tuple[str, str] | None:
+        """The directory the submission would be written to that has no room for it."""
+        reserved = self._admitted_bytes
+        state = self.store.path.parent if self.store is not None and self.store.path else None
+        if state is not None:
+            room = lack_of_room([state], size_bytes + ROW_MARGIN_BYTES, reserved)
+            if room is not None:
+                return room
+        # MinerU stages every upload in the router's scratch (tempfile's directory) first.
+        return lack_of_room([tempfile.gettempdir()], size_bytes, reserved)
+
+    def refuse(self, reason: str, detail: str, directory: str | None = None) -> Refused:
+        """A refusal of a submission (``admission.CAP`` or ``STORAGE``), counted, to raise."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        if reason == STORAGE and not self._refusing_storage:  # once per streak
+            self._refusing_storage = True
+            _log.error("submissions refused with 507 until room returns: %s", detail)
+        return Refused(reason, detail, self.retry_after_s, directory)
+
+    def refusal_counts(self) -> dict[str, int]:
+        """Submissions refused so far, by reason (the metrics read it at scrape time)."""
+        return dict(self.refusals)
+
+    def say_if_full(self) -> None:
+        """At start-up: one log line when the state directory has no room for a submission
+        (what the router holds is served; new submissions get 507 until room returns)."""
+        room = self._lack_of_room(0)
+        if room is not None:
+            self._refusing_storage = True
+            _log.error("the router's storage is full: %s; new submissions are refused with "
+                       "507 until room returns, what it holds is served", room[1])
+
+    @property
+    def admitted_bytes(self) -> int:
+        """Bytes reserved by the submissions admitted and not yet kept or refused."""
+        return self._admitted_bytes
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._kept_bytes
 
     def healing(self) -> bool:
         """A local worker is failed or being restarted: it will be back."""
