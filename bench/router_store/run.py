@@ -269,16 +269,16 @@ def main() -> int:
         if args.part in ("1", "all"):
             part1 = report["raw"] = raw(args.jobs_raw, Path(tmp) / "raw")
             memory, normal, full = part1["memory"], part1["normal"], part1["full"]
+            unchecked_us = part1["check_median_us"]["unchecked"]
+            checked_us = part1["check_median_us"]["checked"]
             rows = [
                 ("one job's writes, :memory: (median us)", f"{memory['median_us']:.1f}", ""),
                 ("one job's writes, file, WAL + NORMAL (median us)", f"{normal['median_us']:.1f}",
                  f"{normal['median_us'] / memory['median_us']:.2f}x :memory:"),
                 ("  p99 (us)", f"{normal['p99_us']:.1f}", ""),
                 ("one job's writes, file, without / with the check (median us)",
-                 f"{part1['check_median_us']['unchecked']:.1f} / "
-                 f"{part1['check_median_us']['checked']:.1f}",
-                 f"{part1['check_median_us']['checked'] / part1['check_median_us']['unchecked']:.3f}"
-                 "x (jobs alternating)"),
+                 f"{unchecked_us:.1f} / {checked_us:.1f}",
+                 f"{checked_us / unchecked_us:.3f}x (jobs alternating)"),
                 ("the check after each write, alone (median us)", f"{part1['check_us']:.2f}",
                  "stat + pread of the file, stat + pread of its -wal"),
                 ("one job's writes, file, WAL + FULL (median us)", f"{full['median_us']:.1f}",

@@ -82,6 +82,8 @@ _log = safe_text.logger("mineru_health.router.store")
 _HEADER = b"SQLite format 3\x00"
 #: Seconds between two tries to write a fresh file while one cannot be written (a full disk).
 _RETRY_FRESH_S = 1.0
+#: The connection's page cache, KiB (SQLite's default: 2000).
+_CACHE_KIB = 16384
 #: Runs of unreadable pages stepped over when a damaged file is copied row by row.
 _MAX_SKIPS = 48
 #: The first bytes of a write-ahead log (two byte orders of its checksums), and its header's size.
@@ -230,25 +232,8 @@ class RouterStore:
 
     def _write(self, sql: str, rows: list[tuple[Any, ...]], what: str) -> bool:
         with self._lock:
-            if self._closed:
-                return False
-            try:
-                self._db.executemany(sql, rows)
-                error: Exception | None = None
-            except Exception as failed:  # noqa: BLE001 -- a full disk must not fail the router
-                error = failed
-            if self.path is not None:
-                # The row is kept only if the file it went to is the one at the store's path.
-                lost = self._lost or self._vanished()
-                if lost is not None:
-                    if not self._write_fresh(lost):
-                        error = OSError(f"the store's file was {lost}; no fresh one written yet")
-                    else:
-                        try:  # again, in the fresh file: that row may have been unreadable
-                            self._db.executemany(sql, rows)
-                            error = None
-                        except Exception as failed:  # noqa: BLE001 -- as above
-                            error = failed
+            error = (sqlite3.ProgrammingError("the store is closed") if self._closed
+                     else self._commit(sql, rows))
         if error is not None:
             if not self._failing:  # once per streak of failures
                 _log.error("the router's store cannot write %s (%s): submissions accepted now "
@@ -259,6 +244,38 @@ class RouterStore:
             _log.warning("the router's store writes again")
         self._failing = False
         return True
+
+    def _commit(self, sql: str, rows: list[tuple[Any, ...]]) -> Exception | None:
+        """Writes ``rows``: None once committed in the file at the store's path, else why not.
+
+        The files are checked just before the write, not after: a write to a file no longer at
+        the path is made in a fresh one instead (or, while none can be written, not at all: a
+        refused submission must not come back in it later), and no write is rolled back (a
+        rollback reloads pages from the log, which may be what was truncated). A file that
+        vanishes between the check and the write is found by the next write, and copied."""
+        if self.path is None:
+            try:
+                self._db.executemany(sql, rows)
+            except Exception as error:  # noqa: BLE001 -- a full disk must not fail the router
+                return error
+            return None
+        lost = self._lost or self._vanished()
+        if lost is None:
+            try:
+                self._db.executemany(sql, rows)
+            except Exception as error:  # noqa: BLE001 -- as above
+                lost = self._vanished()
+                if lost is None:
+                    return error
+            else:
+                return None
+        if not self._write_fresh(lost):
+            return OSError(f"the store's file was {lost}; no fresh one is written yet")
+        try:
+            self._db.executemany(sql, rows)
+        except Exception as error:  # noqa: BLE001 -- as above
+            return error
+        return None
 
     # -- a file that vanished --------------------------------------------------------------
     def check(self) -> str | None:
@@ -280,6 +297,9 @@ class RouterStore:
         (and a descriptor of it, to read its header), and its write-ahead log's."""
         if self.path is None:
             return
+        # The pages the connection has read or written stay in its cache: what a file
+        # truncated under it can still be rebuilt from. Allocated as pages are read.
+        self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         self._at, self._wal_at = str(self.path), str(_wal_of(self.path))
         # Closed only after the connection: closing a descriptor of a file drops every POSIX
         # lock this process holds on it, SQLite's included.
@@ -370,6 +390,8 @@ class RouterStore:
             self._db, _aside = state_dirs.open_database(
                 self.path, _SCHEMA, check="SELECT COUNT(*) FROM submissions")
             self._watch()
+            for table, _columns in _TABLES:  # into the cache, as a router's start-up reads them
+                self._db.execute(f"SELECT * FROM {table}").fetchall()
         except Exception as error:  # noqa: BLE001 -- rare: the file just written cannot be used
             _log.error("the router's store %s cannot be used any more (%s): submissions are "
                        "not acknowledged until the router is restarted", self.path, error)
