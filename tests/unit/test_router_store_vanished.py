@@ -196,7 +196,7 @@ def test_a_new_router_on_an_emptied_file_says_what_it_cannot_resume(tmp_path: Pa
     assert store is not None and store.count() == 0
     (record,) = audit.records
     assert record["action"] == "state_file_vanished" and record["unreadable"] == 2
-    assert "empty (0 bytes)" in record["reason"] and "2 unfinished" in record["reason"]
+    assert "empty (0 bytes)" in record["reason"] and "up to 2 unfinished" in record["reason"]
 
 
 def test_a_new_router_on_a_deleted_file_says_so_where_kept_uploads_show_it(

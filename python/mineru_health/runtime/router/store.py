@@ -32,22 +32,24 @@ killed with ``kill -9`` loses nothing, a power loss at most the last commits
 
 A store that vanishes is noticed. A file deleted, replaced or truncated
 under a running router still takes every write (SQLite writes to the inode
-it opened), and a new router would find nothing. So after each write, before
-``save`` says the row is kept, the store checks that the files at its path
-are the ones it writes: same device and inode as at open, not shorter than
-it last saw them, the database header intact, and its write-ahead log
-(``-wal``, which holds the commits since the last checkpoint) neither
-deleted, replaced nor truncated (three system calls, ~1 us each:
-bench/router_store). When they are not, it writes a fresh file at its path
-holding every row its open connection can still read (SQLite's backup API;
-a file whose pages are gone is copied row by row, what cannot be read is
-counted), sets aside what it found there for the operator, audits it
-(``state_file_vanished``) and carries on in the fresh file; until that file
-is written ``save`` returns False. A deleted ``-shm`` loses nothing (it is
-an index rebuilt from the log). A new router on a store that was emptied
-(0 bytes), damaged (set aside: what can still be read from it is copied
-into the fresh one) or deleted says what it could not resume: the kept
-uploads that no row names are submissions lost with it.
+it opened), and a new router would find nothing. So just before each write
+the store checks that the files at its path are the ones it writes: same
+device and inode as at open, not shorter than it last saw them, the
+database header intact, and its write-ahead log (``-wal``, which holds the
+commits since the last checkpoint) neither deleted, replaced nor truncated
+(a stat and a pread of each, ~3 us: bench/router_store). When they are not,
+it writes a fresh file at its path holding every row its open connection
+can still read (SQLite's backup API; a file whose pages are gone is copied
+row by row, what cannot be read is counted; ``recall`` may add what the
+router still knows), sets aside what it found there for the operator,
+audits it (``state_file_vanished``) and makes the write in the fresh file;
+until one is written ``save`` returns False and writes nothing. A file
+that vanishes between the check and the write is found by the next write
+and copied with it. A deleted ``-shm`` loses nothing (it is an index
+rebuilt from the log). A new router on a store that was emptied (0 bytes),
+damaged (set aside: what can still be read from it is copied into the
+fresh one) or deleted says what it could not resume: the kept uploads that
+no row names are submissions lost with it.
 
 Thread-safety: one connection behind a lock; each call is one short
 statement. After opening, nothing here raises: a write that fails (a full
@@ -189,8 +191,8 @@ class RouterStore:
         without_row = store.uploads_without_row()
         if found == 0 or (found is None and without_row):
             what = "empty (0 bytes)" if found == 0 else "missing"
-            lost = (f"{without_row} unfinished submission(s) could not be resumed (their "
-                    f"kept uploads have no row)" if without_row else
+            lost = (f"{without_row} kept upload(s) have no row: up to {without_row} "
+                    "unfinished submission(s) could not be resumed" if without_row else
                     "how many submissions it held, and could not be resumed, is not known")
             record = audit.write_record(
                 "state_file_vanished", worker_id="router", path=str(path), rows=0,
