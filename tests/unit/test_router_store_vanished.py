@@ -73,7 +73,7 @@ def replace_with_another_database(path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", [
-    "deleted", "replaced", "truncated to 0", "truncated to half", "-wal deleted",
+    "deleted", "directory deleted", "replaced", "truncated to 0", "truncated to half", "-wal deleted",
     "-wal truncated",
 ])
 def test_a_vanished_file_is_audited_and_a_fresh_one_holds_every_row(
@@ -83,6 +83,8 @@ def test_a_vanished_file_is_audited_and_a_fresh_one_holds_every_row(
     path = tmp_path / DB_NAME
     if how == "deleted":
         path.unlink()
+    elif how == "directory deleted":
+        shutil.rmtree(tmp_path)
     elif how == "replaced":
         replace_with_another_database(path)
     elif how.startswith("truncated"):
@@ -101,7 +103,7 @@ def test_a_vanished_file_is_audited_and_a_fresh_one_holds_every_row(
     assert after_kill(path, tmp_path / "killed") == set(before + after)
     assert store.count() == 50
     aside = record["set_aside"]
-    if how in ("deleted", "-wal deleted", "-wal truncated"):
+    if how in ("deleted", "directory deleted", "-wal deleted", "-wal truncated"):
         assert aside is None  # nothing at the path that was not the store's own, whole
     else:  # what was found at the path is kept for the operator
         assert Path(aside).parent == tmp_path and Path(aside).name.startswith(DB_NAME)
