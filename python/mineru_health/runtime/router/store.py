@@ -91,6 +91,8 @@ _MAX_SKIPS = 48
 #: The first bytes of a write-ahead log (two byte orders of its checksums), and its header's size.
 _WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
 _WAL_HEADER_SIZE = 32
+#: Suffix of the fresh file being written beside the store's, renamed over it once whole.
+_FRESH = ".fresh"
 #: How a file that was deleted under the store is described.
 _DELETED = "deleted"
 #: How the loss of the write-ahead log alone begins (the database file is the store's own).
@@ -174,6 +176,7 @@ class RouterStore:
         file cannot be opened at all: the router runs on, as it did before it had a store."""
         path = directory / DB_NAME
         found = _size(path)
+        _remove(path.with_name(DB_NAME + _FRESH))  # a router killed while writing one
         try:
             store = cls(path, audit=audit)
         except Exception as error:  # noqa: BLE001 -- the router must start anyway
@@ -361,7 +364,7 @@ class RouterStore:
         if self._lost is not None and now < self._next_try:
             return False
         self._lost, self._next_try = lost, now + _RETRY_FRESH_S
-        fresh = self.path.with_name(self.path.name + ".fresh")
+        fresh = self.path.with_name(self.path.name + _FRESH)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             copied, unreadable = _copy(self._db, fresh)
