@@ -38,6 +38,6 @@ def test_a_store_deleted_then_truncated_under_a_live_router_loses_no_task(
         return router
 
     run = vanish_and_restart(
-        start(), start, lambda r: Client(r.base, r.line, engine_url=f"{fake_vlm_url}/delay/300/"),
+        start(), start, lambda r: Client(r.base, r.line, engine_url=fake_vlm_url),
         lambda n: (f"vanish-{n:03d}.pdf", pdf), state)
     nothing_lost(run, state)
