@@ -7,6 +7,8 @@ record of ~1 KB), N jobs, on
 1. ``:memory:`` (the same SQL, nothing on disk: the baseline),
 2. the file as shipped (WAL, ``synchronous=NORMAL``),
 3. the file with ``synchronous=FULL`` (an fsync per commit: power-loss safe too),
+4. the file as shipped without the check that follows each write (is the file at
+   the store's path still the one it writes: issue 31), and that check alone,
 
 and the same two writes as the supervisor makes them with MinerU 3.x's line
 (its snapshot of a real ``RouterTaskRecord`` and staged form, then the
@@ -105,6 +107,7 @@ def raw(jobs: int, root: Path) -> dict[str, Any]:
             entry["read_back_s"] = time.perf_counter() - start
             assert len(rows) == count
         results[name] = entry
+    results["check_median_us"], results["check_us"] = unchecked(jobs, root / "check")
     line_times = through_the_line(root / "line" / DB_NAME, jobs)
     if line_times:
         results["line3_median_us"] = statistics.median(line_times) * 1e6
@@ -118,6 +121,31 @@ def raw(jobs: int, root: Path) -> dict[str, Any]:
         moves.append(time.perf_counter() - start)
     results["move_staged_median_us"] = statistics.median(moves) * 1e6
     return results
+
+
+def unchecked(jobs: int, root: Path) -> tuple[dict[str, float], float]:
+    """One job's writes to the file as shipped, with and without the check that follows each
+    write (two stores, jobs alternating between them: the same noise on both), medians in us;
+    and that check alone, median us."""
+    stores = {}
+    for arm in ("checked", "unchecked"):
+        (root / arm).mkdir(parents=True)
+        stores[arm] = RouterStore(root / arm / DB_NAME)
+    check = stores["checked"]._vanished
+    checks = []
+    for _ in range(max(1000, jobs)):
+        start = time.perf_counter()
+        assert check() is None
+        checks.append(time.perf_counter() - start)
+    stores["unchecked"]._vanished = lambda: None  # type: ignore[method-assign]
+    times: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for i in range(jobs):
+        for arm in ("checked", "unchecked") if i % 2 else ("unchecked", "checked"):
+            times[arm].append(one_job(stores[arm], i))
+    for store in stores.values():
+        store.close()
+    return ({arm: statistics.median(t) * 1e6 for arm, t in times.items()},
+            statistics.median(checks) * 1e6)
 
 
 def through_the_line(path: Path, jobs: int) -> list[float]:
@@ -241,11 +269,18 @@ def main() -> int:
         if args.part in ("1", "all"):
             part1 = report["raw"] = raw(args.jobs_raw, Path(tmp) / "raw")
             memory, normal, full = part1["memory"], part1["normal"], part1["full"]
+            unchecked_us = part1["check_median_us"]["unchecked"]
+            checked_us = part1["check_median_us"]["checked"]
             rows = [
                 ("one job's writes, :memory: (median us)", f"{memory['median_us']:.1f}", ""),
                 ("one job's writes, file, WAL + NORMAL (median us)", f"{normal['median_us']:.1f}",
                  f"{normal['median_us'] / memory['median_us']:.2f}x :memory:"),
                 ("  p99 (us)", f"{normal['p99_us']:.1f}", ""),
+                ("one job's writes, file, without / with the check (median us)",
+                 f"{unchecked_us:.1f} / {checked_us:.1f}",
+                 f"{checked_us / unchecked_us:.3f}x (jobs alternating)"),
+                ("the check after each write, alone (median us)", f"{part1['check_us']:.2f}",
+                 "stat + pread of the file, stat + pread of its -wal"),
                 ("one job's writes, file, WAL + FULL (median us)", f"{full['median_us']:.1f}",
                  f"{full['median_us'] / normal['median_us']:.1f}x NORMAL"),
                 ("jobs' writes per second, NORMAL", f"{normal['jobs_per_s']:.0f}", ""),

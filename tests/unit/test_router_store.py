@@ -97,7 +97,7 @@ def test_a_failed_write_is_logged_once_and_never_raises(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = RouterStore(tmp_path / DB_NAME)
-    store._db.close()  # as a full disk or a lost volume would fail every write
+    store._db.execute("PRAGMA query_only=ON")  # as a full disk would fail every write
     with caplog.at_level(logging.ERROR, logger="mineru_health.router.store"):
         assert store.save(saved("a")) is False
         assert store.save(saved("b")) is False
