@@ -19,6 +19,11 @@ Two kinds, by where the truth lives:
   ``mineru_router_ejections_suppressed_total`` (ejections the mass-ejection
   guard held back).
 
+- The **bounds broken by worker answers** (``bind_upstream_reads(fn)``, the
+  ``broken()`` of ``runtime.router.upstream_reads``, where the count lives):
+  ``mineru_router_upstream_bounds_broken_total{worker,bound}``, ``worker``
+  the worker's address, ``bound`` one of ``size``, ``time``, ``encoding``.
+
 - **Events** are counted as they are handled on the router's loop:
 
   - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
@@ -80,6 +85,7 @@ __all__ = [
     "PollerStatsCollector",
     "WorkerStatusCollector",
     "bind_poller_stats",
+    "bind_upstream_reads",
     "bind_worker_statuses",
     "ensure_families",
     "forget_worker",
@@ -121,6 +127,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_task_resubmissions_total",
     "mineru_router_task_resubmissions_refused_total",
     "mineru_router_poison_documents_total",
+    "mineru_router_upstream_bounds_broken_total",
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
@@ -204,8 +211,30 @@ class PollerStatsCollector(BoundSourceCollector):
         suppressed.add_metric([], float(value.ejections_suppressed))
 
 
+class UpstreamReadsCollector(BoundSourceCollector):
+    """Bounds that worker answers broke (``UpstreamReads.broken()``), read at every scrape."""
+
+    what = "bounds broken by worker answers"
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            CounterMetricFamily(
+                "mineru_router_upstream_bounds_broken",
+                "Worker answers cut for breaking a bound (size, time, encoding), by worker address.",
+                labels=["worker", "bound"],
+            ),
+        )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        (broken,) = families
+        for (worker, bound), count in dict(value).items():
+            broken.add_metric([str(worker), str(bound)], float(count))
+
+
 class _RouterMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
+        self.upstream_reads = UpstreamReadsCollector()
+        reg.register(self.upstream_reads)
         self.statuses = WorkerStatusCollector()
         reg.register(self.statuses)
         self.poller = PollerStatsCollector()
@@ -305,6 +334,11 @@ def bind_worker_statuses(source: StatusSource | None) -> None:
 def bind_poller_stats(source: StatsSource | None) -> None:
     """Makes the poller counters read ``source()`` (the poller's ``stats``) at every scrape."""
     _metrics().poller.bind(source)
+
+
+def bind_upstream_reads(source: StatsSource | None) -> None:
+    """Makes the bounds-broken counter read ``source()`` (``UpstreamReads.broken``) at scrapes."""
+    _metrics().upstream_reads.bind(source)
 
 
 def observe_probe(

@@ -33,6 +33,7 @@ from mineru_health.runtime.router.launch import launching_class
 
 from .jobs import JobLine
 from .pool import healing_pool_class, outputs_kept_class
+from .reads import bound_reads
 
 __all__ = ["failover", "install", "install_app", "job_submitted"]
 
@@ -65,6 +66,7 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     line = JobLine(pool, state.registry, state.source_store, namespace)
     line.install()
     pool.job_line = line
+    bound_reads(namespace)  # worker answers within bounds, named when broken (reads.py)
 
 
 def _line(app: Any) -> JobLine | None:
