@@ -1,0 +1,186 @@
+"""A fake MinerU 3.x ``mineru-api`` on loopback whose answers can break every bound.
+
+``HostileWorkers(hostile=1, honest=1)`` listens on one port per worker, in a
+thread with its own event loop. Every worker answers ``/health`` healthy and
+takes ``POST /tasks``; an honest worker's tasks stay ``processing`` (each
+status read reaches it) and its results are small. On a hostile worker a
+task behaves as the stem of its uploaded file's name says:
+
+- ``huge-status``: its status declares 300 MB and sends them;
+- ``endless-status`` / ``trickle-status``: chunked, without end (1 MiB
+  chunks / one byte every 0.2 s);
+- ``endless-result`` / ``trickle-result``: completed; its result (a zip) comes
+  without end / 1 KiB every 0.2 s;
+- ``endless-error-result``: completed; its result request is answered 500 with
+  a body without end.
+
+Every answer without end stops once its reader is gone, and at the latest
+after ``MAX_BYTES`` or ``MAX_S`` (bounded, whatever the router does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["HostileWorkers", "hostile_workers"]
+
+MIB = 1024 * 1024
+MAX_BYTES = 512 * MIB  # what one answer sends at most
+MAX_S = 120.0  # how long one answer lasts at most
+_FILENAME = re.compile(rb'filename="([^"]+)"')
+
+
+class HostileWorkers:
+    """Fake workers on loopback ports (``urls``: hostile first); see the module's doc."""
+
+    def __init__(self, *, hostile: int = 1, honest: int = 1) -> None:
+        self._kinds = ["hostile"] * hostile + ["honest"] * honest
+        self.urls: list[str] = []
+        self.modes: dict[str, str] = {}  # task id -> how it behaves
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._servers: list[asyncio.Server] = []
+
+    def start(self) -> None:
+        self._thread.start()
+        for kind in self._kinds:
+            server = asyncio.run_coroutine_threadsafe(self._serve(kind), self._loop).result(10)
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.urls.append(f"http://127.0.0.1:{port}")
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for server in self._servers:
+                server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _serve(self, kind: str) -> asyncio.Server:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while await self._one(kind, reader, writer):
+                    pass
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                pass
+            finally:
+                writer.close()
+
+        return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+    async def _one(self, kind: str, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> bool:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), MAX_S)
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip()
+                   for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        body = await reader.readexactly(int(headers.get("content-length") or 0))
+        if method == "GET" and path == "/health":
+            await _json(writer, 200, {"status": "healthy", "protocol_version": 2,
+                                      "queued_tasks": 0, "processing_tasks": 0,
+                                      "completed_tasks": 0, "failed_tasks": 0,
+                                      "max_concurrent_requests": 100,
+                                      "processing_window_size": 64})
+            return True
+        if method == "POST" and path == "/tasks":
+            found = _FILENAME.search(body)
+            name = found.group(1).decode() if found else "doc.pdf"
+            task_id = str(uuid.uuid4())
+            self.modes[task_id] = name.rsplit(".", 1)[0] if kind == "hostile" else "honest"
+            await _json(writer, 202, _status(task_id, name, "pending"))
+            return True
+        match = re.fullmatch(r"/tasks/([^/]+)(/result)?", path)
+        mode = self.modes.get(match.group(1), "") if match else ""
+        if not mode:
+            await _json(writer, 404, {"detail": "Task not found"})
+            return True
+        task_id = match.group(1) if match else ""
+        if match and match.group(2):
+            return await self._result(mode, writer)
+        if mode == "huge-status":
+            await _endless(writer, 200, {"Content-Length": str(300 * 1000 * 1000)}, MIB, 0.0,
+                           limit=300 * 1000 * 1000)
+            return False
+        if mode in ("endless-status", "trickle-status"):
+            endless = mode == "endless-status"
+            await _endless(writer, 200, {"Transfer-Encoding": "chunked"},
+                           MIB if endless else 1, 0.0 if endless else 0.2)
+            return False
+        state = "processing" if mode == "honest" else "completed"
+        await _json(writer, 200, _status(task_id, "doc.pdf", state))
+        return True
+
+    async def _result(self, mode: str, writer: asyncio.StreamWriter) -> bool:
+        if mode == "endless-result":
+            await _endless(writer, 200, {"Transfer-Encoding": "chunked",
+                                         "Content-Type": "application/zip"}, MIB, 0.0)
+        elif mode == "trickle-result":
+            await _endless(writer, 200, {"Transfer-Encoding": "chunked",
+                                         "Content-Type": "application/zip"}, 1024, 0.2)
+        elif mode == "endless-error-result":
+            await _endless(writer, 500, {"Transfer-Encoding": "chunked"}, MIB, 0.0)
+        else:
+            await _json(writer, 200, {"results": {"doc": {"md_content": "# honest"}}})
+            return True
+        return False
+
+
+def _status(task_id: str, name: str, state: str) -> dict[str, Any]:
+    now = datetime.now(timezone.utc).isoformat()
+    return {"task_id": task_id, "status": state, "backend": "pipeline", "file_names": [name],
+            "created_at": now, "started_at": now,
+            "completed_at": now if state == "completed" else None, "error": None,
+            "queued_ahead": 0}
+
+
+async def _json(writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+
+
+async def _endless(writer: asyncio.StreamWriter, status: int, headers: dict[str, str],
+                   chunk: int, pause_s: float, limit: int = MAX_BYTES) -> None:
+    """Sends ``chunk`` bytes every ``pause_s`` until the reader is gone, ``limit`` or MAX_S."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"HTTP/1.1 {status} X\r\n{head}\r\n".encode())
+    chunked = headers.get("Transfer-Encoding") == "chunked"
+    piece = b'{"status": "processing", "pad": "' + b"x" * chunk
+    sent, loop = 0, asyncio.get_running_loop()
+    until = loop.time() + MAX_S
+    while sent < limit and loop.time() < until:
+        data = piece[:chunk] if sent else piece
+        data = data[: limit - sent] if not chunked else data
+        writer.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+        sent += len(data)
+        await writer.drain()
+        if pause_s:
+            await asyncio.sleep(pause_s)
+
+
+@contextmanager
+def hostile_workers(*, hostile: int = 1, honest: int = 1) -> Iterator[HostileWorkers]:
+    workers = HostileWorkers(hostile=hostile, honest=honest)
+    workers.start()
+    try:
+        yield workers
+    finally:
+        workers.stop()
