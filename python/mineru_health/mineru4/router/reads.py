@@ -18,7 +18,7 @@ Idempotent (``create_app`` may run more than once in a process).
 from __future__ import annotations
 
 import functools
-import sys
+import importlib
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -32,7 +32,7 @@ def bound_reads(namespace: MutableMapping[str, Any]) -> None:
     from mineru_health.runtime.router import upstream_reads  # imports httpx: at install
 
     package = str(namespace["__name__"]).rpartition(".")[0]
-    proxy, tasks = sys.modules[f"{package}.proxy"], sys.modules[f"{package}.tasks"]
+    proxy, tasks = (importlib.import_module(f"{package}.{name}") for name in ("proxy", "tasks"))
     if getattr(proxy, _BOUND, False):
         return
     error = namespace["RouterProxyError"]
