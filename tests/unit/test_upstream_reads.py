@@ -200,6 +200,25 @@ def test_a_worker_that_holds_its_turns_delays_no_other_worker() -> None:
     assert any("waiting behind 2 others" in str(e) for e in done)
 
 
+def test_a_response_left_open_gives_its_turn_back_after_its_deadline() -> None:
+    # One turn per worker (4 connections): the first response is never read nor closed.
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Body(1, 1))
+
+    client = client_for(handler, connections=4)
+
+    async def scenario() -> dict[str, str]:
+        async with client:
+            request = client.build_request("GET", "http://w1:8000/r", timeout=0.2)
+            left_open = await client.send(request, stream=True)
+            assert not left_open.is_closed
+            # Waits for the turn the first one holds until that one is closed for it.
+            second = await client.get("http://w1:8000/r", timeout=5)
+            return {"second": second.text}
+
+    assert run(scenario()) == {"second": "x"}
+
+
 def test_install_is_idempotent_and_leaves_other_clients_alone() -> None:
     client = httpx.AsyncClient()
     first = upstream_reads.install(client, SETTINGS)

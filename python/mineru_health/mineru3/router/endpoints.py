@@ -251,8 +251,16 @@ def _streaming_result(namespace: MutableMapping[str, Any]) -> Callable[..., Any]
                                                     f"{upstream.status_code} {detail}")
             raise http_exception(status_code=upstream.status_code, detail=detail)
         disposition = upstream.headers.get("content-disposition")
+
+        async def relay() -> Any:
+            try:
+                async for chunk in upstream.aiter_bytes():
+                    yield chunk
+            finally:  # also when the client went away mid-result
+                await upstream.aclose()
+
         return streaming_response(
-            upstream.aiter_bytes(),
+            relay(),
             status_code=200,
             media_type=upstream.headers.get("content-type") or "application/octet-stream",
             headers={"content-disposition": disposition} if disposition else {},

@@ -236,8 +236,18 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+# After its deadline, a response nobody closed is closed by the transport: a reader
+# still at it has ended by then (its own read is bounded by the same deadline).
+_CLOSE_LEFT_OPEN_S = 1.0
+
+
 class _BoundedStream(httpx.AsyncByteStream):
-    """A response body cut where it passes ``cap`` bytes or ``deadline``; frees its turn once."""
+    """A response body cut where it passes ``cap`` bytes or ``deadline``; frees its turn once.
+
+    One left open (a client that went away before a streamed result was
+    relayed, and nothing closed it) is closed just after its deadline, so that
+    neither its connection nor its turn is held longer than its bound.
+    """
 
     def __init__(self, inner: httpx.AsyncByteStream, cap: int, deadline: float,
                  turns: asyncio.Semaphore, broken: Any) -> None:
@@ -246,6 +256,13 @@ class _BoundedStream(httpx.AsyncByteStream):
         self._deadline = deadline
         self._turns: asyncio.Semaphore | None = turns
         self._broken = broken
+        loop = asyncio.get_running_loop()
+        self._left_open = loop.call_at(deadline + _CLOSE_LEFT_OPEN_S, self._close_left_open)
+        self._closing: asyncio.Task[None] | None = None
+
+    def _close_left_open(self) -> None:
+        if self._turns is not None:
+            self._closing = asyncio.get_running_loop().create_task(self.aclose())
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._inner.__aiter__()
@@ -267,5 +284,6 @@ class _BoundedStream(httpx.AsyncByteStream):
     async def aclose(self) -> None:
         turns, self._turns = self._turns, None
         if turns is not None:
+            self._left_open.cancel()
             turns.release()
             await self._inner.aclose()
