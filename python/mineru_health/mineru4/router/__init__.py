@@ -16,7 +16,7 @@ The patch (``patches/mineru-4.0/``) adds a few lines:
 
 What is MinerU 4.0's own lives here: its worker objects and capabilities
 (``pool.py``), its jobs and routes (``jobs.py``), the outputs of replaced
-instances (``retired.py``). The rest is the line-agnostic runtime
+instances (``retired.py``), its upstream helpers bounded (``reads.py``). The rest is the line-agnostic runtime
 (:mod:`mineru_health.runtime.router`).
 
 Remote upstream workers (``--upstream-url``) are never restarted.
