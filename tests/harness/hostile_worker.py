@@ -15,7 +15,8 @@ the uploaded file's; 4.0: the last segment of its source URL):
 - ``endless-result`` / ``trickle-result``: completed; its result (a zip) comes
   without end / 1 KiB every 0.2 s;
 - ``endless-error-result``: completed; its result request is answered 500 with
-  a body without end.
+  a body without end;
+- ``endless-submit`` (3.x): its submission is answered 202 with a body without end.
 
 (4.0: a result is the content of the job's markdown output file.)
 
@@ -115,6 +116,9 @@ class HostileWorkers:
             task_id = str(uuid.uuid4())
             self.modes[task_id] = name.rsplit(".", 1)[0] if kind == "hostile" else "honest"
             self.received.append((kind, name))
+            if self.modes[task_id] == "endless-submit":
+                await _endless(writer, 202, {"Transfer-Encoding": "chunked"}, MIB, 0.0)
+                return False
             await _json(writer, 202, _status(task_id, name, "pending"))
             return True
         match = re.fullmatch(r"/tasks/([^/]+)(/result)?", path)

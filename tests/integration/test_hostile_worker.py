@@ -6,7 +6,8 @@ bound (a 300 MB status, statuses and results without end, trickling ones, an
 error answer without end). While the hostile one's tasks are asked about,
 the honest one's keep answering, the router's memory stays within a stated
 bound (its VmHWM from /proc), each broken bound is that task's worker error
-(a 502 naming the worker and the bound for a result) and is counted.
+(a 502 naming the worker and the bound for a result) and is counted. A
+submission answered without end is sent to the honest worker instead.
 """
 
 from __future__ import annotations
@@ -143,6 +144,20 @@ def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWo
     before = memory_mb(pid)
     report: dict[str, Any] = {"before_mb": before}
 
+    # A submission answered without end: cut at MAX_STATUS_MB in MinerU's submitting thread,
+    # then sent to the honest worker (MinerU's failover), and accepted.
+    with httpx.Client(base_url=router.base, timeout=60) as client:
+        for _ in range(12):
+            answer = client.post("/tasks", files={"files": ("endless-submit.pdf", tiny_pdf,
+                                                            "application/pdf")},
+                                 data={"backend": "pipeline"})
+            assert answer.status_code == 202, answer.text
+            if ("hostile", "endless-submit.pdf") in fakes.received:
+                assert answer.json()["workers_tried"] == ["remote-2"], answer.text
+                break
+    assert ("hostile", "endless-submit.pdf") in fakes.received
+    report["submit_mb"] = memory_mb(pid)
+
     def statuses() -> list[httpx.Response]:
         # Each hostile status asked about twice at once, as impatient clients do.
         names = [n for n in HOSTILE if n.endswith("-status")] * 2
@@ -186,4 +201,4 @@ def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWo
     assert peak - before["VmRSS"] < GROWTH_BOUND_MB, report
     broken = {bound: router.metric("mineru_router_upstream_bounds_broken_total", bound=bound)
               for bound in ("size", "time")}
-    assert broken["size"] >= 4 and broken["time"] >= 2, (broken, report)
+    assert broken["size"] >= 5 and broken["time"] >= 2, (broken, report)

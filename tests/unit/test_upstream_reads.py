@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -265,3 +265,58 @@ def test_ask_status_parses_a_large_status_off_the_loop() -> None:
     fleet: Any = SimpleNamespace(client=client_for(handler))
     answer = run(ask_status(fleet, "http://w1:8000", "/tasks/t", 0.5))
     assert answer.kind is AnswerKind.STATUS and answer.payload == payload
+
+
+def sync_client(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.Client:
+    reads = upstream_reads.UpstreamReads(upstream_reads.Bounds.of(SETTINGS))
+    return httpx.Client(transport=upstream_reads.SyncBoundedTransport(
+        httpx.MockTransport(handler), reads))
+
+
+def test_a_blocking_client_reads_an_answer_within_the_bounds_too() -> None:
+    def endless() -> Iterator[bytes]:
+        while True:
+            yield b"x" * (256 * 1024)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/small":
+            return httpx.Response(202, json={"task_id": "t"})
+        if request.url.path == "/gzip":
+            return httpx.Response(202, headers={"content-encoding": "gzip"}, content=b"")
+        return httpx.Response(202, stream=_Endless(endless()))
+
+    with sync_client(handler) as client:
+        assert client.post("http://w1:8000/small").json() == {"task_id": "t"}
+        with pytest.raises(BoundBroken, match="MAX_STATUS_MB"):
+            client.post("http://w1:8000/tasks")
+        with pytest.raises(BoundBroken, match="gzip-encoded"):
+            client.post("http://w1:8000/gzip")
+
+
+class _Endless(httpx.SyncByteStream):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+
+
+def test_the_3x_router_module_submits_with_a_bounded_client() -> None:
+    from mineru_health.mineru3.router.reads import bound_submissions
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200)
+
+    bounded = client_for(answer)
+    app = SimpleNamespace(state=SimpleNamespace(http_client=bounded))
+    namespace: dict[str, Any] = {"httpx": httpx}
+    bound_submissions(app, namespace)
+    bound_submissions(app, namespace)  # idempotent
+    shim = namespace["httpx"]
+    assert shim.HTTPError is httpx.HTTPError and shim.Timeout is httpx.Timeout
+    with shim.Client(timeout=5) as client:
+        assert isinstance(client._transport, upstream_reads.SyncBoundedTransport)
+    bound_submissions(SimpleNamespace(state=SimpleNamespace()), namespace)  # main's own app,
+    with shim.Client(timeout=5) as client:  # before its start-up: MinerU's own client
+        assert not isinstance(client._transport, upstream_reads.SyncBoundedTransport)
+    run(bounded.aclose())

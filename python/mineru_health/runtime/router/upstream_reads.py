@@ -38,14 +38,16 @@ import asyncio
 import contextlib
 import contextvars
 import sys
-from collections.abc import AsyncIterator, Awaitable, Iterator
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 
-__all__ = ["BOUNDS", "BoundBroken", "BoundedTransport", "Bounds", "UpstreamReads", "install",
-           "reads_of", "results"]
+__all__ = ["BOUNDS", "BoundBroken", "BoundedTransport", "Bounds", "SyncBoundedTransport",
+           "UpstreamReads", "bounded_sync_client", "install", "reads_of", "results"]
 
 MIB = 1024 * 1024
 T = TypeVar("T")
@@ -105,14 +107,17 @@ class UpstreamReads:
     def __init__(self, bounds: Bounds) -> None:
         self.bounds = bounds
         self._broken: dict[tuple[str, str], int] = {}  # (worker address, bound) -> count
+        self._lock = threading.Lock()  # MinerU 3.x submits from threads (``SyncBoundedTransport``)
 
     def broken(self) -> dict[tuple[str, str], int]:
         """Bounds broken so far, by (worker address, bound); read by the metrics at scrape time."""
-        return dict(self._broken)
+        with self._lock:
+            return dict(self._broken)
 
     def count(self, exc: BoundBroken) -> None:
         key = (exc.worker, exc.bound)
-        self._broken[key] = self._broken.get(key, 0) + 1
+        with self._lock:
+            self._broken[key] = self._broken.get(key, 0) + 1
 
 
 def install(client: Any, settings: Any) -> UpstreamReads | None:
@@ -287,3 +292,92 @@ class _BoundedStream(httpx.AsyncByteStream):
             self._left_open.cancel()
             turns.release()
             await self._inner.aclose()
+
+
+def bounded_sync_client(reads: Callable[[], UpstreamReads | None]) -> Callable[..., httpx.Client]:
+    """An ``httpx.Client`` factory whose clients read within the bounds ``reads()`` gives.
+
+    For code that makes a blocking client of its own per request (MinerU 3.x
+    submits from a thread that way); without bounds yet, a plain client.
+    """
+
+    def client(*args: Any, **kwargs: Any) -> httpx.Client:
+        found = reads()
+        if found is None or "transport" in kwargs:
+            return httpx.Client(*args, **kwargs)
+        inner = httpx.HTTPTransport(verify=kwargs.get("verify", True))
+        return httpx.Client(*args, transport=SyncBoundedTransport(inner, found), **kwargs)
+
+    return client
+
+
+class SyncBoundedTransport(httpx.BaseTransport):
+    """:class:`BoundedTransport`'s answer bounds for a blocking client (one thread per request).
+
+    A blocking read cannot be cut mid-way: the time in all is checked at each
+    chunk, so a trickle ends at the timeout plus one read timeout at most.
+    """
+
+    def __init__(self, inner: httpx.BaseTransport, reads: UpstreamReads) -> None:
+        self.inner = inner
+        self.reads = reads
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        worker = _origin(request.url)
+        limit_s = _read_timeout(request)
+        deadline = time.monotonic() + limit_s
+        cap = self.reads.bounds.answer_bytes
+        request.headers["Accept-Encoding"] = "identity"
+        what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
+
+        def broken(bound: str, how: str) -> BoundBroken:
+            exc = BoundBroken(f"worker at {worker} broke a bound: its answer to {what} {how}",
+                              bound=bound, worker=worker, request=request)
+            self.reads.count(exc)
+            return exc
+
+        too_big = f"passed {cap // MIB} MiB (MINERU_ROUTER_HEALTH_MAX_STATUS_MB)"
+        response = self.inner.handle_request(request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        declared = response.headers.get("content-length", "")
+        failure = None
+        if encoding not in ("", "identity"):
+            failure = broken("encoding", f"came {encoding}-encoded (identity was asked)")
+        elif declared.isdigit() and int(declared) > cap:
+            failure = broken("size", f"declared {int(declared)} bytes: {too_big}")
+        if failure is not None:
+            response.close()
+            raise failure
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)
+
+        def body() -> Iterator[bytes]:
+            received = 0
+            try:
+                for chunk in stream:
+                    received += len(chunk)
+                    if received > cap:
+                        raise broken("size", too_big)
+                    if time.monotonic() > deadline:
+                        raise broken("time", f"took more than {limit_s:g} s in all")
+                    yield chunk
+            finally:
+                stream.close()
+
+        response.stream = _SyncStream(body(), stream)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, chunks: Iterator[bytes], inner: httpx.SyncByteStream) -> None:
+        self._chunks = chunks
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+
+    def close(self) -> None:
+        self._inner.close()
