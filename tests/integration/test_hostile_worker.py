@@ -78,7 +78,10 @@ def router(fakes: HostileWorkers, patched_mineru_site: Path, mineru_python: str,
         proc.base_url = f"http://{HOST}:{port}"
         router = Router(LINE3, proc, tmp_path, 2)
         router.wait_in_rotation(120.0)
-        yield router
+        try:
+            yield router
+        finally:
+            fakes.stop()  # ends the requests still under way: the router stops at once
 
 
 def place(router: Router, tiny_pdf: bytes) -> tuple[dict[str, str], list[str]]:

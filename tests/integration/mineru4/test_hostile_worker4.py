@@ -72,7 +72,10 @@ def router(fakes: HostileWorkers, python4: str, site4: Path, tmp_path: Path) -> 
         proc.base_url = f"http://{HOST}:{port}"
         router = Router(LINE4, proc, tmp_path, 2)
         router.wait_in_rotation(120.0)
-        yield router
+        try:
+            yield router
+        finally:
+            fakes.stop()  # ends the requests still under way: the router stops at once
 
 
 def submit(client: httpx.Client, name: str) -> str:
