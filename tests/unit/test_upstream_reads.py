@@ -116,6 +116,29 @@ def test_a_trickling_answer_ends_at_its_timeout_in_all() -> None:
     assert caught.value.bound == "time"
 
 
+def test_the_clock_of_an_answer_to_an_upload_starts_once_the_upload_is_sent() -> None:
+    # An upload that takes longer than the timeout (a large file on a slow link) is not cut;
+    # its answer still has the timeout in all, from the end of the upload.
+    async def upload() -> AsyncIterator[bytes]:
+        for _ in range(6):
+            await asyncio.sleep(0.05)
+            yield b"x" * 1024
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await request.aread()  # the upload, 0.3 s
+        if request.url.path == "/late":
+            await asyncio.Event().wait()
+        return httpx.Response(202, json={"task_id": "t"})
+
+    async def post(path: str) -> httpx.Response:
+        async with client_for(handler) as client:
+            return await client.post(f"http://w1:8000{path}", content=upload(), timeout=0.2)
+
+    assert run(post("/tasks")).json() == {"task_id": "t"}
+    with pytest.raises(BoundBroken, match="took more than 0.2 s in all"):
+        run(post("/late"))
+
+
 def test_headers_that_never_come_end_at_the_timeout() -> None:
     async def handler(request: httpx.Request) -> httpx.Response:
         await asyncio.Event().wait()

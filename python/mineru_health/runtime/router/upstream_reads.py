@@ -10,7 +10,8 @@ client, so every read has bounds, whoever makes it:
 
 - an *answer* (a status, a listing, an error, anything read whole): at most
   ``MAX_STATUS_MB``, in all at most the request's own read timeout (MinerU's
-  60 s, the supervisor's status checks a few seconds);
+  60 s, the supervisor's status checks a few seconds), counted from the end
+  of the request's body when it has one (an upload takes what its size takes);
 - a *result* (``results()`` around the code that fetches one): its body at
   most ``MAX_RESULT_MB`` and ``MAX_RESULT_S`` in all; an error answer to it is
   an answer. Results the router streams to its client are never held whole;
@@ -170,6 +171,43 @@ else:
         return await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
+def _has_body(request: httpx.Request) -> bool:
+    return (request.headers.get("content-length", "0") != "0"
+            or "transfer-encoding" in request.headers)
+
+
+class _Sending(httpx.AsyncByteStream, httpx.SyncByteStream):
+    """A request body that calls ``sent()`` once it is all sent."""
+
+    def __init__(self, inner: Any, sent: Callable[[], None]) -> None:
+        self._inner = inner
+        self._sent = sent
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+        self._sent()
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._inner
+        self._sent()
+
+
+async def _answer_to_upload(inner: httpx.AsyncBaseTransport, request: httpx.Request,
+                            limit_s: float) -> tuple[httpx.Response, float]:
+    """The answer to a request with a body, and its deadline: ``limit_s`` after the body is sent."""
+    loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(None) as timeout:
+            request.stream = _Sending(request.stream,
+                                      lambda: timeout.reschedule(loop.time() + limit_s))
+            response = await inner.handle_async_request(request)
+        return response, timeout.when() or loop.time() + limit_s
+    # Before 3.11 a deadline cannot move: the wait for the answer's head is httpx's own.
+    response = await inner.handle_async_request(request)
+    return response, loop.time() + limit_s
+
+
 def _origin(url: httpx.URL) -> str:
     port = f":{url.port}" if url.port is not None else ""
     return f"{url.scheme}://{url.host}{port}"
@@ -211,7 +249,12 @@ class BoundedTransport(httpx.AsyncBaseTransport):
                          "in flight to it") from None
         try:
             try:
-                response = await _by(deadline, self.inner.handle_async_request(request))
+                if _has_body(request):
+                    # An upload takes what its size takes: the clock of the answer starts
+                    # once it is sent.
+                    response, deadline = await _answer_to_upload(self.inner, request, limit_s)
+                else:
+                    response = await _by(deadline, self.inner.handle_async_request(request))
             except asyncio.TimeoutError:
                 raise broken("time", late) from None
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
@@ -326,6 +369,13 @@ class SyncBoundedTransport(httpx.BaseTransport):
         worker = _origin(request.url)
         limit_s = _read_timeout(request)
         deadline = time.monotonic() + limit_s
+        if _has_body(request):  # the clock of the answer starts once the upload is sent
+
+            def sent() -> None:
+                nonlocal deadline
+                deadline = time.monotonic() + limit_s
+
+            request.stream = _Sending(request.stream, sent)
         cap = self.reads.bounds.answer_bytes
         request.headers["Accept-Encoding"] = "identity"
         what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
