@@ -41,6 +41,11 @@ def test_engine_death_demo_on_4_0_kills_a_real_engine_and_loses_no_job() -> None
     tasks = summary["tasks"]
     assert tasks["failed"] == tasks["hung"] == tasks["rejected"] == 0  # no job lost
     assert tasks["completed"] >= 3
+    # Every document sent ended (a PASS never leaves one queued or running), and the stream
+    # kept to its pace: at most its limit in flight (the fleet's 2 slots and one per worker).
+    assert tasks["submitted"] == tasks["completed"], tasks
+    assert tasks["queued"] == tasks["running"] == 0 and tasks["unfinished"] == [], tasks
+    assert 1 <= tasks["most_in_flight"] <= tasks["in_flight_limit"] == 4, tasks
     assert summary["recovery_s"] is not None
     texts = [e["text"] for e in summary["timeline"]]
     actions = {t.split(": ", 1)[1].split(" ", 1)[0]
