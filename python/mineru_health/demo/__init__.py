@@ -631,8 +631,9 @@ def render_summary(summary: dict[str, Any]) -> str:
     """The end-of-demo table, from the same dict --json prints."""
     t = summary["tasks"]
     failures = t.get("failures") or []
+    why = (failures[0]["reason"] or "no reason given") if failures else ""
     first = (f" (#{failures[0]['number']} {failures[0]['status']}: "
-             f"{(failures[0]['reason'] or 'no reason given')[:70]})") if failures else ""
+             f"{why[:70] + '...' if len(why) > 70 else why})") if failures else ""
     rows = [
         ("scenario", summary["scenario"]),
         ("fault", "a real llama.cpp engine, closed under running jobs"
