@@ -414,3 +414,13 @@ def test_no_pass_unless_every_document_ended(
 ) -> None:
     got, reason = accounting.verdict(story, accounting.account(ended, left), 50.0)
     assert got == outcome and said in reason, (got, reason)
+
+
+def test_a_stalled_fleet_is_not_a_slow_one() -> None:
+    """Documents waiting while nothing ran or ended for a bound: FAIL, not INCONCLUSIVE."""
+    ended, left = [_outcome(0, "completed")], [_left(1, None), _left(2, None)]
+    stalled = accounting.account(ended, left, idle_s=61.0)
+    got, reason = accounting.verdict(STORY, stalled, 50.0)
+    assert got == accounting.FAIL and "the fleet stalled: 2 document(s) queued" in reason
+    moving = accounting.account(ended, [*left, _left(3, 5.0)], idle_s=61.0)  # one runs
+    assert accounting.verdict(STORY, moving, 50.0)[0] == accounting.INCONCLUSIVE

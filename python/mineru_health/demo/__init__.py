@@ -427,13 +427,14 @@ class Demo:
                 try:
                     story = self._story()
                     self.stream.stop()
-                    self._drain()
+                    idle_s = self._drain() if story[0] is not None else 0.0
                     self.metrics = self.router_metrics()  # while the router runs
                 finally:
                     stop.set()
                     watcher.join(timeout=30)
                 self._read_documents()  # what ended after the watcher's last look
-                self.tally = accounting.account(self.stream.ended(), self.stream.unfinished())
+                self.tally = accounting.account(self.stream.ended(), self.stream.unfinished(),
+                                                idle_s)
         self._tell_unfinished(self.tally)
         outcome, reason = accounting.verdict(story, self.tally, self.elapsed())
         return {accounting.PASS: EXIT_OK, accounting.INCONCLUSIVE: EXIT_INCONCLUSIVE}.get(
@@ -455,9 +456,10 @@ class Demo:
         self._inject()
         return self.judge()
 
-    def _drain(self) -> None:
+    def _drain(self) -> float:
         """After the feed stopped: until every document ended, each unfinished one is hung, or
-        none ended for a bound (nothing moves); at most three bounds, and within --timeout."""
+        none ended for a bound (nothing moves); at most three bounds, and within --timeout.
+        Returns how long no document had ended then (counted from the drain's start)."""
         stream, last = self.stream, [len(self.stream.ended()), time.monotonic()]
 
         def settled() -> bool:
@@ -475,6 +477,7 @@ class Demo:
             self.add("demo", f"stopped sending; waiting for {len(stream.unfinished())} "
                      "document(s) in flight to end")
             self.wait_for("documents in flight to end", limit, settled)
+        return time.monotonic() - last[1] if stream.unfinished() else 0.0
 
     def _tell_unfinished(self, tally: accounting.Tally) -> None:
         """The documents that did not end, on the timeline (the first few of each kind)."""

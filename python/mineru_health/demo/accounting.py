@@ -11,8 +11,9 @@ being slow.
 
 The verdict: ``pass`` only when the scenario's own condition held and every
 document ended (completed, failed for a stated reason, or refused with an
-answer); ``fail`` when the condition did not hold, a document hung, or a
-failure gave no reason; ``inconclusive`` when nothing of that failed but
+answer); ``fail`` when the condition did not hold, a document hung, a
+failure gave no reason, or documents waited while nothing ran or ended for a
+bound (a stalled fleet is not a slow one); ``inconclusive`` when nothing of that failed but
 documents were still queued or running at the end, or too few completed for
 the fault to be injected at all: the machine was too slow for the scenario.
 Pure: no processes, no clock.
@@ -65,6 +66,7 @@ class Tally:
     hung: int = 0
     unexplained: int = 0  # failed or refused with no reason given
     bound_s: float = RESULT_BOUND_S
+    idle_s: float = 0.0  # no document had ended for this long at the end
     failures: list[dict[str, Any]] = field(default_factory=list)  # number, status, reason
     stuck: list[dict[str, Any]] = field(default_factory=list)  # the unfinished, as last seen
 
@@ -84,9 +86,12 @@ class Tally:
                 "unfinished": self.stuck}
 
 
-def account(ended: Sequence[Outcome], unfinished: Sequence[Unfinished]) -> Tally:
-    """Each document in exactly one place; ``submitted`` is their sum."""
-    tally = Tally(submitted=len(ended) + len(unfinished), bound_s=result_bound(ended))
+def account(ended: Sequence[Outcome], unfinished: Sequence[Unfinished],
+            idle_s: float = 0.0) -> Tally:
+    """Each document in exactly one place; ``submitted`` is their sum. ``idle_s``: how long
+    no document had ended when the demo stopped looking."""
+    tally = Tally(submitted=len(ended) + len(unfinished), bound_s=result_bound(ended),
+                  idle_s=idle_s)
     for outcome in ended:
         if outcome.status == "completed":
             tally.completed += 1
@@ -128,6 +133,9 @@ def verdict(story: tuple[bool | None, str], tally: Tally, elapsed_s: float) -> t
                       f"{tally.bound_s:.0f}s ({why})")
     if tally.unexplained:
         return FAIL, f"{tally.unexplained} document(s) failed without a stated reason ({why})"
+    if tally.queued and not tally.running and tally.idle_s > tally.bound_s:
+        return FAIL, (f"the fleet stalled: {tally.queued} document(s) queued, none running and "
+                      f"none ended in the last {tally.idle_s:.0f}s ({why})")
     if held is None or tally.unfinished:
         others = tally.failed + tally.rejected
         return INCONCLUSIVE, (
