@@ -369,14 +369,16 @@ def _left(number: int, running_s: float | None) -> Unfinished:
 def test_each_document_is_in_exactly_one_place() -> None:
     ended = [_outcome(0, "completed", 30.0), _outcome(1, "failed", error="corrupt PDF"),
              _outcome(2, "rejected", body="no healthy worker"),
-             _outcome(3, "partial", files=[{"error": "page 2: engine dead"}])]
+             _outcome(3, "partial", files=[{"error": {"type": "engine_error",
+                                                      "code": "parse_failed",
+                                                      "message": "page 2: engine dead"}}])]
     tally = accounting.account(ended, [_left(4, None), _left(5, 10.0), _left(6, 200.0)])
     assert tally.bound_s == 90.0  # three times the slowest completed document (above 60 s)
     assert (tally.completed, tally.failed, tally.rejected) == (1, 2, 1)
     assert (tally.queued, tally.running, tally.hung, tally.unexplained) == (1, 1, 1, 0)
     assert tally.submitted == tally.ended + tally.unfinished == 7
     assert [f["reason"] for f in tally.failures] == ["corrupt PDF", "no healthy worker",
-                                                     "page 2: engine dead"]
+                                                     "parse_failed: page 2: engine dead"]
     assert [d["where"] for d in tally.stuck] == ["queued", "running", "hung"]
     assert accounting.result_bound([_outcome(0, "completed", 1.0)]) == accounting.RESULT_BOUND_S
 

@@ -44,13 +44,16 @@ def result_bound(ended: Iterable[Outcome]) -> float:
 def failure_reason(outcome: Outcome) -> str:
     """What a document's end said about why it did not complete ("" when nothing).
 
-    3.x: the task's ``error``; 4.0: the job's or its first file's ``error``; a
-    refusal: the answer's body.
+    3.x: the task's ``error``; 4.0: the job's or its first file's ``error`` (its code and
+    message); a refusal: the answer's body.
     """
     d = outcome.detail
     files = d.get("files") or [{}]
     first = files[0] if isinstance(files, list) and files and isinstance(files[0], dict) else {}
-    return " ".join(str(d.get("error") or d.get("body") or first.get("error") or "").split())
+    error = d.get("error") or d.get("body") or first.get("error") or ""
+    if isinstance(error, dict):  # 4.0: {"type", "code", "message"}
+        error = f"{error.get('code') or error.get('type') or 'error'}: {error.get('message')}"
+    return " ".join(str(error).split())
 
 
 @dataclass
