@@ -28,8 +28,7 @@ def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips withou
         timeout=900,
         check=False,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = json.loads(done.stdout)
+    summary = _verdict_first(done)
     assert summary["outcome"] == "pass"
     assert summary["scenario"] == "engine-death"
     times = summary["times_s"]
@@ -59,6 +58,18 @@ def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips withou
     assert any(
         name.startswith("mineru_router_restarts_total") for name in summary["router_metrics"]
     )
+
+
+def _verdict_first(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The demo's JSON summary, once it passed; if not, its verdict and tally say why first
+    (the JSON's tail is only the timeline's end)."""
+    try:
+        summary: dict[str, Any] = json.loads(done.stdout)
+    except ValueError:
+        summary = {}
+    told = {k: summary.get(k) for k in ("outcome", "reason", "exit_code", "tasks")}
+    assert done.returncode == 0, f"{told}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return summary
 
 
 def _assert_every_document_ended(summary: dict[str, Any]) -> None:
