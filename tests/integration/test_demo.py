@@ -9,11 +9,14 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mineru_health import demo
+from mineru_health.demo import accounting
 from mineru_health.demo import engine as demo_engine
-from mineru_health.demo.fleet import LINE3, LINE4, Line
+from mineru_health.demo.fleet import LINE3, LINE4, Line, Outcome, Stream, Unfinished
+from mineru_health.demo.sandbox import wait_until
 
 
 @pytest.mark.integration
@@ -25,8 +28,7 @@ def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips withou
         timeout=900,
         check=False,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    summary = json.loads(done.stdout)
+    summary = _verdict_first(done)
     assert summary["outcome"] == "pass"
     assert summary["scenario"] == "engine-death"
     times = summary["times_s"]
@@ -46,6 +48,7 @@ def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips withou
     tasks = summary["tasks"]
     assert tasks["completed"] >= 3
     assert tasks["failed"] == 0  # the task that met the dead engine was resubmitted
+    _assert_every_document_ended(summary)
     actions = {
         e["text"].split(": ", 1)[1].split(" ", 1)[0]
         for e in summary["timeline"]
@@ -55,6 +58,29 @@ def test_engine_death_demo_recovers(mineru_python: str) -> None:  # skips withou
     assert any(
         name.startswith("mineru_router_restarts_total") for name in summary["router_metrics"]
     )
+
+
+def _verdict_first(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The demo's JSON summary, once it passed; if not, its verdict and tally say why first
+    (the JSON's tail is only the timeline's end)."""
+    try:
+        summary: dict[str, Any] = json.loads(done.stdout)
+    except ValueError:
+        summary = {}
+    told = {k: summary.get(k) for k in ("outcome", "reason", "exit_code", "tasks")}
+    assert done.returncode == 0, f"{told}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return summary
+
+
+def _assert_every_document_ended(summary: dict[str, Any]) -> None:
+    """A PASS accounts for every document sent, and none was left queued, running or hung; the
+    stream never had more in flight than its limit."""
+    tasks = summary["tasks"]
+    assert summary["outcome"] == "pass" and summary["exit_code"] == 0
+    assert tasks["submitted"] == tasks["completed"] + tasks["failed"] + tasks["rejected"], tasks
+    assert tasks["queued"] == tasks["running"] == tasks["hung"] == 0, tasks
+    assert tasks["unfinished"] == [] and tasks["failed_without_reason"] == 0, tasks
+    assert 1 <= tasks["most_in_flight"] <= tasks["in_flight_limit"], tasks
 
 
 def _summary(**overrides: object) -> dict[str, object]:
@@ -70,11 +96,18 @@ def _summary(**overrides: object) -> dict[str, object]:
         "failed_restarts": 0,
         "tasks": {
             "submitted": 40,
-            "completed": 36,
+            "completed": 38,
             "failed": 2,
-            "hung": 0,
             "rejected": 0,
+            "queued": 0,
+            "running": 0,
+            "hung": 0,
+            "result_bound_s": 60.0,
+            "failures": [{"number": 7, "status": "failed", "reason": "corrupt PDF"}],
             "completed_while_victim_out": 12,
+            "in_flight_limit": 8,
+            "most_in_flight": 8,
+            "elapsed_s": 41.0,
         },
         "router_metrics": {'mineru_router_restarts_total{outcome="succeeded"}': 1.0},
     }
@@ -86,7 +119,13 @@ def test_summary_table_lists_the_measurements() -> None:
     table = demo.render_summary(_summary())
     assert "detection (fault -> out of rotation)" in table and "0.84s" in table
     assert "time to recovery" in table and "9.50s" in table
-    assert "36 (12 while the victim was out)" in table
+    assert "38 (12 while the victim was out)" in table
+    assert re.search(r"^tasks failed +2 \(#7 failed: corrupt PDF\)$", table, re.MULTILINE), table
+    assert re.search(r"^documents in flight +at most 8 \(the most at once: 8\)$", table,
+                     re.MULTILINE), table
+    for row in ("tasks queued at the end (waiting for a slot)", "tasks running at the end",
+                "tasks hung (started, no result in 60s)"):
+        assert re.search(rf"^{re.escape(row)}.* 0$", table, re.MULTILINE), (row, table)
     assert "PASS: restarted and back in rotation" in table
     assert 'mineru_router_restarts_total{outcome="succeeded"}' in table
 
@@ -116,8 +155,14 @@ def test_every_scenario_has_a_known_expectation() -> None:
         "engine-death", "hung-worker", "task-local"}
 
 
-def test_bad_rate_is_refused_without_starting_anything() -> None:
+def test_summary_table_says_inconclusive() -> None:
+    table = demo.render_summary(_summary(outcome="inconclusive", reason="too slow"))
+    assert re.search(r"^result +INCONCLUSIVE: too slow$", table, re.MULTILINE), table
+
+
+def test_bad_rate_or_in_flight_is_refused_without_starting_anything() -> None:
     assert demo.main(["--rate", "0"]) == demo.EXIT_SETUP_FAILED
+    assert demo.main(["--in-flight", "0"]) == demo.EXIT_SETUP_FAILED
 
 
 # --- the parts, without processes ------------------------------------------------------
@@ -278,3 +323,117 @@ def test_the_switch_loader_joins_the_fault_plugin_s_once(tmp_path: Path) -> None
     assert text.startswith("# the fault plugin's loader\n")
     assert text.count("mineru_health.demo.engine.engine_switch.load()") == 1
     compile(text, "sitecustomize.py", "exec")
+
+
+# --- every document accounted for: the paced stream, the tally, the verdict ----------------
+
+
+class _Slots:
+    """A job API whose tasks stay where the test puts them (a Stream's client, no processes)."""
+
+    line = LINE3
+
+    def __init__(self) -> None:
+        self.states: dict[str, str] = {}
+
+    def submit(self, name: str, pdf: bytes) -> tuple[str, dict[str, Any]]:
+        self.states.setdefault(name, "pending")
+        return name, {}
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        return {"status": self.states[task_id], "error": "corrupt PDF"}
+
+
+def test_a_paced_stream_sends_the_next_document_only_when_one_ends() -> None:
+    jobs = _Slots()
+    client: Any = jobs
+    with Stream(client, lambda n: (f"d{n}", b"%PDF-"), every_s=0.001, task_timeout_s=None,
+                poll_s=0.01, in_flight=2) as stream:
+        jobs.states["d0"] = "processing"
+        seen = ["processing", "pending"]
+        assert wait_until(lambda: [d.status for d in stream.unfinished()] == seen, 10, 0.01)
+        assert stream.submitted == 2  # the feeder ran many times meanwhile: it waits
+        jobs.states["d0"] = "completed"
+        assert wait_until(lambda: stream.submitted == 3, 10, 0.01)
+        jobs.states["d1"] = "failed"
+        assert wait_until(lambda: stream.submitted == 4, 10, 0.01)
+        stream.stop()
+        ended, left = stream.ended(), stream.unfinished()
+    assert stream.most_in_flight == 2
+    assert [(o.number, o.status) for o in ended] == [(0, "completed"), (1, "failed")]
+    assert all(o.elapsed_s is not None for o in ended)
+    assert [(d.number, d.running_s) for d in left] == [(2, None), (3, None)]  # never started
+    tally = accounting.account(ended, left)
+    assert (tally.submitted, tally.completed, tally.failed, tally.queued) == (4, 1, 1, 2)
+    assert tally.failures == [{"number": 1, "status": "failed", "reason": "corrupt PDF"}]
+
+
+def _outcome(number: int, status: str, elapsed_s: float = 2.0, **detail: Any) -> Outcome:
+    return Outcome(f"d{number}", status, f"t{number}", detail, number, elapsed_s)
+
+
+def _left(number: int, running_s: float | None) -> Unfinished:
+    return Unfinished(number, f"d{number}", "pending" if running_s is None else "processing",
+                      waited_s=(running_s or 0) + 5, running_s=running_s)
+
+
+def test_each_document_is_in_exactly_one_place() -> None:
+    ended = [_outcome(0, "completed", 30.0), _outcome(1, "failed", error="corrupt PDF"),
+             _outcome(2, "rejected", body="no healthy worker"),
+             _outcome(3, "partial", files=[{"error": {"type": "engine_error",
+                                                      "code": "parse_failed",
+                                                      "message": "page 2: engine dead"}}])]
+    tally = accounting.account(ended, [_left(4, None), _left(5, 10.0), _left(6, 200.0)])
+    assert tally.bound_s == 90.0  # three times the slowest completed document (above 60 s)
+    assert (tally.completed, tally.failed, tally.rejected) == (1, 2, 1)
+    assert (tally.queued, tally.running, tally.hung, tally.unexplained) == (1, 1, 1, 0)
+    assert tally.submitted == tally.ended + tally.unfinished == 7
+    assert [f["reason"] for f in tally.failures] == ["corrupt PDF", "no healthy worker",
+                                                     "parse_failed: page 2: engine dead"]
+    assert [d["where"] for d in tally.stuck] == ["queued", "running", "hung"]
+    assert accounting.result_bound([_outcome(0, "completed", 1.0)]) == accounting.RESULT_BOUND_S
+
+
+STORY = (True, "restarted and back in rotation")
+
+
+@pytest.mark.parametrize(
+    ("story", "ended", "left", "outcome", "said"),
+    [
+        (STORY, [_outcome(0, "completed"), _outcome(1, "failed", error="bad")], [],
+         accounting.PASS, "restarted and back in rotation"),
+        # Unfinished documents never pass: a slow machine is inconclusive ...
+        (STORY, [_outcome(0, "completed")], [_left(1, None), _left(2, 5.0)],
+         accounting.INCONCLUSIVE, ("this machine completed 1 documents in 50s, too slow for "
+                                   "the scenario (1 still queued, 1 still running); nothing "
+                                   "failed")),
+        (STORY, [_outcome(0, "completed"), _outcome(1, "failed", error="bad")],
+         [_left(2, None)], accounting.INCONCLUSIVE,
+         "1 failed or refused, each for a stated reason"),
+        ((None, "only 1 document(s) completed in 120s: no fault"), [_outcome(0, "completed")],
+         [_left(1, None)], accounting.INCONCLUSIVE, "too slow for the scenario"),
+        # ... a document started and never finished, or one failed for no stated reason, fails.
+        (STORY, [_outcome(0, "completed")], [_left(1, 61.0), _left(2, None)], accounting.FAIL,
+         "1 document(s) hung: started, no result within 60s"),
+        (STORY, [_outcome(0, "completed"), _outcome(1, "failed")], [], accounting.FAIL,
+         "1 document(s) failed without a stated reason"),
+        ((False, "local-gpu-1 did not come back within 120s"), [_outcome(0, "completed")], [],
+         accounting.FAIL, "did not come back"),
+    ],
+)
+def test_no_pass_unless_every_document_ended(
+    story: tuple[bool | None, str], ended: list[Outcome], left: list[Unfinished], outcome: str,
+    said: str,
+) -> None:
+    got, reason = accounting.verdict(story, accounting.account(ended, left), 50.0)
+    assert got == outcome and said in reason, (got, reason)
+
+
+def test_a_stalled_fleet_is_not_a_slow_one() -> None:
+    """Documents waiting while nothing ran or ended for a bound: FAIL, not INCONCLUSIVE."""
+    ended, left = [_outcome(0, "completed")], [_left(1, None), _left(2, None)]
+    stalled = accounting.account(ended, left, idle_s=61.0)
+    got, reason = accounting.verdict(STORY, stalled, 50.0)
+    assert got == accounting.FAIL and "the fleet stalled: 2 document(s) queued" in reason
+    moving = accounting.account(ended, [*left, _left(3, 5.0)], idle_s=61.0)  # one runs
+    assert accounting.verdict(STORY, moving, 50.0)[0] == accounting.INCONCLUSIVE

@@ -2,7 +2,7 @@
 
     mineru-health demo [--scenario engine-death|hung-worker|crash-loop|task-local]
                        [--engine auto|llama|injected] [--json] [--keep-temp] [--rate N]
-                       [--timeout S]
+                       [--in-flight N] [--timeout S]
 
 It runs the line of the MinerU it finds (``MINERU_HEALTH_MINERU_PYTHON``,
 default: this Python) on the fleet harness the tests and benchmarks share
@@ -14,7 +14,11 @@ default: this Python) on the fleet harness the tests and benchmarks share
    ``vlm-http-client`` parse path completes without a model (4.0 parses text
    PDFs on its flash tier, offline; with a real engine, on its standard tier);
 3. starts the real, patched ``mineru-router`` with two local workers, the
-   ``fast`` preset and an audit file, and streams text PDFs through it;
+   ``fast`` preset and an audit file, and streams text PDFs through it at the
+   pace the fleet sets: at most ``--in-flight`` documents without a result
+   (default: the fleet's slots and one waiting per worker), the next sent
+   when one ends, at most ``--rate`` a second, until the scenario's story
+   ends (bounded by its observation time);
 4. injects the scenario's fault into one worker (its fault plan file);
    engine-death on MinerU 4.0 kills a real llama.cpp engine instead when
    MinerU's Python can (``--engine llama``, the default there when it has
@@ -23,13 +27,19 @@ default: this Python) on the fleet harness the tests and benchmarks share
    closed under running jobs; otherwise the demo says so and injects
    llama.cpp's error through the fault plugin;
 5. prints a live timeline (the router's audit file and rotation, the victim's
-   own health, the documents), then a summary (``--json``: one JSON object).
+   own health, the documents), then a summary (``--json``: one JSON object)
+   that accounts for every document sent (:mod:`mineru_health.demo.accounting`:
+   completed, failed with its reason, refused, queued, running, hung).
 
-Exit status: 0 when the scenario's expected outcome happened (engine-death and
-hung-worker: the worker was restarted and is back in rotation; crash-loop:
-the router gave up; task-local: one document failed and nothing was
-restarted), 1 when it did not, 2 when the demo could not be set up, 130 when
-interrupted. SIGINT and SIGTERM stop every child process and remove the
+Exit status: 0 (PASS) when the scenario's expected outcome happened
+(engine-death and hung-worker: the worker was restarted and is back in
+rotation; crash-loop: the router gave up; task-local: one document failed and
+nothing was restarted) and every document sent ended (completed, or failed or
+refused for a stated reason); 1 (FAIL) when the outcome did not happen, a
+document hung or failed without a reason; 3 (INCONCLUSIVE) when nothing failed
+that way but the machine was too slow to show the scenario (documents still
+queued or running at the end, or too few completed to inject the fault); 2
+when the demo could not be set up, 130 when interrupted. SIGINT and SIGTERM stop every child process and remove the
 temporary files; a second signal cannot cut that short. Needs the ``demo``
 extra (httpx, reportlab, Pillow).
 """
@@ -52,15 +62,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..safe_text import printable
+from . import accounting
 
 if TYPE_CHECKING:
     from .fleet import Line
 
-__all__ = ["ENGINES", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED", "EXIT_SETUP_FAILED",
-           "INJECTED", "LLAMA", "SCENARIOS", "Demo", "Scenario", "build_parser", "choose_engine",
-           "main", "render_summary"]
+__all__ = ["ENGINES", "EXIT_INCONCLUSIVE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED",
+           "EXIT_SETUP_FAILED", "INJECTED", "LLAMA", "SCENARIOS", "Demo", "Scenario",
+           "build_parser", "choose_engine", "main", "render_summary"]
 
-EXIT_OK, EXIT_OUTCOME_MISSED, EXIT_SETUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_OUTCOME_MISSED, EXIT_SETUP_FAILED, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
 #: How the engine dies (``--engine``): a real llama.cpp engine closed, or a fault plan's error.
 LLAMA, INJECTED = "llama", "injected"
 ENGINES = ("auto", LLAMA, INJECTED)
@@ -78,7 +90,7 @@ RULES_COMMENT = "# mineru-health demo: extra classifier rules (none)\n"
 # A rule line without a pattern: the worker refuses to start (RulesError).
 BROKEN_RULES = "# mineru-health demo (crash-loop): a broken rule\nbroken.rule fatal\n"
 RATE_LLAMA = 0.5  # documents a second on the standard tier: the default --rate with a real engine
-TASK_RESULT_S = 60.0  # a document without a result by then is hung
+WARM_S = 120.0  # for the 3 documents that complete before the fault
 SETTLE_S = 8.0  # after a task-local failure: a wrong decision would show by then
 ROUTER_METRICS = ("mineru_router_restarts_total", "mineru_router_gave_up_total",
                   "mineru_router_ejections_total", "mineru_router_task_resubmissions_total")
@@ -139,11 +151,14 @@ class Demo:
 
     def __init__(self, scenario: Scenario, line: Line, *, scratch: Path, rate: float,
                  timeout_s: float, out: TextIO | None, err: TextIO,
-                 engine: str = INJECTED, note: str = "") -> None:
+                 engine: str = INJECTED, note: str = "", in_flight: int | None = None) -> None:
         self.scenario, self.line, self.scratch = scenario, line, scratch
         self.engine, self.note = engine, note  # LLAMA or INJECTED; why not LLAMA, if it says
         self.real: Any = None  # demo_engine.RealEngine, once the sandbox is ready for it
-        self.rate, self.timeout_s = rate, timeout_s
+        self.rate, self.timeout_s = rate, timeout_s  # rate: documents a second, at most
+        self.in_flight = in_flight  # documents without a result, at most (None: the fleet's)
+        self.stream_t0: float | None = None  # monotonic, when the first document went
+        self.tally: accounting.Tally | None = None  # where every document ended up, at the end
         self.out, self.err = out, err  # out None: JSON mode, no live timeline
         self.wall0 = time.time()
         self.deadline = time.monotonic() + timeout_s
@@ -320,9 +335,7 @@ class Demo:
                 continue
             self.told.add(n)
             if outcome.status != "completed":
-                d = outcome.detail  # 3.x: error; 4.0: each file's error; a refusal: body
-                error = str(d.get("error") or d.get("body") or (d.get("files") or [{}])[0]
-                            .get("error") or "")
+                error = accounting.failure_reason(outcome) or "(no reason given)"
                 t = self.add("task", f"#{n} {outcome.status.upper()}: {error[:140]}")
                 if self.marks["fault_injected"] is not None and outcome.status == "failed":
                     self.marks["first_failed_task"] = self.marks["first_failed_task"] or t
@@ -405,24 +418,90 @@ class Demo:
             client = self._start(procs)
             stop = threading.Event()
             watcher = threading.Thread(target=self.watch, args=(stop, procs), daemon=True)
-            with Stream(client, text_document, every_s=1.0 / self.rate,
-                        task_timeout_s=TASK_RESULT_S) as self.stream:
+            # The stream never calls a document hung itself: the accounting does, from when
+            # it was seen started (a queued one is only waiting).
+            with Stream(client, text_document, every_s=1.0 / self.rate, task_timeout_s=None,
+                        in_flight=self.in_flight) as self.stream:
+                self.stream_t0 = time.monotonic()
                 watcher.start()
                 try:
-                    if not self.wait_for("3 documents to complete before the fault", 120,
-                                         lambda: len(self.stream.completed()) >= 3):
-                        raise SetupError(f"only {len(self.stream.completed())} document(s) "
-                                         "completed before the fault")
-                    self._inject()
-                    ok, reason = self.judge()
+                    story = self._story()
                     self.stream.stop()
-                    self.wait_for("documents in flight to finish", 20,
-                                  lambda: self.stream.submitted == len(self.stream.ended()))
+                    idle_s = self._drain() if story[0] is not None else 0.0
                     self.metrics = self.router_metrics()  # while the router runs
                 finally:
                     stop.set()
                     watcher.join(timeout=30)
-        return (EXIT_OK if ok else EXIT_OUTCOME_MISSED), reason
+                self._read_documents()  # what ended after the watcher's last look
+                self.tally = accounting.account(self.stream.ended(), self.stream.unfinished(),
+                                                idle_s)
+        self._tell_unfinished(self.tally)
+        outcome, reason = accounting.verdict(story, self.tally, self.elapsed())
+        return {accounting.PASS: EXIT_OK, accounting.INCONCLUSIVE: EXIT_INCONCLUSIVE}.get(
+            outcome, EXIT_OUTCOME_MISSED), reason
+
+    def _story(self) -> tuple[bool | None, str]:
+        """The scenario's own outcome: held, did not, or None: too few documents completed
+        (and none failed) to inject the fault."""
+        if not self.wait_for("3 documents to complete before the fault", WARM_S,
+                             lambda: len(self.stream.completed()) >= 3):
+            done = self.stream.completed()
+            other = [o for o in self.stream.ended() if o.status != "completed"]
+            if other:
+                return False, (f"{len(other)} document(s) did not complete before the fault "
+                               f"(#{other[0].number} {other[0].status}: "
+                               f"{accounting.failure_reason(other[0])[:120]})")
+            return None, f"only {len(done)} document(s) completed in {WARM_S:.0f}s: no fault"
+        self.add("demo", f"{len(self.stream.completed())} document(s) completed before the fault")
+        self._inject()
+        return self.judge()
+
+    def _drain(self) -> float:
+        """After the feed stopped: until every document ended, each unfinished one is hung, or
+        none ended for a bound (nothing moves); at most three bounds, and within --timeout.
+        Returns how long no document had ended then (counted from the drain's start)."""
+        stream, last = self.stream, [len(self.stream.ended()), time.monotonic()]
+
+        def settled() -> bool:
+            ended, now = stream.ended(), time.monotonic()
+            if len(ended) != last[0]:
+                last[:] = [len(ended), now]
+            bound = accounting.result_bound(ended)
+            left = stream.unfinished()
+            return (not left or now - last[1] > bound
+                    or all(d.running_s is not None and d.running_s > bound for d in left))
+
+        bound = accounting.result_bound(stream.ended())
+        limit = min(3 * bound, self.deadline - time.monotonic() - 5)
+        if stream.unfinished() and limit > 0:
+            self.add("demo", f"stopped sending; waiting for {len(stream.unfinished())} "
+                     "document(s) in flight to end")
+            self.wait_for("documents in flight to end", limit, settled)
+        return time.monotonic() - last[1] if stream.unfinished() else 0.0
+
+    def _tell_unfinished(self, tally: accounting.Tally) -> None:
+        """The documents that did not end, on the timeline (the first few of each kind)."""
+        told: dict[str, int] = {}
+        for doc in tally.stuck:
+            told[doc["where"]] = told.get(doc["where"], 0) + 1
+            if told[doc["where"]] > 3:
+                continue
+            if doc["where"] == "queued":
+                text = f"still queued after {doc['waited_s']:.0f}s (waiting for a slot)"
+            elif doc["where"] == "running":
+                text = (f"still running after {doc['running_s']:.0f}s (within its "
+                        f"{tally.bound_s:.0f}s bound)")
+            else:
+                text = (f"HUNG: started {doc['running_s']:.0f}s ago, no result (bound "
+                        f"{tally.bound_s:.0f}s)")
+            self.add("task", f"#{doc['number']} {text}")
+        for where, count in told.items():
+            if count > 3:
+                self.add("task", f"... {count - 3} more {where}")
+
+    def elapsed(self) -> float:
+        """Seconds since the first document went (0 before)."""
+        return 0.0 if self.stream_t0 is None else time.monotonic() - self.stream_t0
 
     def _start(self, procs: Any) -> Any:
         from . import engine as demo_engine
@@ -472,9 +551,20 @@ class Demo:
             self.victim_url = str(servers[self.victim].get("base_url", ""))
         self.add("router", "both workers in rotation: " + (", ".join(
             f"{sid} {e.get('base_url')}" for sid, e in servers.items()) or "(4.0: /v1/usage)"))
+        slots = self.slots(servers)
+        if self.in_flight is None:  # a document waiting at each worker: none idles between two
+            self.in_flight = slots + workers
         self.add("demo", f"victim: {self.victim or 'the first worker to take a document'}; "
-                 f"sending documents every {1.0 / self.rate:g}s")
+                 f"the fleet has {slots} slots: sending documents as they end, at most "
+                 f"{self.in_flight} without a result, at most {self.rate:g} a second")
         return Client(self.router.base, line, engine_url=engine)
+
+    def slots(self, servers: Mapping[str, Mapping[str, Any]]) -> int:
+        """The documents the healthy fleet runs at once: 3.x, the sum of its workers'
+        ``max_concurrent_requests``; 4.0, its ``/v1/usage`` limit (the routable count)."""
+        if not servers:
+            return max(1, self.routable)
+        return sum(max(1, int(e.get("max_concurrent_requests") or 1)) for e in servers.values())
 
     def _inject(self) -> None:
         if self.real is not None:
@@ -505,25 +595,28 @@ class Demo:
 
     def summary(self, code: int, reason: str) -> dict[str, Any]:
         """What ``--json`` prints and the table is made from."""
-        ended = self.stream.ended() if self.stream is not None else []
-        submitted = self.stream.submitted if self.stream is not None else 0
-        count = {k: sum(o.status == k for o in ended) for k in ("completed", "hung", "rejected")}
-        failed = len(ended) - sum(count.values())
-        count["hung"] += submitted - len(ended)  # still without a result at the end
+        tally = self.tally
+        if tally is None:  # interrupted, or set-up failed: as things stood
+            tally = accounting.account(*((self.stream.ended(), self.stream.unfinished())
+                                         if self.stream is not None else ([], [])))
         fault, m = self.marks["fault_injected"], self.marks
 
         def since(mark: float | None) -> float | None:
             return None if mark is None or fault is None else round(mark - fault, 2)
 
+        outcome = {EXIT_OK: accounting.PASS, EXIT_INCONCLUSIVE: accounting.INCONCLUSIVE}.get(
+            code, accounting.FAIL)
         return {
             "line": self.line.name, "scenario": self.scenario.name, "engine": self.engine,
-            "expected": self.scenario.expect, "outcome": "pass" if code == EXIT_OK else "fail",
+            "expected": self.scenario.expect, "outcome": outcome,
             "reason": reason, "exit_code": code, "victim": self.victim,
             "times_s": {k: None if v is None else round(v, 2) for k, v in m.items()},
             "detection_s": since(m["out_of_rotation"]), "recovery_s": since(m["back_in_rotation"]),
             "restart_attempts": self.restart_attempts, "failed_restarts": self.failed_restarts,
-            "tasks": {"submitted": submitted, **count, "failed": failed,
-                      "completed_while_victim_out": self.completed_while_out},
+            "tasks": {**tally.as_dict(), "completed_while_victim_out": self.completed_while_out,
+                      "in_flight_limit": self.in_flight,
+                      "most_in_flight": self.stream.most_in_flight if self.stream else 0,
+                      "elapsed_s": round(self.elapsed(), 1)},
             "router_metrics": self.metrics,
             "timeline": sorted(self.events, key=lambda e: e["t"]),
         }
@@ -533,9 +626,17 @@ def _fmt_s(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
+VERDICTS = {accounting.PASS: "PASS", accounting.FAIL: "FAIL",
+            accounting.INCONCLUSIVE: "INCONCLUSIVE"}
+
+
 def render_summary(summary: dict[str, Any]) -> str:
     """The end-of-demo table, from the same dict --json prints."""
     t = summary["tasks"]
+    failures = t.get("failures") or []
+    why = (failures[0]["reason"] or "no reason given") if failures else ""
+    first = (f" (#{failures[0]['number']} {failures[0]['status']}: "
+             f"{why[:70] + '...' if len(why) > 70 else why})") if failures else ""
     rows = [
         ("scenario", summary["scenario"]),
         ("fault", "a real llama.cpp engine, closed under running jobs"
@@ -546,16 +647,20 @@ def render_summary(summary: dict[str, Any]) -> str:
         ("time to recovery (fault -> back in rotation)", _fmt_s(summary["recovery_s"])),
         ("restarts scheduled / failed",
          f"{summary['restart_attempts']} / {summary['failed_restarts']}"),
-        ("tasks submitted", str(t["submitted"])),
+        ("documents in flight", f"at most {t.get('in_flight_limit') or '-'} (the most at "
+         + f"once: {t.get('most_in_flight', '-')})"),
+        ("tasks submitted", f"{t['submitted']}" + (f" in {t['elapsed_s']:.0f}s"
+                                                   if t.get("elapsed_s") else "")),
         ("tasks completed",
          f"{t['completed']} ({t['completed_while_victim_out']} while the victim was out)"),
-        ("tasks failed", str(t["failed"])),
-        (f"tasks hung (no result in {TASK_RESULT_S:.0f}s)", str(t["hung"])),
+        ("tasks failed", f"{t['failed']}" + (first if t["failed"] else "")),
         ("tasks refused by the router", str(t["rejected"])),
+        ("tasks queued at the end (waiting for a slot)", str(t.get("queued", 0))),
+        ("tasks running at the end (within the bound)", str(t.get("running", 0))),
+        (f"tasks hung (started, no result in {t.get('result_bound_s', 60):.0f}s)", str(t["hung"])),
     ]
     rows += [(f"router metric {k}", f"{v:g}") for k, v in summary["router_metrics"].items()]
-    verdict = "PASS" if summary["outcome"] == "pass" else "FAIL"
-    rows.append(("result", f"{verdict}: {summary['reason']}"))
+    rows.append(("result", f"{VERDICTS.get(summary['outcome'], 'FAIL')}: {summary['reason']}"))
     width = max(len(name) for name, _ in rows)
     rule = "-" * (width + 2 + max(len(value) for _, value in rows))
     return "\n".join(["", "Summary", rule, *(f"{n:<{width}}  {v}" for n, v in rows), rule])
@@ -578,8 +683,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-temp", action="store_true",
                         help="keep the temporary directory (logs, audit file)")
     parser.add_argument("--rate", type=float, default=None,
-                        help="documents submitted per second (default: 2 on 3.x, 1.25 on 4.0, "
-                        f"{RATE_LLAMA} with a real engine)")
+                        help="documents submitted per second, at most (default: 2 on 3.x, 1.25 "
+                        f"on 4.0, {RATE_LLAMA} with a real engine)")
+    parser.add_argument("--in-flight", type=int, default=None,
+                        help="documents without a result, at most: the next is sent when one "
+                        "ends (default: the fleet's slots and one waiting per worker)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="hard limit for the whole demo in seconds (default: 600)")
     return parser
@@ -638,6 +746,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
     if args.rate is not None and not 0.1 <= args.rate <= 20:
         print("mineru-health demo: --rate must be between 0.1 and 20", file=err)
         return EXIT_SETUP_FAILED
+    if args.in_flight is not None and not 1 <= args.in_flight <= 64:
+        print("mineru-health demo: --in-flight must be between 1 and 64", file=err)
+        return EXIT_SETUP_FAILED
     missing = []
     for name in ("httpx", "reportlab", "PIL"):  # its HTTP client, what makes its PDFs
         try:
@@ -666,7 +777,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
     rate = args.rate or (2.0 if line.name == "3" else RATE_LLAMA if engine == LLAMA else 1.25)
     scratch = Path(tempfile.mkdtemp(prefix="mineru-health-demo-"))
     demo = Demo(scenario, line, scratch=scratch, rate=rate, timeout_s=args.timeout,
-                out=None if args.json else out, err=err, engine=engine, note=note)
+                out=None if args.json else out, err=err, engine=engine, note=note,
+                in_flight=args.in_flight)
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -696,7 +808,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
             shutil.rmtree(scratch, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code in (EXIT_OK, EXIT_OUTCOME_MISSED) or args.json:
+    if code in (EXIT_OK, EXIT_OUTCOME_MISSED, EXIT_INCONCLUSIVE) or args.json:
         summary = demo.summary(code, reason)
         print(json.dumps(summary, indent=2) if args.json else render_summary(summary), file=out)
     return code

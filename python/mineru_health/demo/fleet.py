@@ -62,6 +62,7 @@ __all__ = [
     "Outcome",
     "Router",
     "Stream",
+    "Unfinished",
     "Worker",
     "fleet",
     "http",
@@ -137,6 +138,7 @@ class Line:
     name: ClassVar[str]
     api: ClassVar[str]  # prefix of the job API and of a worker's health path
     terminal: ClassVar[frozenset[str]]
+    started: ClassVar[frozenset[str]]  # a task on a worker's slot, not waiting for one
     worker_marker: ClassVar[str]  # in a worker's command line
 
     @property
@@ -176,6 +178,7 @@ class Line3(Line):
     name = "3"
     api = ""
     terminal = frozenset({"completed", "failed"})
+    started = frozenset({"processing"})
     worker_marker = "mineru.cli.fast_api"
 
     def site(self, dest: Path, python: str, *, patched: bool = True, faults: bool = True) -> Path:
@@ -223,6 +226,7 @@ class Line4(Line):
     name = "4.0"
     api = "/v1"
     terminal = frozenset({"completed", "partial", "failed", "canceled"})
+    started = frozenset({"running"})
     worker_marker = "api-server"
 
     def __init__(self, tier: str = "flash") -> None:
@@ -279,10 +283,22 @@ class Outcome:
     task_id: str = ""
     detail: dict[str, Any] = field(default_factory=dict)  # last status; a refusal's code, body
     number: int = 0  # its place in a Stream, from 0
+    elapsed_s: float | None = None  # in a Stream: from its adding to its outcome
 
     @property
     def attempts(self) -> int:
         return int(self.detail.get("attempts", 1))
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A document of a :class:`Stream` without an outcome yet (:meth:`Stream.unfinished`)."""
+
+    number: int
+    name: str
+    status: str  # its last non-terminal status ("": not accepted, or not asked, yet)
+    waited_s: float  # since it was added
+    running_s: float | None  # since it was first seen started (None: waiting for a slot)
 
 
 class Client:
@@ -379,13 +395,18 @@ class Stream:
     synchronous ``file_parse`` when n % k == 1. One thread asks for the status
     of every unfinished one each ``poll_s``; one not terminal
     ``task_timeout_s`` after its submission is hung (None: only the bound of
-    :meth:`outcomes`).
+    :meth:`outcomes`). With ``in_flight`` n the feeding thread keeps at most n
+    documents without an outcome: the next goes when one ends (and not sooner
+    than ``every_s`` after the last), so a slow fleet sets the pace;
+    :meth:`unfinished` says where the others stand.
     """
 
     def __init__(self, client: Client, document: Callable[[int], tuple[str, bytes]], *,
                  every_s: float | None = None, count: int | None = None,
                  file_parse_every: int = 0, task_timeout_s: float | None = TASK_TIMEOUT_S,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, in_flight: int | None = None) -> None:
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, not {in_flight}")
         self.client = client
         self.document = document
         self.every_s = every_s
@@ -393,10 +414,16 @@ class Stream:
         self.file_parse_every = file_parse_every
         self.task_timeout_s = task_timeout_s
         self.poll_s = poll_s
+        self.in_flight = in_flight
+        self.most_in_flight = 0  # the most documents ever without an outcome at once
         self._lock = threading.Lock()
         self._names: list[str] = []
         self._outcomes: list[Outcome | None] = []
         self._pending: dict[int, tuple[str, float]] = {}  # number -> task id, deadline
+        self._added_at: list[float] = []  # monotonic, by number
+        # number -> its last non-terminal status, and since when it was seen started
+        # (None: waiting for a slot); only for documents without an outcome
+        self._last: dict[int, tuple[str, float | None]] = {}
         self._stop = threading.Event()
         self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=16)
@@ -430,6 +457,8 @@ class Stream:
             name, pdf = document if document is not None else self.document(number)
             self._names.append(name)
             self._outcomes.append(None)
+            self._added_at.append(time.monotonic())
+            self.most_in_flight = max(self.most_in_flight, self._outcomes.count(None))
         self._pool.submit(self._send, number, name, pdf, file_parse)
         return number
 
@@ -447,6 +476,17 @@ class Stream:
     def completed(self) -> list[Outcome]:
         return [o for o in self.ended() if o.status == "completed"]
 
+    def unfinished(self) -> list[Unfinished]:
+        """The documents without an outcome yet, as their last status showed them."""
+        now = time.monotonic()
+        with self._lock:
+            return [Unfinished(n, self._names[n], *self._where(n, now))
+                    for n, o in enumerate(self._outcomes) if o is None]
+
+    def _where(self, number: int, now: float) -> tuple[str, float, float | None]:
+        status, since = self._last.get(number, ("", None))
+        return status, now - self._added_at[number], None if since is None else now - since
+
     def outcomes(self, timeout_s: float | None = None) -> list[Outcome]:
         """Every document's outcome once the feed ended (``count`` reached, or stopped now
         when endless) and each is terminal or hung, or ``timeout_s`` passed (then hung)."""
@@ -463,7 +503,9 @@ class Stream:
     def _set(self, number: int, outcome: Outcome) -> None:
         outcome.number = number
         with self._lock:
+            outcome.elapsed_s = time.monotonic() - self._added_at[number]
             self._pending.pop(number, None)
+            self._last.pop(number, None)
             self._outcomes[number] = outcome
 
     def _send(self, number: int, name: str, pdf: bytes, file_parse: bool) -> None:
@@ -489,11 +531,25 @@ class Stream:
                                               task_id, status))
                 elif time.monotonic() > deadline:
                     self._set(number, Outcome(self._names[number], "hung", task_id, status))
+                elif status.get("status"):
+                    self._note(number, str(status["status"]))
             self._closed.wait(self.poll_s)
+
+    def _note(self, number: int, status: str) -> None:
+        """A document's non-terminal status; when it was first seen started, since it waited."""
+        started = status in self.client.line.started
+        with self._lock:
+            if self._outcomes[number] is not None:
+                return
+            since = self._last.get(number, ("", None))[1]
+            self._last[number] = (status, (since or time.monotonic()) if started else None)
 
     def _feed(self) -> None:
         k = self.file_parse_every
         while not self._stop.is_set() and (self.count is None or self.submitted < self.count):
+            if self.in_flight is not None and len(self.unfinished()) >= self.in_flight:
+                self._stop.wait(0.05)  # until one ends (or the stream stops)
+                continue
             self.add(file_parse=bool(k) and self.submitted % k == 1)
             self._stop.wait(self.every_s or 0)
 
