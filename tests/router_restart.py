@@ -14,6 +14,14 @@ killed with ``SIGKILL`` right after. ``start_second()`` starts the new router on
 state directory; the stream goes on there for ``after`` more accepted ones,
 then every accepted one is followed through the second router to its end.
 Every wait is bounded; nothing is timed.
+
+    second, ids = kill_during_a_restart(first, start_second, client, documents)
+
+``kill_during_a_restart`` (issue 32): one of the first router's workers
+meets a dead engine under one of ``documents`` (the shared plan
+``engine_dead``), and the router is killed once it ejected that worker (its
+restart due or under way; with no retry budget, the task waits to be sent
+again); the second router is started on the same state directory.
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ from typing import Any
 from mineru_health.demo.fleet import Client, Router, http
 from mineru_health.demo.sandbox import SandboxError, wait_until
 
-__all__ = ["RestartRun", "kill_and_restart"]
+__all__ = ["DISRUPTIONS", "RestartRun", "kill_and_restart", "kill_during_a_restart"]
+
+#: Audit actions of a worker taken out of rotation or restarted.
+DISRUPTIONS = ("ejected", "health_failed", "auto_restart_scheduled", "auto_restart_success",
+               "auto_restart_failed", "auto_restart_gave_up")
 
 
 @dataclass
@@ -160,3 +172,25 @@ def kill_and_restart(first: Router, start_second: Callable[[], Router],
                     break
             time.sleep(0.25)
     return run
+
+
+def kill_during_a_restart(first: Router, start_second: Callable[[], Router], client: Client,
+                          documents: list[tuple[str, bytes]]) -> tuple[Router, list[str]]:
+    """Arms ``engine_dead`` on one of ``first``'s workers, sends it ``documents`` (one
+    reaches the doomed engine), ``kill -9`` the router once it ejected that worker;
+    returns ``start_second()`` and the task ids."""
+    first.write_plan("engine_dead")  # shared: the first worker that reads it is the victim
+    if not wait_until(lambda: not first.plan().exists(), 60.0, 0.05):
+        raise SandboxError(f"no worker read the fault plan:\n{first.proc.log_tail()}")
+    ids = []
+    for name, pdf in documents:
+        task_id, refusal = client.submit(name, pdf)
+        if not task_id:
+            raise SandboxError(f"{name} was refused: {refusal}\n{first.proc.log_tail()}")
+        ids.append(task_id)
+    if not wait_until(lambda: any(r["action"] == "ejected" for r in first.audit_records()),
+                      120.0, 0.05):
+        raise SandboxError(f"no worker was ejected:\n{first.proc.log_tail()}")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(30.0)
+    return start_second(), ids

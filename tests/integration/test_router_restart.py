@@ -8,7 +8,10 @@ router on the same state directory. Every task the first router accepted
 answers through the new one (no 404), the ones in flight are finished
 (sent again under the same id), every result is downloadable, none lost.
 A task on a remote worker (``--upstream-url``) that outlives the router is
-followed there, not sent again. A damaged router store is set aside with an
+followed there, not sent again. A router killed while its worker restarts
+after an engine death leaves a next router that restarts nothing: the new
+worker instance restored the task as its previous instance failed it, and
+that verdict is not the new instance's (issue 32). A damaged router store is set aside with an
 audit record, and the router runs.
 """
 
@@ -25,7 +28,7 @@ from conftest import ManagedProcess, Router, free_port, make_pdf, wait_until
 from mineru_health.demo.fleet import LINE3, Client
 from mineru_health.demo.sandbox import HOST, Processes
 from mineru_health.runtime.router.store import DB_NAME
-from router_restart import kill_and_restart
+from router_restart import DISRUPTIONS, kill_and_restart, kill_during_a_restart
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +73,32 @@ def test_a_router_killed_mid_stream_resumes_every_task(
     # Each worker's outputs live in its state directory, not in a temporary one.
     outputs = [p for p in (tmp_path / "router-state").glob("*/outputs/*") if p.is_dir()]
     assert len(outputs) >= len(run.accepted), outputs
+
+
+def test_a_router_killed_during_an_engine_death_restart_restarts_nothing_healthy(
+    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+) -> None:
+    env = {**ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
+    # No retry budget: the task the engine death failed waits for the kill unsent.
+    first = launch_router({**env, "MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN": "0",
+                           "MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT": "0"},
+                          fault_plan="fault-plan")
+    first.wait_in_rotation()
+
+    def second() -> Router:
+        router = launch_router(env)
+        router.wait_in_rotation()
+        return router
+
+    slow = Client(first.base, first.line, engine_url=f"{fake_vlm_url}/delay/1500/")
+    new, ids = kill_during_a_restart(first, second, slow,
+                                     [(f"doc{n}.pdf", tiny_pdf) for n in range(3)])
+    client = Client(new.base, new.line, engine_url=fake_vlm_url)
+    outcomes = [client.wait(task_id) for task_id in ids]
+    log = new.proc.log_tail(8000)
+    assert [o.status for o in outcomes] == ["completed"] * 3, ([o.detail for o in outcomes], log)
+    assert client.run("after.pdf", tiny_pdf).status == "completed", log
+    assert [r for r in new.audit_records() if r["action"] in DISRUPTIONS] == [], log
 
 
 def test_a_damaged_router_store_is_set_aside_and_audited(

@@ -376,8 +376,10 @@ class Supervisor:
 
     def _lost(self, kept: Kept, step: Step, answer: Answer) -> None:
         payload = answer.payload or {}
-        reason = passive_reason(payload)
-        if reason:  # the worker's own verdict: out of rotation before the next probe
+        # The current instance's own verdict: out of rotation before the next probe.
+        # A dead process's store speaks of an instance already declared failed.
+        reason = None if answer.from_store else passive_reason(payload)
+        if reason:
             self.fleet.report_passive(kept.worker, reason)
         error = str(payload.get("error") or "") or self._lost_text(kept, step)
         reason = RESUMED if kept.resumed and step.reason in ("lost", "worker_failed") \
