@@ -14,6 +14,20 @@ killed with ``SIGKILL`` right after. ``start_second()`` starts the new router on
 state directory; the stream goes on there for ``after`` more accepted ones,
 then every accepted one is followed through the second router to its end.
 Every wait is bounded; nothing is timed.
+
+    second, ids = kill_during_a_restart(first, start_second, client, documents)
+
+``kill_during_a_restart`` (issue 32): one of the first router's workers
+meets a dead engine under one of ``documents`` (the shared plan
+``engine_dead``), and the router is killed once it ejected that worker (its
+restart due or under way; with no retry budget, the task waits to be sent
+again); the second router is started on the same state directory.
+
+    keys = fill_store3(state, 1000, pdf, engine_url, "local-gpu-0")
+
+``fill_store3`` writes what a killed 3.x router leaves in its store: unfinished
+tasks (oldest first), each with its kept upload, last submitted to an
+instance that is gone (a new router asks for each, then sends it again).
 """
 
 from __future__ import annotations
@@ -22,15 +36,22 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mineru_health.demo.fleet import Client, Router, http
 from mineru_health.demo.sandbox import SandboxError, wait_until
 
-__all__ = ["RestartRun", "kill_and_restart"]
+__all__ = ["DISRUPTIONS", "RestartRun", "fill_store3", "kill_and_restart",
+           "kill_during_a_restart"]
+
+#: Audit actions of a worker taken out of rotation or restarted.
+DISRUPTIONS = ("ejected", "health_failed", "auto_restart_scheduled", "auto_restart_success",
+               "auto_restart_failed", "auto_restart_gave_up")
 
 
 @dataclass
@@ -160,3 +181,65 @@ def kill_and_restart(first: Router, start_second: Callable[[], Router],
                     break
             time.sleep(0.25)
     return run
+
+
+def kill_during_a_restart(first: Router, start_second: Callable[[], Router], client: Client,
+                          documents: list[tuple[str, bytes]]) -> tuple[Router, list[str]]:
+    """Arms ``engine_dead`` on one of ``first``'s workers, sends it ``documents`` (one
+    reaches the doomed engine), ``kill -9`` the router once it ejected that worker;
+    returns ``start_second()`` and the task ids."""
+    first.write_plan("engine_dead")  # shared: the first worker that reads it is the victim
+    if not wait_until(lambda: not first.plan().exists(), 60.0, 0.05):
+        raise SandboxError(f"no worker read the fault plan:\n{first.proc.log_tail()}")
+    ids = []
+    for name, pdf in documents:
+        task_id, refusal = client.submit(name, pdf)
+        if not task_id:
+            raise SandboxError(f"{name} was refused: {refusal}\n{first.proc.log_tail()}")
+        ids.append(task_id)
+    if not wait_until(lambda: any(r["action"] == "ejected" for r in first.audit_records()),
+                      120.0, 0.05):
+        raise SandboxError(f"no worker was ejected:\n{first.proc.log_tail()}")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(30.0)
+    return start_second(), ids
+
+
+def fill_store3(state: Path, count: int, pdf: bytes, engine_url: str, worker: str) -> list[str]:
+    """``count`` unfinished 3.x tasks in the router's store under ``state``, written by the
+    supervisor through the task line as a router writes them; their ids, oldest first."""
+    from types import SimpleNamespace
+
+    from mineru.cli import router
+    from mineru_health.mineru3.router.tasks import Task, TaskLine
+    from mineru_health.runtime.router.line import Kept
+    from mineru_health.runtime.router.store import DB_NAME, KEPT_NAME, RouterStore
+    from mineru_health.runtime.router.supervisor import Supervisor
+    from mineru_health.settings import HealthSettings
+
+    state.mkdir(parents=True, exist_ok=True)
+    store = RouterStore(state / DB_NAME)
+    supervisor = Supervisor(SimpleNamespace(), TaskLine(SimpleNamespace(), {}),  # type: ignore[arg-type]
+                            HealthSettings.preset("production"), store=store)
+    gone = "http://127.0.0.1:9"  # the instance each was last submitted to
+    keys, first = [], time.time() - count
+    for index in range(count):
+        key, name = str(uuid.uuid4()), f"stored{index}.pdf"
+        staged = state / KEPT_NAME / f"mineru-router-request-{key}"
+        staged.mkdir(parents=True)
+        (staged / name).write_bytes(pdf)
+        record = router.RouterTaskRecord(
+            task_id=key, upstream_server_id=worker, upstream_task_id=str(uuid.uuid4()),
+            upstream_base_url=gone, backend="vlm-http-client", file_names=[name[:-4]],
+            created_at="2026-12-06T00:00:00+00:00", status="pending")
+        payload = router.MultipartPayload(
+            temp_dir=str(staged), fields=[("backend", "vlm-http-client"),
+                                          ("server_url", engine_url)],
+            uploads=[router.StagedUpload("files", name, "application/pdf",
+                                         str(staged / name))])
+        kept = Kept(key, Task(record, payload, None), [worker], gone, None, 0)
+        kept.accepted_at = first + index
+        supervisor.save(kept)
+        keys.append(key)
+    store.close()
+    return keys

@@ -8,7 +8,12 @@ router on the same state directory. Every task the first router accepted
 answers through the new one (no 404), the ones in flight are finished
 (sent again under the same id), every result is downloadable, none lost.
 A task on a remote worker (``--upstream-url``) that outlives the router is
-followed there, not sent again. A damaged router store is set aside with an
+followed there, not sent again. A router killed while its worker restarts
+after an engine death leaves a next router that restarts nothing: the new
+worker instance restored the task as its previous instance failed it, and
+that verdict is not the new instance's (issue 32). A router started on a
+store of 1,000 unfinished tasks serves while it reconciles them in the
+background (issue 32; its timings are bench/resume's). A damaged router store is set aside with an
 audit record, and the router runs.
 """
 
@@ -25,7 +30,7 @@ from conftest import ManagedProcess, Router, free_port, make_pdf, wait_until
 from mineru_health.demo.fleet import LINE3, Client
 from mineru_health.demo.sandbox import HOST, Processes
 from mineru_health.runtime.router.store import DB_NAME
-from router_restart import kill_and_restart
+from router_restart import DISRUPTIONS, fill_store3, kill_and_restart, kill_during_a_restart
 
 pytestmark = pytest.mark.integration
 
@@ -72,13 +77,66 @@ def test_a_router_killed_mid_stream_resumes_every_task(
     assert len(outputs) >= len(run.accepted), outputs
 
 
+def test_a_router_killed_during_an_engine_death_restart_restarts_nothing_healthy(
+    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+) -> None:
+    env = {**ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
+    # No retry budget: the task the engine death failed waits for the kill unsent.
+    first = launch_router({**env, "MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN": "0",
+                           "MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT": "0"},
+                          fault_plan="fault-plan")
+    first.wait_in_rotation()
+
+    def second() -> Router:
+        router = launch_router(env)
+        router.wait_in_rotation()
+        return router
+
+    slow = Client(first.base, first.line, engine_url=f"{fake_vlm_url}/delay/1500/")
+    new, ids = kill_during_a_restart(first, second, slow,
+                                     [(f"doc{n}.pdf", tiny_pdf) for n in range(3)])
+    client = Client(new.base, new.line, engine_url=fake_vlm_url)
+    outcomes = [client.wait(task_id) for task_id in ids]
+    log = new.proc.log_tail(8000)
+    assert [o.status for o in outcomes] == ["completed"] * 3, ([o.detail for o in outcomes], log)
+    assert client.run("after.pdf", tiny_pdf).status == "completed", log
+    assert [r for r in new.audit_records() if r["action"] in DISRUPTIONS] == [], log
+
+
+def test_a_router_on_a_thousand_stored_tasks_serves_while_it_reconciles_them(
+    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+) -> None:
+    state = tmp_path / "router-state"
+    keys = fill_store3(state, 1000, tiny_pdf, fake_vlm_url, "local-gpu-0")
+    router = launch_router({**ENV, "MINERU_HEALTH_STATE_DIR": str(state),
+                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000"}, local_gpus="0")
+    router.wait_in_rotation()
+    client = Client(router.base, router.line, engine_url=fake_vlm_url)
+    # Asked about before its turn (the pass goes newest first): checked, sent again, at once.
+    oldest = client.status(keys[0])
+    assert oldest.get("status") in ("pending", "processing", "completed"), oldest
+    assert wait_until(lambda: client.status(keys[0]).get("attempts") == 2, 60.0, 0.2), \
+        router.proc.log_tail()
+    assert client.status(keys[-1]).get("status") in ("pending", "processing", "completed")
+    task_id, refusal = client.submit("new.pdf", tiny_pdf)
+    assert task_id, refusal
+    # The router served before its background pass was over (the mechanism; the
+    # figures are bench/resume's).
+    log = router.proc.log()
+    resumed = log.index("1000 unfinished one(s) being reconciled in the background")
+    serving = log.index(f"Uvicorn running on {router.base}")
+    reconciled = log.find("reconciled the 1000 unfinished submission(s)")
+    assert resumed < serving and (reconciled == -1 or reconciled > serving), log[-3000:]
+
+
 def test_a_damaged_router_store_is_set_aside_and_audited(
     launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
 ) -> None:
     state = tmp_path / "router-state"
     state.mkdir()
     (state / DB_NAME).write_bytes(b"overwritten with garbage\n" * 64)
-    router = launch_router({**ENV, "MINERU_HEALTH_STATE_DIR": str(state)}, local_gpus="0")
+    router = launch_router({**ENV, "MINERU_HEALTH_STATE_DIR": str(state),
+                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000"}, local_gpus="0")
     router.wait_in_rotation()
 
     def audited() -> list[dict[str, Any]]:

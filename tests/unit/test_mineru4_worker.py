@@ -334,6 +334,30 @@ def test_finished_jobs_come_back_when_their_blobs_do(api_server: None) -> None:
     assert current.count() == 0
 
 
+def test_a_restored_jobs_verdict_is_marked_an_earlier_instances(api_server: None) -> None:
+    """Issue 32: a job that failed engine_dead comes back with a ``restored`` verdict, also
+    when none was kept (its error code alone must not read as this instance's death)."""
+    jobs, files = _Jobs(), _Files(set())
+    job_store.attach(types.SimpleNamespace(state=types.SimpleNamespace(
+        job_store=jobs, file_store=files)))
+    for job_id in ("judged", "unjudged"):
+        _finish(jobs, files, job_id, "failed", sha256sum="s1")
+        jobs._jobs[job_id].files[0].error = {"code": "engine_dead", "message": "dead"}
+    trigger = {"version": 2, "kind": "engine_dead", "role": "trigger", "rule": "r",
+               "engine_dead": True}
+    setattr(jobs._jobs["judged"], verdicts.VERDICT_ATTR, trigger)
+    for job_id in ("judged", "unjudged"):
+        jobs._record_usage(jobs._jobs[job_id])
+    restarted = _Jobs()
+    assert job_store.attach(types.SimpleNamespace(state=types.SimpleNamespace(
+        job_store=restarted, file_store=_Files({"s1"})))) == 2
+    judged = verdicts.job_verdict(restarted._jobs["judged"])
+    assert judged == {**trigger, "restored": True}
+    unjudged = verdicts.job_verdict(restarted._jobs["unjudged"])
+    assert unjudged is not None and unjudged["restored"] is True
+    assert unjudged["engine_dead"] is True and unjudged["role"] == "collateral"
+
+
 def test_jobs_its_shutdown_canceled_are_not_kept(api_server: None) -> None:
     """4.0 cancels what is queued or running when it stops; no client canceled those."""
     jobs, files = _Jobs(), _Files(set())

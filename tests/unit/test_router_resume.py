@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from mineru_health.mineru3.router.tasks import RETAINED_CLASS, TaskLine, move_st
 from mineru_health.runtime.router.store import DB_NAME, RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.settings import HealthSettings
-from test_task_supervisor import DEAD, Fleet, Rejected, Unavailable, settle
+from test_task_supervisor import DEAD, Fleet, Rejected, Unavailable, settle, until
 
 router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.x is not importable")
 
@@ -166,5 +167,70 @@ def test_a_task_whose_worker_left_the_fleet_is_sent_to_another(tmp_path: Path) -
         assert workers_tried(await tasks.get(record.task_id)) == ["w9", "w0"]
         assert fleet.submitted == [("w0", "up-1")]
         await line.supervisor.close()
+
+    asyncio.run(second_router())
+
+
+def test_resume_returns_at_once_and_reconciles_newest_first_a_few_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: a big store never delays serving. ``resume`` only revives the rows; the
+    checks run in the background, newest first, at most RECONCILE_LANES at once (each
+    resubmission included), and one a client asks about is checked before its turn."""
+    from mineru_health.runtime.router.supervisor import RECONCILE_LANES
+
+    state = tmp_path / "state"
+    count = 3 * RECONCILE_LANES
+
+    async def first_router() -> list[Any]:
+        line = router(Fleet(), state)
+        tasks = registry()
+        records = [(await submit(line, tasks, tmp_path, f"t{n:02d}", "pending"))[0]
+                   for n in range(count)]
+        await settle(line)
+        return records
+
+    records = asyncio.run(first_router())
+    for n, record in enumerate(records):  # accepted one second apart, t00 first
+        row = next(r for r in RouterStore(state / DB_NAME).rows() if r.key == record.task_id)
+        row.accepted_at = 1_000_000.0 + n
+        RouterStore(state / DB_NAME).save(row)
+
+    async def second_router() -> None:
+        fleet = Fleet()
+        asked: list[str] = []
+        running, most = 0, 0
+        gate = asyncio.Event()
+
+        async def get(url: str, timeout: float) -> Any:
+            nonlocal running, most
+            asked.append(url.rsplit("-", 1)[-1])
+            running += 1
+            most = max(most, running)
+            if "t00" not in url:
+                await gate.wait()
+            running -= 1
+            return await fleet._get(url, timeout)
+
+        fleet.client = SimpleNamespace(get=get)
+        fleet.answers.update({f"http://w0:1/tasks/first-{r.file_names[0]}": 404 for r in records})
+        line = router(fleet, state)
+        tasks = registry()
+        line.resume(tasks)  # every answer is 404: each one is sent again
+        supervisor = line.supervisor
+        assert asked == [] and supervisor.reconciling == count  # nothing awaited in resume
+        back = [await tasks.get(r.task_id) for r in records]
+        assert all(b is not None and b.status == "pending" for b in back)  # all answered now
+        await until(lambda: len(asked) == RECONCILE_LANES)
+        newest = [f"t{n:02d}" for n in range(count - 1, count - 1 - RECONCILE_LANES, -1)]
+        assert asked == newest, asked
+        await line.refresh(back[0])  # the oldest, asked about by its client: checked now
+        assert asked[-1] == "t00", asked
+        await until(lambda: ("w0", "up-1") in fleet.submitted or ("w1", "up-1") in fleet.submitted)
+        gate.set()
+        await settle(line)
+        assert supervisor.reconciling == 0 and most <= RECONCILE_LANES + 1, most
+        assert len(fleet.submitted) == count
+        assert {workers_tried(await tasks.get(r.task_id))[-1] for r in records} <= {"w0", "w1"}
 
     asyncio.run(second_router())

@@ -102,7 +102,8 @@ def test_finished_tasks_survive_a_restart(state: Path, tmp_path: Path) -> None:
     assert set(after.tasks) == {"done", "dead", "collateral"}
     assert after.tasks["done"] == done
     assert after.tasks["done"].submit_order == 0
-    assert getattr(after.tasks["dead"], VERDICT_ATTR) == verdict
+    # Back marked: an earlier instance's verdict, never this one's (issue 32).
+    assert getattr(after.tasks["dead"], VERDICT_ATTR) == {**verdict, "restored": True}
     assert all(event.is_set() for event in after.task_events.values())
     assert current.count() == 3  # the stale row was dropped
     assert task_store.attach(after) == 0  # once per manager

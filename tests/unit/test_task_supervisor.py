@@ -22,6 +22,7 @@ from mineru_health.mineru3.router.endpoints import _following_restarts
 from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
 from mineru_health.runtime.router.admission import Refused
 from mineru_health.runtime.router.poison import content_digest
+from mineru_health.runtime.router.policy import Action, Answer, AnswerKind, Step
 from mineru_health.runtime.router.supervisor import Supervisor
 from mineru_health.runtime.worker import store
 from mineru_health.settings import HealthSettings
@@ -464,6 +465,45 @@ def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
         assert record.upstream_base_url == "http://w0:3"
         fleet.phase["w0"] = P.RESTARTING  # booting: 503 + Retry-After, no upstream error counted
         assert not line.follow_restart(record)
+
+    run(scenario)
+
+
+def test_a_verdict_restored_by_a_new_instance_never_ejects_it() -> None:
+    """Issue 32: the new instance restored the task as its previous instance failed it
+    (engine_dead, trigger): the task is sent again, the healthy instance stays in rotation."""
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, payload = track(line, "t1")
+        fleet.servers["w0"].base_url = "http://w0:2"
+        restored = {**DEAD, "verdict": {**DEAD["verdict"], "restored": True}}
+        fleet.answers["http://w0:2/tasks/first-t1"] = restored
+        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
+                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        await settle(line)
+        assert fleet.passive == []  # nothing the current instance did
+        assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
+        # The trigger still counts once against the document, on the worker it killed.
+        assert [d.worker_id for d in line.supervisor.poison.deaths("digest")] == ["w0"]
+        fleet.answers["http://w1:1/tasks/up-1"] = {"status": "completed", "error": None}
+        await line.refresh(record)
+        assert record.status == "completed" and payload.released == 1
+
+    run(scenario)
+
+
+def test_a_dead_workers_store_never_reports_the_worker_again() -> None:
+    """What a dead process's store says is about an instance already declared failed."""
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet)
+        record, _ = track(line, "t1")
+        kept = line.supervisor.find("t1")
+        assert kept is not None
+        line.supervisor._lost(kept, Step(Action.RESUBMIT, "engine_dead"),
+                              Answer(AnswerKind.STATUS, payload=DEAD, from_store=True))
+        await settle(line)
+        assert fleet.passive == [] and fleet.submitted == [("w1", "up-1")]
+        assert record.upstream_server_id == "w1"
 
     run(scenario)
 

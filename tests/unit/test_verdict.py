@@ -17,6 +17,7 @@ EVERY_VERDICT = [
     TaskVerdict.hung(remote_engine=True),
     TaskVerdict(Kind.TASK_LOCAL, None, "pdf.corrupt", "document", ambiguous=False),
     TaskVerdict(Kind.TASK_LOCAL, None, "", "", ambiguous=True, remote_engine=True),
+    TaskVerdict.engine_dead(Role.TRIGGER, "vllm.engine_dead", "engine_dead", restored=True),
 ]
 
 
@@ -78,3 +79,40 @@ def test_the_policy_reads_every_verdict_through_the_type(verdict: TaskVerdict) -
     assert verdict.counts_against_document is (
         verdict.role is Role.TRIGGER and verdict.kind is not Kind.TASK_LOCAL
         and not (verdict.kind is Kind.HUNG and verdict.remote_engine))
+
+
+@pytest.mark.parametrize("wire", [
+    TaskVerdict.engine_dead(Role.TRIGGER, "vllm.engine_dead", "engine_dead").to_wire(),
+    {"fatal": True, "engine_dead": True, "role": "trigger", "rule": "vllm.engine_dead",
+     "category": "engine_dead"},  # a 0.3 worker's row in the task store
+    {**TaskVerdict.hung().to_wire(), "version": 1},  # 0.4's
+])
+def test_a_restored_verdict_is_an_earlier_instances_and_ejects_nothing(
+        wire: dict[str, Any]) -> None:
+    """Issue 32: the worker marks what its task store brought back; the router reads the
+    mark and leaves the current instance alone, yet the task is sent again and a trigger
+    still counts against its document."""
+    assert TaskVerdict.from_wire(wire) is not None
+    assert not TaskVerdict.from_wire(wire).restored  # type: ignore[union-attr]
+    restored = TaskVerdict.restored_wire(wire)
+    assert restored == {**wire, "restored": True}  # the rest as written
+    verdict = TaskVerdict.from_wire(restored)
+    assert verdict is not None and verdict.restored
+    dead = verdict.kind is Kind.ENGINE_DEAD
+    payload = {"status": "failed", "engine_dead": dead, "verdict": wire}
+    again = {**payload, "verdict": restored}
+    assert (policy.passive_reason(payload) is not None) is dead
+    assert policy.passive_reason(again) is None
+    assert policy.trigger_rule(again) == policy.trigger_rule(payload)
+    worker = policy.WorkerView(in_rotation=True, declared_failed=False, same_instance=False)
+    step = policy.next_step(policy.Answer(policy.AnswerKind.STATUS, payload=again), worker)
+    assert step == policy.next_step(policy.Answer(policy.AnswerKind.STATUS, payload=payload),
+                                    worker)
+    assert step.action is policy.Action.RESUBMIT
+
+
+def test_an_old_router_reads_a_restored_verdict_as_before() -> None:
+    """0.3's routers read the keys they know; an unknown ``restored`` changes nothing."""
+    wire = TaskVerdict.restored_wire(
+        TaskVerdict.engine_dead(Role.TRIGGER, "vllm.engine_dead", "engine_dead").to_wire())
+    assert wire["engine_dead"] is True and wire["fatal"] is True and wire["role"] == "trigger"

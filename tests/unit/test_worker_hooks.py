@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.mineru3 import worker as hooks
 from mineru_health.mineru3.worker import tasks
+from mineru_health.runtime.verdict import VERSION
 from mineru_health.runtime.worker import context, judge, log, threads
 from mineru_health.runtime.worker.context import worker_health
 
@@ -70,9 +71,10 @@ def test_fatal_failure_fails_every_other_task_and_wakes_waiters() -> None:
         assert outcome is not None and outcome.fatal and outcome.first
         assert failing.status == "processing"  # MinerU marks its own task failed afterwards
         assert failing._mineru_health_verdict == {  # type: ignore[attr-defined]
-            "version": 1, "kind": "engine_dead",
+            "version": VERSION, "kind": "engine_dead",
             "fatal": True, "engine_dead": True, "role": "trigger", "rule": outcome.rule,
             "category": outcome.category, "ambiguous": False, "remote_engine": False,
+            "restored": False,  # this instance's own verdict
         }
         assert manager.last_worker_error is not None
         assert outcome.rule in manager.last_worker_error

@@ -12,7 +12,11 @@ router reads a verdict of any version it knows and the fields it knows of a
 newer one, so routers and workers of different releases mix during a rolling
 upgrade. Version 1 also writes the 0.3 keys (``fatal``, ``engine_dead``,
 ``hung``), which is all a 0.3 router reads; a dict without ``version`` is a
-0.3 worker's and is read from those keys.
+0.3 worker's and is read from those keys. Version 2 adds ``restored``: the
+verdict was given by an earlier instance of the worker and came back from
+its task store (:meth:`TaskVerdict.restored_wire`); it says what happened
+to that instance, nothing about the one answering now (read as false from
+earlier versions).
 
 Immutable; safe to share between threads.
 """
@@ -27,7 +31,7 @@ from typing import Any
 __all__ = ["HUNG_CATEGORY", "HUNG_RULE", "VERSION", "Kind", "Role", "TaskVerdict"]
 
 #: The wire version this release writes.
-VERSION = 1
+VERSION = 2
 #: The rule and category of a task the task watchdog failed: its parse made no progress.
 HUNG_RULE = "watchdog.task_hung"
 HUNG_CATEGORY = "task_hung"
@@ -53,6 +57,8 @@ class TaskVerdict:
     """One verdict. ``remote_engine``: the task's engine is a server someone else runs.
 
     ``verification``: what checking the engine found, when no rule decided.
+    ``restored``: given by an earlier instance of the worker (a task store
+    brought it back): evidence about that instance, never the current one.
     """
 
     kind: Kind
@@ -61,6 +67,7 @@ class TaskVerdict:
     category: str
     ambiguous: bool = False
     remote_engine: bool = False
+    restored: bool = False
     verification: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
@@ -94,6 +101,7 @@ class TaskVerdict:
             "category": self.category,
             "ambiguous": self.ambiguous,
             "remote_engine": self.remote_engine,
+            "restored": self.restored,
             # 0.3's keys, all a 0.3 router reads:
             "fatal": self.kind is Kind.ENGINE_DEAD and self.role is Role.TRIGGER,
             "engine_dead": self.kind is Kind.ENGINE_DEAD,
@@ -128,8 +136,20 @@ class TaskVerdict:
             _text(wire.get("category")),
             ambiguous=wire.get("ambiguous") is True,
             remote_engine=wire.get("remote_engine") is True,
+            restored=wire.get("restored") is True,
             verification=verification if isinstance(verification, Mapping) else None,
         )
+
+
+    @staticmethod
+    def restored_wire(wire: Mapping[str, Any]) -> dict[str, Any]:
+        """``wire`` as a restarted worker answers with it: marked ``restored``.
+
+        The worker's task store keeps the wire form its instance wrote; the
+        instance that loads it back marks it, whatever version wrote it, and
+        keeps every other key as it was.
+        """
+        return {**wire, "restored": True}
 
 
 def _enum(kind: type[enum.Enum], value: object) -> Any:

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from ...runtime.verdict import Role, TaskVerdict
 from ...runtime.worker import store
 from ...runtime.worker.context import runtime
 from . import verdicts
@@ -31,6 +32,8 @@ from . import verdicts
 __all__ = ["FINISHED", "attach"]
 
 FINISHED = frozenset({"completed", "partial", "failed", "canceled"})
+#: The error code 4.0 gives a job's file that failed with its engine.
+_ENGINE_DEAD = "engine_dead"
 #: _JobRecord fields that are this process's handles, not the job's data.
 _LIVE_FIELDS = frozenset({"input_blobs", "file_store", "usage_counted"})
 
@@ -68,11 +71,19 @@ def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
     if not all(f.get("sha256sum") and file_store.blob_exists(f["sha256sum"]) for f in files):
         return False
     module = sys.modules[type(jobs).__module__]
+    engine_dead = any(isinstance(f, dict) and isinstance(f.get("error"), dict)
+                      and f["error"].get("code") == _ENGINE_DEAD
+                      for f in job.get("files") or [])
     job["progress"] = module.JobProgress.model_validate(job.get("progress") or {})
     job["files"] = [module.JobFileResult.model_validate(f) for f in job.get("files") or []]
     if job.get("links") is not None:
         job["links"] = module.JobLinks.model_validate(job["links"])
     record = module._JobRecord(**job, file_store=file_store, usage_counted=True)
+    if verdict is None and engine_dead:
+        # Failed with an engine an earlier instance ran, with no verdict kept:
+        # say so, lest the router read the error code as this instance's death.
+        verdict = TaskVerdict.engine_dead(Role.COLLATERAL, "", _ENGINE_DEAD,
+                                          restored=True).to_wire()
     if verdict is not None:
         setattr(record, verdicts.VERDICT_ATTR, verdict)
     jobs._jobs[job_id] = record

@@ -11,7 +11,9 @@ task id (its status payload, "not found", or nothing); ``worker`` is the
 health policy's view of that worker. The rules, in order:
 
 - a status ``failed`` with ``"engine_dead": true`` (the worker's own
-  verdict, never text matching): resubmit;
+  verdict, never text matching): resubmit (the worker leaves rotation too,
+  :func:`passive_reason`, unless the verdict is a previous instance's,
+  restored from its task store);
 - a status ``failed`` whose verdict says ``"hung": true`` (the worker's
   task watchdog: its parse made no progress): resubmit, and, like an engine
   death it triggered, count it against the document (poison guard);
@@ -135,13 +137,18 @@ def hung_failure(payload: Mapping[str, Any]) -> bool:
 def passive_reason(payload: Mapping[str, Any]) -> str | None:
     """Why the worker of this failed status leaves rotation at once, or None.
 
-    Only the worker's own verdict counts (``"engine_dead": true``); the
-    reason names its rule, never the task's error text, which may quote a
-    user's document and reaches the audit log and ``/health``.
+    Only the worker's own verdict counts (``"engine_dead": true``), and only
+    one its answering instance gave: a verdict ``restored`` from its task
+    store is an earlier instance's, which is gone (issue 32: a router that
+    read it ejected and restarted the healthy instance that restored it).
+    The reason names its rule, never the task's error text, which may quote
+    a user's document and reaches the audit log and ``/health``.
     """
     if not engine_dead_failure(payload):
         return None
     verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    if verdict is not None and verdict.restored:
+        return None
     rule = verdict.rule if verdict is not None else ""
     return f"a task failed with a fatal error (rule {rule or 'engine_dead'})"
 

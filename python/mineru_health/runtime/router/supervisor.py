@@ -30,9 +30,11 @@ With a store (``store.py``, the router's state directory), every
 submission it keeps is written there before its client hears of it, again
 each time it is sent again and when it ends; a router started on that
 directory ``resume``s: what had ended is served as before, what had not is
-kept again and checked at once (its worker's new instance does not know it:
+kept again and reconciled in the background, newest first and a few at a
+time, while the router serves (its worker's new instance does not know it:
 it is sent again under the same id, neither a retry nor counted by the
-budget), and the poison guard remembers its documents.
+budget; one a client asks about is checked at once), and the poison guard
+remembers its documents.
 
 Admission (``admission.py``): a submission is admitted (``admit``) before
 the line stages it, its declared size reserved under the caps
@@ -46,7 +48,7 @@ supervisor never knows which line it serves. Its view of the workers is the
 :class:`~mineru_health.runtime.router.fleet.Fleet`.
 
     supervisor = Supervisor.over(fleet, line)   # both lines: the fleet's store, its events
-    supervisor.resume()                  # start-up, workers up, before any request
+    supervisor.resume()                  # start-up, workers up: reconciles in the background
     admission = supervisor.admit(size)   # before staging: the caps and the disk (admission.py)
     kept = supervisor.keep(key, item, worker_id, instance_url, admission=admission)
                                          # after the line submitted it; Refused (507) unkept
@@ -63,6 +65,7 @@ Runs on the router's event loop; not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import tempfile
@@ -109,6 +112,9 @@ SWEEP_S = 30.0
 _SWEEP_BATCH = 32
 #: The resubmission reason of a submission a new router took back from its store.
 RESUMED = ResubmitReason.ROUTER_RESTART.value
+#: Resumed submissions reconciled at once (each a status request, then maybe an upload):
+#: enough to keep the workers busy, few enough that the router's own requests go first.
+RECONCILE_LANES = 8
 
 
 class Supervisor:
@@ -150,6 +156,10 @@ class Supervisor:
         self._refusing_storage = False  # logged once per streak of 507s
         self._kept: dict[str, Kept] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._sending: dict[str, asyncio.Task[Any]] = {}  # key -> its resubmission under way
+        # Resumed submissions the background pass has not reconciled yet, newest first.
+        self._unreconciled: collections.deque[Kept] = collections.deque()
+        self._unreconciled_keys: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._worker_back = asyncio.Event()
         self._closed = False
@@ -234,16 +244,22 @@ class Supervisor:
         """Takes back what the store holds; returns (ended, unfinished) submissions.
 
         Once, at start-up, once the workers had their first answers and before
-        any request is served. Each row goes back into MinerU's records
-        (``Line.revive``); an unfinished one is kept again and checked now:
-        its worker's current instance may know it (a remote worker that kept
-        running, a local one that restored it from its task store: followed
-        there), else it is sent again under the same id. A row the line
-        cannot put back is logged and dropped. The poison guard gets its
-        memory back.
+        any request is served; returns at once (issue 32: a store of
+        thousands must not keep the router from serving). Each row goes back
+        into MinerU's records now (``Line.revive``, cheap: no I/O but the
+        store's read), so that every submission is answered from the first
+        request on. An unfinished one is kept again and *reconciled* in the
+        background (:meth:`_reconcile`), newest first, ``RECONCILE_LANES`` at
+        a time: its worker's current instance may know it (a remote worker
+        that kept running, a local one that restored it from its task store:
+        followed there), else it is sent again under the same id. A client
+        asking about one not reconciled yet has it checked at once
+        (:meth:`refresh`). A row the line cannot put back is logged and
+        dropped. The poison guard gets its memory back.
         """
         if self.store is None:
             return 0, 0
+        started = self._clock()
         for digest, deaths in self.store.poison():
             self.poison.load(digest, [Death(worker, rule) for worker, rule in deaths])
         ended: list[str] = []
@@ -266,19 +282,59 @@ class Supervisor:
             self._add(kept)
             unfinished.append(kept)
         self.store.forget(dropped)
-        for kept in unfinished:
-            if not kept.workers:
-                self.hold(kept)
-            elif self.fleet.status(kept.worker) is None:
+        # Newest first: the submissions their clients most likely still ask about.
+        unfinished.sort(key=lambda k: k.accepted_at, reverse=True)
+        self._unreconciled = collections.deque(unfinished)
+        self._unreconciled_keys = {k.key for k in unfinished}
+        if unfinished:
+            self._spawn(self._reconcile(len(unfinished), started), "reconcile")
+        if ended or unfinished:
+            _log.warning("resumed from the router's store in %.2f s: %d finished submission(s) "
+                         "served again, %d unfinished one(s) being reconciled in the background "
+                         "(checked, and sent again if lost)", self._clock() - started,
+                         len(ended), len(unfinished))
+        return len(ended), len(unfinished)
+
+    @property
+    def reconciling(self) -> int:
+        """Resumed submissions not reconciled yet (0 once the background pass is done)."""
+        return len(self._unreconciled_keys)
+
+    async def _reconcile(self, count: int, started: float) -> None:
+        """Reconciles what ``resume`` took back, ``RECONCILE_LANES`` at a time."""
+        await asyncio.gather(*(self._reconcile_lane() for _ in range(RECONCILE_LANES)))
+        if not self._closed:
+            _log.warning("reconciled the %d unfinished submission(s) resumed from the router's "
+                         "store in %.1f s", count, self._clock() - started)
+
+    async def _reconcile_lane(self) -> None:
+        while self._unreconciled and not self._closed:
+            kept = self._unreconciled.popleft()
+            try:
+                await self._reconcile_one(kept)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 -- one submission's trouble must not stop the rest
+                _log.exception("%s: reconciling it failed", kept.key)
+            finally:
+                self._unreconciled_keys.discard(kept.key)
+
+    async def _reconcile_one(self, kept: Kept) -> None:
+        """One resumed submission: checked, and its resubmission awaited (it holds a lane)."""
+        if self._kept.get(kept.key) is not kept or not kept.resumed:
+            return  # ended, or a client's request reconciled it already
+        if not kept.workers:
+            self.hold(kept)  # waits for a worker in its own task: no lane held meanwhile
+            return
+        if not kept.busy:
+            if self.fleet.status(kept.worker) is None:
                 self.resubmit(kept, RESUMED, f"worker {kept.worker} is not in this router's "
                                              "fleet any more", None)
             else:
-                self._spawn_check(kept)
-        if ended or unfinished:
-            _log.warning("resumed from the router's store: %d finished submission(s) served "
-                         "again, %d unfinished one(s) checked and sent again if lost",
-                         len(ended), len(unfinished))
-        return len(ended), len(unfinished)
+                await self._spawn_check(kept)
+        sending = self._sending.get(kept.key)
+        if sending is not None:
+            await asyncio.shield(sending)
 
     def find(self, key: str) -> Kept | None:
         return self._kept.get(key)
@@ -418,8 +474,10 @@ class Supervisor:
             self._worker_back.set()
 
     def _check_all(self, worker_id: str, which: Callable[[Kept], bool]) -> None:
+        # Those still waiting for the background pass get their turn there (bounded).
         for kept in list(self._kept.values()):
-            if kept.worker == worker_id and not kept.busy and which(kept):
+            if kept.worker == worker_id and not kept.busy and which(kept) \
+                    and kept.key not in self._unreconciled_keys:
                 self._spawn_check(kept)
 
     def _spawn_check(self, kept: Kept) -> asyncio.Task[None]:
@@ -492,8 +550,10 @@ class Supervisor:
 
     def _lost(self, kept: Kept, step: Step, answer: Answer) -> None:
         payload = answer.payload or {}
-        reason = passive_reason(payload)
-        if reason:  # the worker's own verdict: out of rotation before the next probe
+        # The current instance's own verdict: out of rotation before the next probe.
+        # A dead process's store speaks of an instance already declared failed.
+        reason = None if answer.from_store else passive_reason(payload)
+        if reason:
             self.fleet.report_passive(kept.worker, reason)
         error = str(payload.get("error") or "") or self._lost_text(kept, step)
         reason = RESUMED if kept.resumed and step.reason in ("lost", "worker_failed") \
@@ -512,7 +572,18 @@ class Supervisor:
             return
         kept.busy = True
         self.line.lost(kept)
-        self._spawn(self._resubmit(kept, reason, error, trigger), "resubmit")
+        self._track_sending(kept, self._spawn(self._resubmit(kept, reason, error, trigger),
+                                              "resubmit"))
+
+    def _track_sending(self, kept: Kept, task: asyncio.Task[Any]) -> None:
+        """Remembers ``kept``'s resubmission until it ends (the reconciler waits for it)."""
+        self._sending[kept.key] = task
+
+        def ended(done: asyncio.Task[Any]) -> None:
+            if self._sending.get(kept.key) is done:
+                del self._sending[kept.key]
+
+        task.add_done_callback(ended)
 
     def hold(self, kept: Kept) -> None:
         """Sends a kept submission that no worker took (the fleet heals) once one is back."""
@@ -684,7 +755,8 @@ class Supervisor:
         while not self._closed:
             await asyncio.sleep(SWEEP_S)
             stale = [k for k in self._kept.values()
-                     if not k.busy and self._clock() - k.last_check >= SWEEP_S]
+                     if not k.busy and self._clock() - k.last_check >= SWEEP_S
+                     and k.key not in self._unreconciled_keys]
             for start in range(0, len(stale), _SWEEP_BATCH):
                 batch = [self._spawn_check(k) for k in stale[start:start + _SWEEP_BATCH]]
                 await asyncio.gather(*batch, return_exceptions=True)

@@ -50,6 +50,7 @@ from ... import state_dirs
 from ...errors import ConfigError
 from ...safe_text import describe_exception
 from ...settings import WorkerSettings
+from ..verdict import TaskVerdict
 from .log import log
 
 __all__ = ["DB_NAME", "PutBack", "Row", "Store", "attach", "keep", "open_store", "read", "state_dir"]
@@ -197,11 +198,16 @@ def keep(current: Store | None, row_of: Callable[..., Row | None], *args: Any) -
 
 
 def _put_back_all(current: Store, put_back: PutBack) -> int:
-    """Each row through ``put_back`` (one that raises is dropped); returns how many came back."""
+    """Each row through ``put_back`` (one that raises is dropped); returns how many came back.
+
+    Its verdict goes back marked ``restored``: an earlier instance gave it,
+    and a router must never take it for this instance's (issue 32).
+    """
     loaded, dropped, failures = 0, [], []
     for key, record, verdict in current.rows():
         try:
-            back = put_back(key, record, verdict)
+            back = put_back(key, record,
+                            None if verdict is None else TaskVerdict.restored_wire(verdict))
         except Exception as error:  # noqa: BLE001 -- e.g. a row of another MinerU version
             back = False
             failures.append(f"{key}: {describe_exception(error)}")
