@@ -126,6 +126,9 @@ class Supervisor:
         settings, the store in its durable state directory, every event of ``fleet`` heard."""
         supervisor = cls(fleet, line, fleet.settings, store=RouterStore.of(fleet))
         fleet.listen(supervisor.on_event)
+        if supervisor.store is not None:
+            # A store file that lost pages under the router is rewritten with these too.
+            supervisor.store.recall = supervisor.saved_rows
         metrics.router.bind_admission_refusals(supervisor.refusal_counts)
         supervisor.say_if_full()
         return supervisor
@@ -220,15 +223,24 @@ class Supervisor:
         False when the store could not write it."""
         if self.store is None:
             return True
+        saved = self._saved(kept)
+        return True if saved is None else self.store.save(saved)
+
+    def _saved(self, kept: Kept) -> Saved | None:
+        """The store's row of ``kept``; None (logged) when the line cannot describe it."""
         try:
             snapshot = self.line.snapshot(kept)
         except Exception:  # noqa: BLE001 -- the submission goes on; only its row is missing
             _log.exception("%s: cannot describe it for the router's store", kept.key)
-            return True
-        return self.store.save(Saved(kept.key, snapshot.state, kept.worker,
-                                     snapshot.upstream_id, kept.instance, list(kept.workers),
-                                     snapshot.source, kept.digest, snapshot.record,
-                                     kept.accepted_at))
+            return None
+        return Saved(kept.key, snapshot.state, kept.worker, snapshot.upstream_id, kept.instance,
+                     list(kept.workers), snapshot.source, kept.digest, snapshot.record,
+                     kept.accepted_at)
+
+    def saved_rows(self) -> list[Saved]:
+        """The rows of every submission kept now (what a rewritten store file must hold)."""
+        return [saved for kept in list(self._kept.values())
+                if (saved := self._saved(kept)) is not None]
 
     def forget(self, keys: Iterable[str]) -> None:
         """MinerU forgot these submissions (its retention): so does the store."""
@@ -754,6 +766,8 @@ class Supervisor:
         """Checks submissions nobody asked about lately, so that finished ones are let go."""
         while not self._closed:
             await asyncio.sleep(SWEEP_S)
+            if self.store is not None:
+                self.store.check()  # a file gone under an idle router is noticed now
             stale = [k for k in self._kept.values()
                      if not k.busy and self._clock() - k.last_check >= SWEEP_S
                      and k.key not in self._unreconciled_keys]
