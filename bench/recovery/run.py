@@ -40,9 +40,13 @@ the standard tier (MinerU's VLM path on llama.cpp, 4.0's default engine on
 CPU, with the tiny generated model of ``mineru_health.demo.engine``), one
 job every 2 s, and the engine of whichever worker generates next closed
 under its running jobs (``Engine.close()``; no fault plugin). Sides:
-``upstream`` (MinerU 4.0's own router; the fault plugin only) and ``ours``,
-both with the router's environment of the tests (fast preset, 3 s main-port
-timeout: read only by ours). Measured: jobs submitted, jobs lost (refused,
+``upstream`` (MinerU 4.0's own router; the fault plugin only), ``ours``,
+and ``ours-grace``: ours as it was before fast replacement (issue 32), a
+worker condemned for a dead engine ended like a healthy one (SIGTERM,
+STOP_GRACE_S, SIGKILL), by lines added to the ``sitecustomize`` of its
+copy of MinerU that empty the router's ``CONDEMNED_CAUSES``; all with the router's
+environment of the tests (fast preset, 3 s main-port timeout: read only by
+ours). Measured: jobs submitted, jobs lost (refused,
 failed or not finished within the wait), seconds from the fault to fewer
 than two workers taking jobs and to both again (``/v1/usage``, every 0.2 s),
 and whether earlier results are still downloadable.
@@ -88,12 +92,11 @@ from mineru_health.demo.fleet import (
     Router,
     Stream,
     fleet,
-    run_fault,
     start_fake_vlm,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
-from harness.samplers import RotationLog
+from harness.samplers import RotationLog, run_fault
 from mineru_health.demo.sandbox import Processes, SandboxError, make_pdf, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -316,15 +319,43 @@ def _reason(job: Outcome) -> str:
     return f"{job.status}: {files[0].get('error')}"[:160]
 
 
+#: ``ours-grace``: the router treats no failure as condemning (the behaviour before issue 32).
+_GRACE_BASELINE = """
+import importlib.abc, importlib.util, sys
+
+class _Grace(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "mineru_health.runtime.router.fleet":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.CONDEMNED_CAUSES = frozenset()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Grace())
+"""
+
+
 def one4(python: str, scenario: str, side: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch_dir:
-        scratch, patched = Path(scratch_dir), side == "ours"
+        scratch, patched = Path(scratch_dir), side in ("ours", "ours-grace")
         line, site, env, plan, every_s, real = LINE4, None, FLEET4_ENV, "plan", 0.8, None
         if scenario == LLAMA_REAL:
             line, plan, every_s = LINE4_STANDARD, None, LLAMA_REAL_EVERY_S
             site = line.site(scratch / "mineru-site", python, patched=patched, faults=False)
             real = demo_engine.prepare(site, scratch, python, line.env(site, scratch, python, {}))
             env = {**FLEET4_ENV, **real.env}
+        if side == "ours-grace":
+            site = site or line.site(scratch / "mineru-site", python, patched=True)
+            hooks = site / "sitecustomize.py"  # the fault plan plugin's loader stays first
+            first = hooks.read_text(encoding="utf-8") if hooks.exists() else ""
+            hooks.write_text(first + _GRACE_BASELINE, encoding="utf-8")
         with fleet(line, scratch, python, site=site, patched=patched, env=env,
                    fault_plan=plan) as router:
             inject = real.close if real else functools.partial(SCENARIOS4[scenario], router)
@@ -349,7 +380,7 @@ def line4(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]
         for side in args.sides.split(","):
             row = one4(args.python, scenario, side)
             rows.append(row)
-            print(f"{scenario:12} {side:9} jobs {row['jobs']:3}  lost {row['lost']:3}  "
+            print(f"{scenario:12} {side:10} jobs {row['jobs']:3}  lost {row['lost']:3}  "
                   f"out after {row['out_after_s']} s  back after {row['back_after_s']} s  "
                   f"earlier results {row['earlier_results']}", flush=True)
             for reason in row["lost_reasons"]:
@@ -378,7 +409,8 @@ def main() -> int:
                         "MINERU_HEALTH_MINERU4_PYTHON)")
     parser.add_argument("--scenarios", help=f"line 3: {','.join(SCENARIOS)} (default); "
                         f"line 4: {','.join(SCENARIOS4)},{LLAMA_REAL} (default)")
-    parser.add_argument("--sides", default="upstream,ours", help="line 4")
+    parser.add_argument("--sides", default="upstream,ours",
+                        help="line 4: upstream, ours, ours-grace")
     parser.add_argument("--duration", type=float, default=14.0, help="seconds of stream")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between submissions")
     parser.add_argument("--inject-after", type=float, default=4.0, help="seconds into the stream")

@@ -49,6 +49,8 @@ void register_process_scope(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("end_scope", &end_scope, py::arg("scope"), py::arg("grace"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("kill_scope", &kill_scope, py::arg("scope"), py::arg("wait"),
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace mineru_health::bindings

@@ -66,7 +66,11 @@ std::vector<ProcessId> scope_members(const ProcessScope& scope) {
     std::unordered_map<int, std::vector<int>> children;
     for (const auto& p : all) {
       children[p.ppid].push_back(p.pid);
-      if (p.pgrp == scope.leader) linked.insert(p.pid);
+      // The leader's group, and its session when it started one (a sid is
+      // the pid of the process that called setsid, never reused meanwhile).
+      if (p.pgrp == scope.leader || p.session == scope.leader) {
+        linked.insert(p.pid);
+      }
     }
     std::set<int> walked;
     std::vector<int> pending{scope.leader};
@@ -141,6 +145,29 @@ EndReport end_scope(const ProcessScope& scope, milliseconds grace) {
   }
   report.survivors = static_cast<int>(scope_members(scope).size());
   return report;
+}
+
+EndReport kill_scope(const ProcessScope& scope, milliseconds wait) {
+  EndReport report;
+  std::set<ProcessId> killed;
+  const Clock::time_point deadline = Clock::now() + wait;
+  for (;;) {
+    const std::vector<ProcessId> members = scope_members(scope);
+    if (members.empty()) return report;
+    if (Clock::now() >= deadline) {
+      report.survivors = static_cast<int>(members.size());
+      return report;
+    }
+    // cgroup.kill reaches members that fork meanwhile; the signals, the rest.
+    if (!scope.cgroup.empty()) {
+      (void)internal::write_file(scope.cgroup + "/cgroup.kill", "1");
+    }
+    for (const ProcessId& member : members) {
+      if (killed.insert(member).second) ++report.killed;
+      (void)internal::signal_process(member, SIGKILL);
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
 }
 
 }  // namespace mineru_health

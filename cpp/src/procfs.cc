@@ -22,7 +22,8 @@ namespace {
 
 // Fields of /proc/<pid>/stat after the command name, counted from 0: the
 // name may hold spaces and parentheses, the fields after its last ')' never.
-constexpr std::size_t kState = 0, kPpid = 1, kPgrp = 2, kStartTime = 19;
+constexpr std::size_t kState = 0, kPpid = 1, kPgrp = 2, kSession = 3,
+                      kStartTime = 19;
 
 template <typename T>
 bool parse_number(std::string_view text, T& out) {
@@ -77,6 +78,7 @@ std::optional<ProcStat> read_stat(int pid) {
   if (fields.size() <= kStartTime || fields[kState].empty() ||
       !parse_number(fields[kPpid], stat.ppid) ||
       !parse_number(fields[kPgrp], stat.pgrp) ||
+      !parse_number(fields[kSession], stat.session) ||
       !parse_number(fields[kStartTime], stat.start_ticks)) {
     return std::nullopt;
   }

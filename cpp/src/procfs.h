@@ -26,6 +26,7 @@ struct ProcStat {
   int pid = 0;
   int ppid = 0;
   int pgrp = 0;
+  int session = 0;
   char state = '?';  // 'Z': a zombie
   std::uint64_t start_ticks = 0;
 

@@ -201,5 +201,63 @@ TEST(ProcessScope, AnEmptyScopeHasNoMember) {
   EXPECT_TRUE(tagged_processes("").empty());
 }
 
+TEST(ProcessScope, KillScopeKillsAtOnceAndWaitsForTheExit) {
+  const Family f = start_family(kTag, true);
+  ProcessScope scope;
+  scope.leader = f.worker;
+  scope.tag = kTag;
+  const EndReport report = kill_scope(scope, milliseconds(10000));
+  reap(f.worker);
+  EXPECT_EQ(report.terminated, 0);  // no SIGTERM: nothing waits out a grace
+  EXPECT_EQ(report.killed, 3);
+  EXPECT_EQ(report.survivors, 0);
+  EXPECT_FALSE(alive(f.group_child));
+  EXPECT_FALSE(alive(f.daemon));
+  end_leftovers(f);
+}
+
+// A worker that leads a session: what left its group but stayed in its
+// session (setpgid, environment cleared) is still found.
+TEST(ProcessScope, TheLeadersSessionIsPartOfTheScope) {
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t worker = fork();
+  if (worker == 0) {
+    setsid();
+    close(report[0]);
+    const pid_t stray = fork();
+    if (stray == 0) {
+      setpgid(0, 0);
+      char* const argv[] = {const_cast<char*>("sleep"), const_cast<char*>("60"),
+                            nullptr};
+      char* const envp[] = {nullptr};
+      execve("/bin/sleep", argv, envp);
+      _exit(127);
+    }
+    if (write(report[1], &stray, sizeof stray) != sizeof stray) _exit(2);
+    for (int i = 0; i < 600; ++i) pause();
+    _exit(0);
+  }
+  close(report[1]);
+  pid_t stray = 0;
+  ASSERT_EQ(read(report[0], &stray, sizeof stray),
+            static_cast<ssize_t>(sizeof stray));
+  close(report[0]);
+  for (int i = 0; i < 200; ++i) {  // until it left the group
+    const auto stat = process_id(stray);
+    if (stat && getpgid(stray) == stray) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ProcessScope scope;
+  scope.leader = worker;
+  const auto pids = pids_of(scope_members(scope));
+  EXPECT_NE(std::find(pids.begin(), pids.end(), stray), pids.end());
+  const EndReport ended = kill_scope(scope, milliseconds(10000));
+  reap(worker);
+  EXPECT_EQ(ended.survivors, 0);
+  EXPECT_FALSE(alive(stray));
+  if (alive(stray)) kill(stray, SIGKILL);
+}
+
 }  // namespace
 }  // namespace mineru_health

@@ -39,6 +39,7 @@ __all__ = [
     "StateLock",
     "claim",
     "open_database",
+    "remove_claimed",
     "set_aside",
     "sweep_abandoned",
 ]
@@ -113,17 +114,57 @@ def claim(directory: str | os.PathLike[str], *, variable: str = "") -> StateLock
     return StateLock(path, fd)
 
 
+def remove_claimed(directory: str | os.PathLike[str]) -> None:
+    """Removes a claimed directory, its lock file last: a process killed midway leaves a
+    directory that is still claimed (by nobody), so the next sweep finishes the work."""
+    path = Path(directory)
+    with contextlib.suppress(OSError):
+        for entry in path.iterdir():
+            if entry.name == LOCK_NAME:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    (path / LOCK_NAME).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def creator_named_gone(name: str, prefix: str) -> bool:
+    """True when ``name`` is ``<prefix><pid>-...`` and that process is gone (or a zombie): a
+    directory made by ``mkdtemp(prefix=f"{prefix}{os.getpid()}-")`` whose maker died before
+    it could claim it. Anything else (no pid, a live pid) is never judged gone."""
+    pid_text = name[len(prefix):].partition("-")[0] if name.startswith(prefix) else ""
+    if not pid_text.isdigit() or int(pid_text) <= 1:
+        return False
+    try:
+        with open(f"/proc/{pid_text}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def sweep_abandoned(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
     """Removes the directories ``parent/prefix*`` whose claim no live process holds.
 
-    A directory without a lock file is left alone: it is not one of ours, or
-    its creator has not claimed it yet.
+    A directory without a lock file is left alone (it is not one of ours, or
+    its creator has not claimed it yet) unless its name carries its creator's
+    pid (``<prefix><pid>-``) and that process is gone: it died between
+    making the directory and claiming it.
     """
     removed = []
     with contextlib.suppress(OSError):
         candidates = sorted(Path(parent).glob(f"{prefix}*"))
         for candidate in candidates:
-            if candidate.is_symlink() or not (candidate / LOCK_NAME).is_file():
+            if candidate.is_symlink() or not candidate.is_dir():
+                continue
+            if not (candidate / LOCK_NAME).is_file():
+                if creator_named_gone(candidate.name, prefix):
+                    remove_claimed(candidate)
+                    removed.append(candidate)
                 continue
             try:
                 fd, _owner = _try_lock(candidate)
@@ -132,7 +173,7 @@ def sweep_abandoned(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
             if fd < 0:
                 continue  # a live owner
             try:
-                shutil.rmtree(candidate, ignore_errors=True)
+                remove_claimed(candidate)
             finally:
                 os.close(fd)
             removed.append(candidate)
@@ -269,7 +310,8 @@ class StateDirs:
             # What an earlier router's workers set aside was reported then.
             self._set_aside_seen.update(_set_aside_in(path))
         else:
-            path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{worker_id}-"))
+            # The creator's pid in the name: a router killed before its claim is swept too.
+            path = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{worker_id}-"))
             self._locks.append(claim(path))
             self._dirs[worker_id] = (path, True)
         return path
@@ -287,7 +329,7 @@ class StateDirs:
         """Removes the temporary state directories and lets go of every claim."""
         for path, ours in self._dirs.values():
             if ours:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_claimed(path)
         self._dirs.clear()
         for lock in self._locks:
             lock.release()

@@ -11,6 +11,8 @@ import asyncio
 import functools
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -270,11 +272,14 @@ class FakeMember:
 
     A local one takes the next of ``urls`` at each launch (the first at the
     fleet's start); ``failing_launches`` launches after the first raise, as a
-    spawn that fails would.
+    spawn that fails would. With ``spawn``, each launch also starts a real
+    process (a sleeper leading its own session), ended by the fleet.
     """
 
     def __init__(self, worker_id: str, *urls: str, local: bool = False,
-                 failing_launches: int = 0) -> None:
+                 failing_launches: int = 0, spawn: bool = False) -> None:
+        self.spawn = spawn
+        self.processes: list[subprocess.Popen[bytes]] = []
         self.id = worker_id
         self.local = local
         self.url = urls[0] if urls and not local else ""
@@ -293,7 +298,7 @@ class FakeMember:
         return "127.0.0.1"
 
     def process(self) -> Any:
-        return None
+        return self.processes[-1] if self.processes else None
 
     def show(self, event: Any) -> None:
         self.in_rotation = bool(event.in_rotation)
@@ -307,9 +312,24 @@ class FakeMember:
             self._failing -= 1
             raise RuntimeError("spawn failed")
         self.url = self._urls[min(self.launches, len(self._urls)) - 1]
+        if self.spawn:
+            self.processes.append(_sleeper())
+
+    def end_processes(self) -> None:
+        """Whatever the fleet left of its processes, by pid (a failed test)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(WAIT_S)
 
     async def stop(self) -> None:
         self.url = ""
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    """A real process for a spawning FakeMember: leads its own session, as a worker does."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 async def start_fleet(settings: HealthSettings, rec: Any, *members: FakeMember) -> HealthFleet:

@@ -175,6 +175,38 @@ async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fl
 
 
 @run_async
+async def test_a_dead_engines_worker_is_killed_at_once_a_shutdown_gets_the_grace(
+        fleet: Fleet) -> None:
+    rec = Recorder()
+    fleet.set("old", "healthy")
+    fleet.set("new", "healthy")
+    local = FakeMember("local", fleet.url("old"), fleet.url("new"), local=True, spawn=True)
+    monitor = await start_fleet(fast_settings(), rec, local)
+    ends: list[tuple[int, bool]] = []
+    end = monitor.processes.end
+
+    def recorded(launch: Any, *, condemned: bool = False) -> Any:
+        ends.append((launch.pid, condemned))
+        return end(launch, condemned=condemned)
+
+    monitor.processes.end = recorded  # type: ignore[method-assign]
+    try:
+        await rec.wait_for(lambda: _phase(monitor, "local") == WorkerPhase.HEALTHY, "healthy")
+        first = local.processes[0]
+        fleet.set("old", "engine_dead")
+        await rec.wait_for(lambda: rec.actions("local")[-1:] == ["admitted"], "restarted")
+        # Its processes were gone before the new one launched: SIGKILL, then the wait.
+        assert ends == [(first.pid, True)] and first.poll() == -9
+        assert len(local.processes) == 2 and local.processes[1].poll() is None
+    finally:
+        await stop_fleet(monitor)
+        local.end_processes()
+    # The shutdown ends the healthy new one with SIGTERM and the grace.
+    assert ends[1:] == [(local.processes[1].pid, False)]
+    assert local.processes[1].returncode == -15
+
+
+@run_async
 async def test_passive_failure_and_process_exit_eject_at_once(fleet: Fleet) -> None:
     rec = Recorder()
     fleet.set("a", "healthy")

@@ -63,6 +63,18 @@ def test_abandoned_directories_are_swept_live_and_foreign_ones_kept(tmp_path: Pa
     assert not abandoned.exists() and foreign.is_dir() and live.is_dir()
 
 
+def test_a_directory_whose_maker_died_before_its_claim_is_swept(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(30)
+    unclaimed = tmp_path / f"mineru-health-state-{dead.pid}-w-x1"  # mkdtemp, then killed
+    unclaimed.mkdir()
+    (unclaimed / "partial").write_bytes(b"x")
+    making = tmp_path / f"mineru-health-state-{os.getpid()}-w-x2"  # its maker lives: not yet
+    making.mkdir()
+    removed = state_dirs.sweep_abandoned(tmp_path, "mineru-health-state-")
+    assert removed == [unclaimed] and making.is_dir()
+
+
 def test_set_aside_keeps_the_file_and_its_companions(tmp_path: Path) -> None:
     db = tmp_path / "store.sqlite3"
     db.write_bytes(b"bad")

@@ -212,3 +212,176 @@ def test_a_killed_routers_scratch_is_swept_by_the_next(tmp_path: Path) -> None:
     assert exists == "False" and not Path(second_root).exists()
     assert tempdir == str(tmp_path)  # tempfile is back to the system's directory
     assert stranger.is_dir()
+
+
+# A worker leading its own session, as 3.x's router starts one, with two children that
+# clear their environment (no tag): one leaves its group but stays in the session, the
+# other starts a session of its own (setsid) and is orphaned.
+STRAYS = r"""
+import json, os, subprocess, sys, time
+stay = subprocess.Popen(["/bin/sleep", "120"], env={}, process_group=0,
+                        stdout=subprocess.DEVNULL)
+escape = subprocess.run([sys.executable, "-c", '''
+import os, subprocess
+print(subprocess.Popen(["/bin/sleep", "120"], env={}, start_new_session=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)
+'''], capture_output=True, check=True, env={}).stdout.decode().strip()
+print(json.dumps({"worker": os.getpid(), "stay": stay.pid, "escape": int(escape)}), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("cgroups", _modes(), ids=lambda c: "cgroup" if c else "process_group")
+def test_what_an_ending_cannot_see_is_said_not_counted(started: Started, cgroups: bool) -> None:
+    procs = WorkerProcesses(cgroups=cgroups, grace_s=5.0)
+    launch = procs.prepare("w")
+    worker = subprocess.Popen([sys.executable, "-c", STRAYS], env={**os.environ, **launch.env},
+                              stdout=subprocess.PIPE, start_new_session=True)
+    started.procs.append(worker)
+    if cgroups:  # in its cgroup before it starts anything (as the fleet adopts it)
+        procs.adopt(launch, worker.pid)
+    family = _family(worker)
+    started.families.append(family)
+    if not cgroups:
+        procs.adopt(launch, worker.pid)
+
+    report = procs.end(launch, condemned=True)  # SIGKILL at once, no grace
+    worker.wait(WAIT_S)
+    procs.release(launch)
+    assert report.terminated == 0 and report.survivors == 0, report
+    left = _wait_gone({n: p for n, p in family.items() if n != "escape"})
+    assert left == {}  # the one that stayed in the session included
+    if cgroups:
+        assert _wait_gone(family) == {} and launch.unseen == ""
+    else:
+        # Out of the group, the session and the tag: still running, and the ending says
+        # that it cannot know, rather than "0 left".
+        assert _alive(family) == {"escape": family["escape"].pid}
+        assert launch.unseen.startswith("unknown")
+        assert "session" in launch.found_by and "tag" in launch.found_by
+    procs.close()
+
+
+# A router's process handling in the order of a router's life, stopped (for a kill -9) at
+# one of its points: scratch claimed, workers' state directories, the sweep, a cgroup made,
+# a worker spawned (tagged, not yet in its cgroup), serving, a shutdown's ending, closed.
+ROUTER = r"""
+import json, os, subprocess, sys
+from mineru_health.runtime.router.processes import ROUTER_CGROUP_PREFIX, WorkerProcesses
+from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
+from mineru_health.state_dirs import STATE_DIR_ENV, StateDirs
+stop_at, cgroups, worker_code = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+seen = set()
+def at(point):
+    if point == stop_at and point not in seen:
+        seen.add(point)
+        print(json.dumps({"at": point}), flush=True)
+        sys.stdin.readline()  # killed here
+root = claim_scratch()
+at("claimed")
+dirs = StateDirs()
+procs = WorkerProcesses(cgroups=cgroups, grace_s=0.5)
+print(json.dumps({"root": str(root), "owner": procs.owner, "home": procs.home,
+                  "swept": len(procs.swept)}), flush=True)
+at("swept")
+launches = []
+for n in range(2):
+    launch = procs.prepare(f"w{n}")
+    at("prepared")
+    env = {**os.environ, **launch.env, STATE_DIR_ENV: str(dirs.state_dir(f"w{n}"))}
+    worker = subprocess.Popen([sys.executable, "-c", worker_code], env=env,
+                              stdout=subprocess.PIPE)
+    print(worker.stdout.readline().decode().strip(), flush=True)  # its family
+    at("spawned")
+    procs.adopt(launch, worker.pid)
+    launches.append((launch, worker))
+at("serving")
+for launch, worker in launches:
+    procs.end(launch)
+    worker.wait(30)
+    at("ending")
+    procs.release(launch)
+procs.close()
+at("closed")
+dirs.close()
+release_scratch()
+print(json.dumps({"done": True}), flush=True)
+"""
+KILL_POINTS = ["claimed", "swept", "prepared", "spawned", "serving", "ending", "closed"]
+
+
+class Run:
+    """One run of ROUTER, stopped at a point: what it made, read from its lines."""
+
+    def __init__(self, tmp: Path, stop_at: str, cgroups: bool) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ROUTER, stop_at, "1" if cgroups else "0", WORKER],
+            env={**os.environ, "TMPDIR": str(tmp)}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE)
+        self.info: dict[str, Any] = {}
+        self.families: list[dict[str, Any]] = []
+        assert self.proc.stdout is not None
+        for _ in range(8):  # bounded: one line per step
+            line = self.proc.stdout.readline()
+            assert line, f"the run stopped early (stop at {stop_at})"
+            record = json.loads(line)
+            if "worker" in record:
+                self.families.append({n: _native.process_id(p) for n, p in record.items()})
+            else:
+                self.info.update(record)
+            if "at" in record or "done" in record:
+                break
+
+    @property
+    def cgroup(self) -> Path | None:
+        home = self.info.get("home")
+        return Path(home) / f"mineru-health-router.{self.info['owner']}" if home else None
+
+    def left(self, tmp: Path) -> list[str]:
+        """What of this (dead) run is still there: scratch, state, cgroup, processes."""
+        left = [str(p) for p in tmp.iterdir() if self.info.get("root") == str(p)]
+        if self.cgroup is not None and self.cgroup.exists():
+            left.append(str(self.cgroup))
+        left += [f"{n} {pid}" for f in self.families for n, pid in _alive(f).items()]
+        return left
+
+    def kill(self) -> None:
+        """SIGKILL (when it still runs), reaped, its pipes closed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(WAIT_S)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+@pytest.mark.parametrize("cgroups", _modes(), ids=lambda c: "cgroup" if c else "process_group")
+def test_a_router_killed_at_any_point_is_swept_whole_by_the_next(
+        started: Started, tmp_path: Path, cgroups: bool) -> None:
+    """Each run is killed at one point of its life; the next run's start leaves nothing of
+    it: its scratch (with its workers' state directories), its cgroups, its processes."""
+    dead: Run | None = None
+    runs: list[Run] = []
+    try:
+        for point in [*KILL_POINTS, "done"]:
+            run = Run(tmp_path, point, cgroups)
+            runs.append(run)
+            if point != "swept":
+                assert run.info.get("at", "done") == point, run.info
+            if dead is not None:
+                assert dead.left(tmp_path) == [], f"{point}: {dead.info}"
+            if point != "done":
+                run.kill()
+                if point in ("spawned", "serving", "ending"):
+                    assert [n for f in run.families for n in _alive(f)], point
+            dead = run
+        assert runs[-1].proc.wait(WAIT_S) == 0
+        runs[-1].kill()  # its pipes
+        assert list(tmp_path.iterdir()) == []  # the last one, shut down, removed its own
+        if runs[-1].cgroup is not None:
+            assert not runs[-1].cgroup.exists()
+    finally:
+        for run in runs:
+            started.families += run.families
+            if not run.proc.stdout or not run.proc.stdout.closed:
+                run.kill()

@@ -12,14 +12,16 @@
 //   // then SIGKILL to the rest; ended.survivors: what even that left.
 //
 // A living process is a member when any of these holds: it is the leader, or
-// in the leader's process group; it descends from the leader through parent
-// links now; it is in the cgroup; an entry of its initial environment begins
-// with the tag. The cgroup holds everything the kernel put there, whatever
-// the process did; without one, the tag is what a child that started its own
-// session, double-forked or was reparented to init still carries (only a
-// process exec'ed with a cleared environment loses it). Zombies are never
-// members: they hold nothing but a pid, and their parent reaps them. The
-// calling process is never a member.
+// in the leader's process group, or in the session the leader started; it
+// descends from the leader through parent links now; it is in the cgroup; an
+// entry of its initial environment begins with the tag. The cgroup holds
+// everything the kernel put there, whatever the process did; without one,
+// the session and the tag are what a child that made its own group,
+// double-forked or was reparented to init still carries. Without a cgroup, a
+// process that started a session of its own AND was exec'ed with a cleared
+// environment is not found (nothing links it to the worker any more). Zombies
+// are never members: they hold nothing but a pid, and their parent reaps
+// them. The calling process is never a member.
 //
 // Every signal goes to a process identified by pid AND start time, through a
 // pidfd where the kernel has them (5.3+), so a pid reused meanwhile is never
@@ -89,6 +91,14 @@ std::vector<std::pair<ProcessId, std::string>> tagged_processes(
 // member, for up to a second more. Blocks; a scope with no member returns at
 // once.
 EndReport end_scope(const ProcessScope& scope, std::chrono::milliseconds grace);
+
+// Ends every member at once, for a worker that has nothing left to drain (its
+// engine is dead): the cgroup's cgroup.kill and SIGKILL to each member,
+// repeated for members that appear meanwhile, until none is left (an exiting
+// process still holding device memory counts until it is gone) or `wait`
+// passes; `wait` bounds a process stuck in the kernel, it is not a delay.
+// Nothing is sent SIGTERM (`terminated` is 0). Blocks.
+EndReport kill_scope(const ProcessScope& scope, std::chrono::milliseconds wait);
 
 }  // namespace mineru_health
 

@@ -36,7 +36,7 @@ from mineru_health.runtime.router.fleet import (
     router_settings,
     short_reason,
 )
-from mineru_health.runtime.router.launch import launching_class
+from mineru_health.runtime.router.launch import PORTS, launching_class
 from mineru_health.runtime.router.policy import passive_reason
 from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
 from mineru_health.runtime.router.supervisor import Supervisor
@@ -169,7 +169,7 @@ class Server:
 
     async def launch(self, env: Mapping[str, str]) -> None:
         local = self.state.local_server
-        (port,) = self._pool._router["reserve_unique_local_ports"](1)
+        port = PORTS.take("127.0.0.1", f"{self.id} main")  # never the router's, nor held
         local.launch_env = dict(env)
         await local.launch(self._pool.client, port=port)
         self.state.base_url = self._pool._router["normalize_base_url"](local.base_url or "")

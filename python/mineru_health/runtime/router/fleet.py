@@ -20,9 +20,13 @@ line:
   and a tag that every process it starts inherits; it is kept in a cgroup of
   its own where the machine allows it (``processes.py``);
 - whenever a local worker is replaced, restarted or lost, and when the
-  router shuts down, all its processes are ended (SIGTERM, STOP_GRACE_S,
-  SIGKILL) before anything takes its place, so no engine process keeps a
-  GPU; each launch and each end is an audit record;
+  router shuts down, all its processes are ended before anything takes its
+  place, so no engine process keeps a GPU: a healthy shutdown or restart
+  with SIGTERM, STOP_GRACE_S, SIGKILL; a worker condemned for a dead engine,
+  a hung loop, a failed boot or its exit (``CONDEMNED_CAUSES``: nothing to
+  drain) with SIGKILL at once, the new launch waiting for every process of
+  the old to exit, not for a timer; each launch and each end is an audit
+  record;
 - a launched worker's process is polled every interval, so an exit is
   reported at once; a worker's own verdict seen in traffic is reported as a
   passive failure;
@@ -59,7 +63,7 @@ from mineru_health.errors import ConfigError
 from mineru_health.settings import HealthSettings
 from mineru_health.state_dirs import OUTPUT_DIR_ENV, STATE_DIR_ENV, StateDirs
 
-from .launch import HEALTH_BIND_ENV, HEALTH_PORT_ENV, PARENT_PID_ENV, free_port
+from .launch import HEALTH_BIND_ENV, HEALTH_PORT_ENV, PARENT_PID_ENV, PORTS
 from .processes import Launch, WorkerProcesses
 
 __all__ = [
@@ -85,6 +89,12 @@ _ERROR = _native.PollerEventKind.ERROR
 #: Phases in which the worker is declared failed: what it runs will not finish
 #: there, and a further failure signal changes nothing in the policy.
 DECLARED_FAILED = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING, _P.GAVE_UP})
+
+#: Failure causes (restart_policy.h) that condemn a worker: its engine is dead (a probe's
+#: or a request's definitive verdict), its loop hung, its boot failed or its process exited.
+#: It has nothing left to drain, so its processes get no grace.
+CONDEMNED_CAUSES = frozenset({"engine_dead", "loop_hung", "passive_failure", "boot_timeout",
+                              "process_exit"})
 
 # A reason longer than this is cut in audit reasons, last_error and logs.
 REASON_CHARS = 300
@@ -420,7 +430,7 @@ class Fleet:
             # bound where the router connects (loopback for 0.0.0.0), so the
             # native endpoint is no more exposed than needed.
             host = member.connect_host()
-            self._health_ports[member.id] = free_port(host)
+            self._health_ports[member.id] = PORTS.take(host, f"{member.id} health")
             env.update({HEALTH_PORT_ENV: str(self._health_ports[member.id]),
                         HEALTH_BIND_ENV: host})
         return env
@@ -451,7 +461,9 @@ class Fleet:
         member.show_rotation(False)
         # Every process of the old instance is gone before the new one starts:
         # an engine process left behind would keep the GPU the new one needs.
-        ending = self._end_processes(member.id, "restart")
+        status = self.status(member.id)
+        condemned = status is not None and status.last_cause in CONDEMNED_CAUSES
+        ending = self._end_processes(member.id, "restart", condemned=condemned)
         if ending is not None:
             await asyncio.shield(ending)
         try:
@@ -473,6 +485,8 @@ class Fleet:
         # probes to reach the threshold.
         while True:
             await asyncio.sleep(float(self.settings.interval_s))
+            if self.processes.leftover:  # a dead router's cgroup the start-up could not remove
+                self._audit_swept(await asyncio.to_thread(self.processes.sweep_again))
             for worker_id in list(self._members):
                 self.check_process(worker_id)
 
@@ -491,12 +505,14 @@ class Fleet:
         self.report_exit(worker_id, f"worker process {process.pid} exited with code {code}", code)
         # What it started may live on (its engine, in a session of its own): ended now, not
         # at the restart, which may be a backoff away or never come (gave_up).
-        self._end_processes(worker_id, "exit")
+        self._end_processes(worker_id, "exit", condemned=True)
 
     # -- a worker's processes -------------------------------------------------------------
-    def _end_processes(self, worker_id: str, why: str) -> asyncio.Task[None] | None:
-        """Ends every process of the worker's current launch, in a thread; the task doing it
-        (the one already doing it, if any), or None when there is nothing to end."""
+    def _end_processes(self, worker_id: str, why: str, *,
+                       condemned: bool = False) -> asyncio.Task[None] | None:
+        """Ends every process of the worker's current launch, in a thread (``condemned``:
+        SIGKILL at once, see ``WorkerProcesses.end``); the task doing it (the one already
+        doing it, if any), or None when there is nothing to end."""
         running = self._endings.get(worker_id)
         if running is not None and not running.done():
             return running
@@ -506,16 +522,18 @@ class Fleet:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): end them here
-            self._audit_end(launch, why, self.processes.end(launch))
+            report = self.processes.end(launch, condemned=condemned)
+            self._audit_end(launch, why, report, condemned)
             self.processes.release(launch)
             return None
-        task = loop.create_task(self._end(launch, why), name=f"mineru-health-end-{worker_id}")
+        task = loop.create_task(self._end(launch, why, condemned),
+                                name=f"mineru-health-end-{worker_id}")
         self._endings[worker_id] = task
         return task
 
-    async def _end(self, launch: Launch, why: str) -> None:
-        report = await asyncio.to_thread(self.processes.end, launch)
-        self._audit_end(launch, why, report)
+    async def _end(self, launch: Launch, why: str, condemned: bool) -> None:
+        report = await asyncio.to_thread(self.processes.end, launch, condemned=condemned)
+        self._audit_end(launch, why, report, condemned)
         # Reaped by its owner's Popen (which keeps the exit code): a zombie
         # still holds its cgroup.
         member = self._members.get(launch.worker_id)
@@ -535,14 +553,22 @@ class Fleet:
             scope=launch.kind, cgroup=launch.cgroup or None, tag=launch.tag)
         _log.info("worker %s: %s", launch.worker_id, safe_text.printable(reason))
 
-    def _audit_end(self, launch: Launch, why: str, report: Any) -> None:
-        reason = (f"{why}: {report.terminated} process(es) of pid {launch.pid}'s "
-                  f"{launch.kind.replace('_', ' ')} sent SIGTERM, {report.killed} SIGKILL "
-                  f"after {self.processes.grace_s:g} s, {report.survivors} left")
+    def _audit_end(self, launch: Launch, why: str, report: Any, condemned: bool) -> None:
+        if condemned:
+            how = (f"{report.killed} process(es) of pid {launch.pid}'s "
+                   f"{launch.kind.replace('_', ' ')} sent SIGKILL at once (nothing to drain)")
+        else:
+            how = (f"{report.terminated} process(es) of pid {launch.pid}'s "
+                   f"{launch.kind.replace('_', ' ')} sent SIGTERM, {report.killed} SIGKILL "
+                   f"after {self.processes.grace_s:g} s")
+        left = f"{report.survivors} left of those {launch.found_by} finds"
+        if launch.unseen:
+            left += f"; others: {launch.unseen}"
         record = self.audit.write_record(
-            "worker_processes_ended", worker_id=launch.worker_id, reason=reason,
-            pid=launch.pid, scope=launch.kind, after=why, terminated=report.terminated,
-            killed=report.killed, survivors=report.survivors)
+            "worker_processes_ended", worker_id=launch.worker_id, reason=f"{why}: {how}, {left}",
+            pid=launch.pid, scope=launch.kind, after=why, condemned=condemned,
+            terminated=report.terminated, killed=report.killed, survivors=report.survivors,
+            survivors_found_by=launch.found_by, unseen=launch.unseen or None)
         log_audit(record, in_rotation=report.survivors == 0)
 
     def _audit_swept(self, swept: list[dict[str, Any]]) -> None:

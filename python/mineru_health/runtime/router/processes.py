@@ -5,6 +5,7 @@
     env.update(launch.env)                                 # ... spawn the worker with it ...
     procs.adopt(launch, pid)                               # into its cgroup, right after
     report = procs.end(launch)                             # SIGTERM, grace, SIGKILL: blocks
+    report = procs.end(launch, condemned=True)             # engine dead: SIGKILL, wait for exit
     procs.release(launch)                                  # its cgroup, once the worker is reaped
     procs.close()                                          # what is left of ours, and our cgroups
 
@@ -13,7 +14,11 @@ its process group (the worker leads one: 3.x's router starts it in a session
 of its own, a 4.0 worker makes one at start-up), its cgroup v2 where the
 router may make one (``cgroups.h``), and its tag, ``MINERU_HEALTH_WORKER_TAG``,
 which every process it starts inherits: a child that started its own
-session, or an orphan reparented to init, still carries it. The tag names
+session, or an orphan reparented to init, still carries it; and, without a
+cgroup, the session the worker leads. Without a cgroup, a process that starts
+a session of its own AND clears its environment is seen by none of these: an
+ending in process-group mode reports what it found left and says that it
+cannot see such a process (``Launch.unseen``). The tag names
 the router (pid namespace, pid and start time: no reused pid is mistaken for
 it), the worker and the launch, so what a router that died left behind is
 found by the next one (``sweep``) and never what a live one runs.
@@ -25,7 +30,6 @@ on distinct launches.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
@@ -43,6 +47,14 @@ WORKER_TAG_ENV = "MINERU_HEALTH_WORKER_TAG"
 ROUTER_CGROUP_PREFIX = "mineru-health-router."
 #: How long removing a cgroup waits for what cgroup.kill ended to leave it.
 CGROUP_REMOVAL_S = 2.0
+#: How long removing a dead router's cgroups waits for what is inside to exit (a process
+#: the kernel is still tearing down, e.g. releasing device memory): a bound, not a delay.
+SWEEP_REMOVAL_S = 30.0
+#: How long ending a condemned launch (its engine dead) waits for every process of it to
+#: exit after SIGKILL: a bound on a process stuck in the kernel, not a delay.
+KILL_WAIT_S = 30.0
+#: /proc/<pid>/stat's flag of a process in exit (PF_EXITING): it serves nothing any more.
+_PF_EXITING = 0x4
 
 _log = safe_text.logger("mineru_health.router")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -66,13 +78,25 @@ def owner_id(pid: int | None = None) -> str:
     return f"{_pid_namespace()}.{process.pid}.{process.start_ticks}"
 
 
+def _exiting(pid: int) -> bool:
+    """True when ``pid`` is in the kernel's exit path (a router killed a moment ago, still
+    tearing down its memory): what it owns is abandoned already."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return bool(int(fields[6]) & _PF_EXITING)  # state ppid pgrp session tty tpgid flags
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def _owner_alive(owner: str) -> bool:
-    """True while the process ``owner`` names runs, or when its pids are not ours to read."""
+    """True while the process ``owner`` names runs (and is not exiting), or when its pids
+    are not ours to read."""
     namespace, _, rest = owner.partition(".")
     pid_text = rest.partition(".")[0]
     if namespace != _pid_namespace() or not pid_text.isdigit():
         return True  # another pid namespace's router: never judged from here
-    return owner_id(int(pid_text)) == owner
+    return owner_id(int(pid_text)) == owner and not _exiting(int(pid_text))
 
 
 @dataclass
@@ -93,6 +117,22 @@ class Launch:
     def kind(self) -> str:
         """How its processes are kept: "cgroup", or "process_group" (group and tag)."""
         return "cgroup" if self.cgroup else "process_group"
+
+    @property
+    def found_by(self) -> str:
+        """What finds its processes, in words (what an ending's count of survivors covers)."""
+        if self.cgroup:
+            return "its cgroup"
+        return "its process group, its session, its descendants and its tag"
+
+    @property
+    def unseen(self) -> str:
+        """What could be left that nothing here sees ("" with a cgroup: the kernel keeps
+        every process there)."""
+        if self.cgroup:
+            return ""
+        return ("unknown: a process that started a session of its own and cleared its "
+                "environment is in none of them (only a cgroup keeps it)")
 
     def scope(self) -> Any:
         scope = _native.ProcessScope()
@@ -115,6 +155,7 @@ class WorkerProcesses:
             home = _native.find_cgroup_home()
             self.home, self.no_cgroup = ("", home.error) if home.error else (home.path, "")
         self._router_cgroup = ""
+        self.leftover: list[str] = []  # dead routers' cgroups the last sweep could not remove
         self.swept = self.sweep()
 
     @property
@@ -161,9 +202,17 @@ class WorkerProcesses:
         self.release(launch)
         launch.cgroup = ""
 
-    def end(self, launch: Launch) -> Any:
-        """Ends every process of the launch (SIGTERM, the grace, SIGKILL); the native
-        ``EndReport``. Blocks."""
+    def end(self, launch: Launch, *, condemned: bool = False) -> Any:
+        """Ends every process of the launch; the native ``EndReport``. Blocks.
+
+        A healthy one (a shutdown, a restart it may drain for) gets SIGTERM and
+        the grace, then SIGKILL. A ``condemned`` one (its engine is dead, its
+        loop hung, its process gone: nothing left to drain) gets SIGKILL at
+        once, and this returns when every process of it has exited (its device
+        memory free for the next launch), not after a timer.
+        """
+        if condemned:
+            return _native.kill_scope(launch.scope(), KILL_WAIT_S)
         return _native.end_scope(launch.scope(), self.grace_s)
 
     def release(self, launch: Launch) -> None:
@@ -185,11 +234,17 @@ class WorkerProcesses:
         if self._router_cgroup:
             _native.remove_cgroup_tree(self._router_cgroup, CGROUP_REMOVAL_S)
             self._router_cgroup = ""
+        self.sweep_again()
 
     def sweep(self) -> list[dict[str, Any]]:
         """Ends the processes and cgroups of routers that died (a ``kill -9`` leaves its
         workers' children behind when they were orphaned first); what it found, per
-        worker: ``{"owner", "worker", "ended", "killed", "survivors"}``. Blocks."""
+        worker: ``{"owner", "worker", "ended", "killed", "survivors"}``. Blocks.
+
+        A router killed a moment ago (still exiting) counts as dead; a cgroup
+        that another router removes meanwhile is skipped, never the end of
+        the sweep; one that cannot be removed yet stays in ``leftover`` for
+        ``sweep_again``."""
         found: list[dict[str, Any]] = []
         launches: set[str] = set()
         for _process, value in _native.tagged_processes(f"{WORKER_TAG_ENV}="):
@@ -204,21 +259,36 @@ class WorkerProcesses:
             found.extend(self._sweep_cgroups())
         return found
 
+    def sweep_again(self) -> list[dict[str, Any]]:
+        """``sweep`` once more when the last one left a dead router's cgroup; else
+        nothing. Blocks."""
+        return self.sweep() if self.leftover else []
+
     def _sweep_cgroups(self) -> list[dict[str, Any]]:
-        found = []
-        with contextlib.suppress(OSError):
-            for entry in sorted(Path(self.home).glob(f"{ROUTER_CGROUP_PREFIX}*")):
-                owner = entry.name[len(ROUTER_CGROUP_PREFIX):]
-                if owner == self.owner or _owner_alive(owner) or not entry.is_dir():
-                    continue
-                for worker in sorted(p for p in entry.iterdir() if p.is_dir()):
-                    scope = _native.ProcessScope()
-                    scope.cgroup = str(worker)
-                    found.append(_swept(f"{owner}/{worker.name}/",
-                                        _native.end_scope(scope, self.grace_s)))
-                removal = _native.remove_cgroup_tree(str(entry), CGROUP_REMOVAL_S)
-                if removal.error:
-                    _log.warning("a dead router's cgroup stays: %s", removal.error)
+        found: list[dict[str, Any]] = []
+        self.leftover = []
+        try:
+            entries = sorted(Path(self.home).glob(f"{ROUTER_CGROUP_PREFIX}*"))
+        except OSError as error:
+            _log.warning("cannot list the cgroups of routers that died: %s", error)
+            return found
+        for entry in entries:
+            owner = entry.name[len(ROUTER_CGROUP_PREFIX):]
+            if owner == self.owner or _owner_alive(owner):
+                continue
+            try:
+                workers = sorted(p for p in entry.iterdir() if p.is_dir())
+            except OSError:
+                continue  # removed meanwhile (another router swept it), or not a directory
+            for worker in workers:
+                scope = _native.ProcessScope()
+                scope.cgroup = str(worker)
+                found.append(_swept(f"{owner}/{worker.name}/",
+                                    _native.end_scope(scope, self.grace_s)))
+            removal = _native.remove_cgroup_tree(str(entry), SWEEP_REMOVAL_S)
+            if removal.error and entry.exists():
+                self.leftover.append(str(entry))
+                _log.warning("a dead router's cgroup stays for now: %s", removal.error)
         return found
 
     def _router_dir(self) -> str:

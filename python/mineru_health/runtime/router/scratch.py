@@ -12,7 +12,9 @@ patched router module is imported, ``tempfile`` makes them (and the fleet's
 own) under one directory per router process, claimed with a lock that the
 kernel drops when the process ends (``state_dirs.claim``); the next router
 to start removes every such directory whose lock no live process holds, and
-a router that shuts down removes its own (``release_scratch``; uvicorn
+a router killed before its claim (its pid in the name, gone) or midway
+through removing its own (the lock file goes last) included; a router
+that shuts down removes its own (``release_scratch``; uvicorn
 ends a router on SIGTERM by raising it again, so no ``atexit`` handler
 would run).
 
@@ -25,11 +27,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
-from mineru_health.state_dirs import StateLock, claim, sweep_abandoned
+from mineru_health.state_dirs import StateLock, claim, remove_claimed, sweep_abandoned
 
 __all__ = ["SCRATCH_PREFIX", "claim_scratch", "release_scratch"]
 
@@ -64,10 +65,10 @@ def release_scratch() -> None:
     root, lock, _owner, before = claimed
     if tempfile.tempdir == str(root):
         tempfile.tempdir = before
-    shutil.rmtree(root, ignore_errors=True)
+    remove_claimed(root)  # its lock file last: a kill -9 midway leaves it claimed
     lock.release()
 
 
 def _remove(root: Path, owner: int) -> None:
     if os.getpid() == owner:  # never from a forked child that exits normally
-        shutil.rmtree(root, ignore_errors=True)
+        remove_claimed(root)
