@@ -104,10 +104,11 @@ def place(router: Router, tiny_pdf: bytes) -> tuple[dict[str, str], list[str]]:
                                  data={"backend": "pipeline"})
             assert answer.status_code == 202, answer.text
             body = answer.json()
-            if body["workers_tried"] == [hostile_id]:
-                placed[name] = body["task_id"]
-            else:
+            if body["workers_tried"] != [hostile_id]:
                 honest.append(body["task_id"])
+            elif name != "honest":
+                placed[name] = body["task_id"]
+            # else: an honest name that landed on the hostile worker: neither
     assert len(placed) == len(HOSTILE) and len(honest) >= 3, (placed, honest)
     return placed, honest
 

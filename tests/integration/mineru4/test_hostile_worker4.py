@@ -98,10 +98,11 @@ def place(router: Router, fakes: HostileWorkers) -> tuple[dict[str, str], list[s
                 break
             name = missing[0] if missing else "honest"
             job_id = submit(client, name)
-            if fakes.received[-1] == ("hostile", name):
-                placed[name] = job_id
-            else:
+            if fakes.received[-1] != ("hostile", name):
                 honest.append(job_id)
+            elif name != "honest":
+                placed[name] = job_id
+            # else: an honest name that landed on the hostile worker: neither
     assert len(placed) == len(HOSTILE) and len(honest) >= 3, (placed, honest)
     return placed, honest
 
