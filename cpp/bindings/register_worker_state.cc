@@ -184,6 +184,8 @@ void register_worker_state(py::module_& m) {
       .def("task_progress", &WorkerState::task_progress, py::arg("task_id"))
       .def("remote_wait_started", &WorkerState::remote_wait_started,
            py::arg("task_id"), py::arg("server") = "")
+      .def("remote_asked", &WorkerState::remote_asked, py::arg("task_id"),
+           py::arg("server") = "")
       .def("remote_heard", &WorkerState::remote_heard, py::arg("task_id"),
            py::arg("server") = "")
       .def("remote_wait_status", &WorkerState::remote_wait_status,

@@ -174,6 +174,7 @@ struct WorkerState::Impl {
     SteadyTime remote_heard{};     // the server's last byte, or remote_since
     std::string server{};          // host:port, "" until named
     bool remote_reported = false;  // by take_expired_remote_waits()
+    bool remote_asked = false;     // a request was sent in this wait
   };
 
   // Counts a remote wait that failed its task, once: the remote server's
@@ -190,17 +191,18 @@ struct WorkerState::Impl {
   // The task's remote wait at `now` (the task is in one).
   RemoteWaitStatus remote_status(const std::string& id, const TrackedTask& task,
                                  SteadyTime now) const REQUIRES(mu) {
-    RemoteWaitStatus status{id,
-                            task.server,
-                            "",
-                            seconds(now - task.remote_since),
-                            seconds(now - task.remote_heard),
-                            std::nullopt};
+    RemoteWaitStatus status{
+        id,
+        task.server,
+        "",
+        seconds(now - task.remote_since),
+        task.remote_asked ? seconds(now - task.remote_heard) : 0.0,
+        std::nullopt};
     const auto left = [&status](double bound, double used) {
       const double rest = bound - used;
       status.left_s = status.left_s ? std::min(*status.left_s, rest) : rest;
     };
-    if (options.task_hang.count() > 0) {
+    if (options.task_hang.count() > 0 && task.remote_asked) {
       left(seconds(options.task_hang), status.silent_s);
       if (now - task.remote_heard > options.task_hang)
         status.reason = kRemoteSilent;
@@ -330,6 +332,7 @@ void WorkerState::remote_wait_started(const std::string& task_id,
   if (task.remote_waits++ == 0) {
     task.remote_since = task.remote_heard = impl_->clock.steady();
     task.remote_reported = false;
+    task.remote_asked = false;
   }
   if (!server.empty()) task.server = server;
 }
@@ -339,6 +342,17 @@ void WorkerState::remote_heard(const std::string& task_id,
   MutexLock lock(impl_->mu);
   const auto found = impl_->running.find(task_id);
   if (found == impl_->running.end() || found->second.remote_waits == 0) return;
+  found->second.remote_asked = true;  // what it sent answers a request
+  found->second.remote_heard = impl_->clock.steady();
+  if (!server.empty()) found->second.server = server;
+}
+
+void WorkerState::remote_asked(const std::string& task_id,
+                               const std::string& server) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found == impl_->running.end() || found->second.remote_waits == 0) return;
+  found->second.remote_asked = true;
   found->second.remote_heard = impl_->clock.steady();
   if (!server.empty()) found->second.server = server;
 }

@@ -517,10 +517,17 @@ TEST(WorkerState, ARemoteServerThatSendsNothingFailsItsTaskAlone) {
   state.task_started("silent");
   state.task_started("local");
   state.remote_wait_started("silent", "10.0.0.7:8000");
-  fake.advance(std::chrono::seconds(2));
-  state.task_progress("local");
+  // Waiting for a lock before its first request: no silence yet.
+  fake.advance(std::chrono::seconds(4));
   std::optional<RemoteWaitStatus> now = state.remote_wait_status("silent");
   ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->reason, "");
+  EXPECT_DOUBLE_EQ(now->silent_s, 0.0);
+  EXPECT_DOUBLE_EQ(*now->left_s, 4.0);  // the total bound only
+  state.remote_asked("silent");
+  fake.advance(std::chrono::seconds(2));
+  state.task_progress("local");
+  now = state.remote_wait_status("silent");
   EXPECT_EQ(now->reason, "");
   EXPECT_DOUBLE_EQ(now->silent_s, 2.0);
   ASSERT_TRUE(now->left_s.has_value());
@@ -570,6 +577,7 @@ TEST(WorkerState, ARemoteServerThatTricklesFailsItsTaskAtTheTotalBound) {
   // Asked by the task's own I/O, an expired wait is reported there, once.
   state.task_started("other");
   state.remote_wait_started("other");
+  state.remote_asked("other");
   fake.advance(std::chrono::seconds(4));
   EXPECT_EQ(state.remote_wait_status("other")->reason, kRemoteSilent);
   EXPECT_EQ(state.remote_wait_status("other")->reason, kRemoteSilent);

@@ -228,6 +228,10 @@ class WorkerHealth:
         finally:
             self._state.remote_wait_finished(task_id)
 
+    def remote_asked(self, task_id: str, server: str = "") -> None:
+        """A request went to the task's remote server: its silence counts from now."""
+        self._state.remote_asked(task_id, server)
+
     def remote_heard(self, task_id: str, server: str = "") -> None:
         """Bytes came from the task's remote server: its silence starts again."""
         self._state.remote_heard(task_id, server)

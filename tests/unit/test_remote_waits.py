@@ -35,6 +35,7 @@ class _Health:
     def __init__(self) -> None:
         self.status: _Status | None = None
         self.heard: list[str] = []
+        self.asked: list[str] = []
         self.expire_after_heard: int | None = None
         self.waits: list[tuple[str, str]] = []
 
@@ -42,6 +43,9 @@ class _Health:
     def remote_wait(self, task_id: str, server: str = "") -> Iterator[None]:
         self.waits.append((task_id, server))
         yield
+
+    def remote_asked(self, task_id: str, server: str = "") -> None:
+        self.asked.append(server)
 
     def remote_heard(self, task_id: str, server: str = "") -> None:
         self.heard.append(server)
@@ -114,6 +118,7 @@ def test_a_trickling_server_is_heard_and_cut_at_the_total_bound(fresh_health: _H
           pytest.raises(remote_waits.RemoteWaitExceeded, match="kept it waiting 8 s")):
         client.get(url)
     server = url.removeprefix("http://")
+    assert fresh_health.asked == [server]
     assert fresh_health.heard[:4] == [server] * 4
 
 

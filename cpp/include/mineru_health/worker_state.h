@@ -119,7 +119,7 @@ struct RemoteWaitStatus {
   // "" while within both bounds, else kRemoteSilent or kRemoteTooLong.
   std::string reason;
   double waited_s = 0;  // since the outermost remote wait began
-  double silent_s = 0;  // since the server's last byte (or the wait's start)
+  double silent_s = 0;  // since the server's last byte or the last request sent
   // Seconds until the nearer bound; null when neither bound is set.
   std::optional<double> left_s;
 };
@@ -208,8 +208,9 @@ class WorkerState {
   // call). The wait's end is the task's progress.
   //
   // A remote wait has bounds of its own (issue 32): its server sending
-  // nothing (no byte heard, see remote_heard) for `task_hang` when that is
-  // set, and the outermost wait lasting `remote_wait`. Past either, the
+  // nothing (no byte heard, see remote_heard) for `task_hang` after a request
+  // (remote_asked) when that is set, and the outermost wait lasting
+  // `remote_wait`. Past either, the
   // wait has failed its task alone: take_expired_remote_waits() returns it
   // once (counted task-local, remote engine), never a fatal record.
   // `server` ("host:port") names the server for the task's error; a later
@@ -219,6 +220,10 @@ class WorkerState {
   void remote_wait_started(const std::string& task_id,
                            const std::string& server = "");
   void remote_wait_finished(const std::string& task_id);
+  // A request was sent to the task's server (each try): the server owes an
+  // answer, and its silence counts from now. Before a wait's first request
+  // (the task waits on a lock, or works locally) only `remote_wait` bounds it.
+  void remote_asked(const std::string& task_id, const std::string& server = "");
   // Bytes (a response's head or a chunk of its body) came from the task's
   // server: its silence starts again.
   void remote_heard(const std::string& task_id, const std::string& server = "");

@@ -8,10 +8,12 @@ worker state bounds it twice: the server sending nothing for
 past either bound (the adapter's ``fail_remote_waits``); this module ends the
 wait's I/O too, so that no thread, connection or MinerU lock stays held:
 
-* what the server *sends* is measured where MinerU's client (httpx) reads
-  it: a response's head once it is complete, then each chunk of its body
-  (:func:`heard`). A server that trickles its head byte by byte is silent
-  until the head is complete.
+* silence is measured where MinerU's client (httpx) sends and reads: from
+  each request sent (each try), until a response's head is complete, then
+  between the chunks of its body. A server that trickles its head byte by
+  byte is silent until the head is complete; a wait with no request out yet
+  (a task waiting on MinerU's model lock, or working locally) is not silence,
+  only the total bound runs.
 * every request sent inside a remote wait (each retry of MinerU's client
   too) has its connect, read and write timeouts capped to what is left of
   the bounds, and is refused with :class:`RemoteWaitExceeded` once a bound
@@ -136,6 +138,9 @@ class _Bound:
             timeouts[key] = cap if current is None else min(float(current), cap)
         extensions["timeout"] = timeouts
 
+    def asked(self) -> None:
+        self._health.remote_asked(self._task_id, self._server)
+
     def heard(self) -> None:
         self._health.remote_heard(self._task_id, self._server)
 
@@ -155,6 +160,7 @@ def _bound_for(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
         return None
     bound = _Bound(health(), task_id, tracked, settings, request)
     bound.cap_timeouts(request, bound.check())
+    bound.asked()
     return bound
 
 
