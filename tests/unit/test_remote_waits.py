@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -167,6 +168,49 @@ def test_a_cached_client_is_found_without_minerus_lock() -> None:
         assert lookup(models, "http-client", None, "http://u:p@h:2/") == "new"
         assert lookup(models, "vlm-engine", None, None) == "new"
     assert health.waits == [("t4", "h:2")]  # only the http client's lookup waits on a server
+
+
+def test_client_builds_queue_on_the_loop_and_cached_clients_need_no_thread() -> None:
+    built: list[str] = []
+
+    class ModelSingleton:
+        _models: ClassVar[dict[Any, Any]] = {("http-client", None, "http://h:1"): "honest"}
+
+    async def get_model_async(backend: str, model_path: Any, server_url: Any) -> Any:
+        built.append(server_url)
+        await asyncio.sleep(0)
+        return f"client of {server_url}"
+
+    module = type(sys)("fake_vlm_analyze")
+    module._get_model_async = get_model_async  # type: ignore[attr-defined]
+    module.ModelSingleton = ModelSingleton  # type: ignore[attr-defined]
+    health = _Health()
+    engine_calls._wrap_model_lookup_async(module, lambda: health)  # type: ignore[arg-type]
+    lookup = module._get_model_async  # type: ignore[attr-defined]
+
+    async def run() -> list[Any]:
+        with engine_calls.task_context("t7"):
+            return list(await asyncio.gather(
+                lookup("http-client", None, "http://h:1"),
+                lookup("http-client", None, "http://h:2"),
+                lookup("vlm-engine", None, None)))
+
+    assert asyncio.run(run()) == ["honest", "client of http://h:2", "client of None"]
+    assert built == ["http://h:2", None]
+    assert health.waits == [("t7", "h:2")]
+
+
+def test_a_task_queued_on_minerus_lock_leaves_once_its_task_ended(fresh_health: _Health) -> None:
+    lock = threading.Lock()
+    remote_waits._installed = (lambda: fresh_health, lambda: _settings)  # type: ignore[assignment]
+    fresh_health.status = _Status(left_s=5.0)
+    with remote_waits.waiting(fresh_health, "t6", "h:1"):  # type: ignore[arg-type]
+        remote_waits.wait_for_lock(lock)  # free: at once
+        assert not lock.locked()
+        with lock:  # another task's client build holds it
+            fresh_health.status = None  # the watcher failed this task meanwhile
+            with pytest.raises(remote_waits.RemoteWaitExceeded, match="has ended"):
+                remote_waits.wait_for_lock(lock)
 
 
 def _admitted(shares: ServerShare, keys: list[str], slots: int) -> tuple[list[str], Any]:

@@ -381,7 +381,8 @@ def _model_lookup(original: Callable[..., Any],
     an http client is built (that asks the server for its model name): a
     server that never answers would hold every task's lookup. A client
     already built is returned without that lock; building one for a server
-    is a remote wait on it, bounded like any other.
+    is a remote wait on it, bounded like any other, and a task queued for the
+    lock leaves the queue once its task ended or its wait went past a bound.
     """
 
     @functools.wraps(original)
@@ -395,9 +396,55 @@ def _model_lookup(original: Callable[..., Any],
         if backend != "http-client":
             return original(self, backend, model_path, server_url, *args, **kwargs)
         with remote_waits.waiting(health(), current_task_id(), _configured_server(server_url)):
+            remote_waits.wait_for_lock(getattr(self, "_lock", None))
             return original(self, backend, model_path, server_url, *args, **kwargs)
 
     return get_model
+
+
+_build_gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+def _model_lookup_async(original: Callable[..., Any], models: Callable[[], Any],
+                        health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+    """``_get_model_async``: a client build waits its turn on the event loop, not on a thread.
+
+    MinerU builds clients one at a time (its model lock), each on a thread
+    of the loop's small default pool: tasks queued behind a hostile server's
+    build would hold every thread of it (uploads, renders and honest
+    lookups wait for one). Here a lookup of a client already built needs no
+    thread, and builds queue on the loop, one thread at a time; the queue is
+    part of the task's remote wait (bounded, and cancelled when the watcher
+    fails the task).
+    """
+
+    @functools.wraps(original)
+    async def get_model_async(backend: Any, model_path: Any, server_url: Any,
+                              *args: Any, **kwargs: Any) -> Any:
+        if backend != "http-client":
+            return await original(backend, model_path, server_url, *args, **kwargs)
+        cache = getattr(models(), "_models", None)
+        if isinstance(cache, dict):
+            cached = cache.get((backend, model_path, server_url))
+            if cached is not None:
+                return cached
+        loop = asyncio.get_running_loop()
+        gate = _build_gates.setdefault(loop, asyncio.Lock())
+        with remote_waits.waiting(health(), current_task_id(), _configured_server(server_url)):
+            async with gate:
+                return await original(backend, model_path, server_url, *args, **kwargs)
+
+    return get_model_async
+
+
+def _wrap_model_lookup_async(module: ModuleType, health: Callable[[], WorkerHealth]) -> None:
+    current = getattr(module, "_get_model_async", None)
+    singleton = getattr(module, "ModelSingleton", None)
+    if current is None or singleton is None or getattr(current, _MARK, False):
+        return
+    wrapped = _model_lookup_async(current, singleton, health)
+    setattr(wrapped, _MARK, True)
+    module._get_model_async = wrapped  # type: ignore[attr-defined]
 
 
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
@@ -432,6 +479,7 @@ def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any]) -> 
         functools.partial(_wrap_class, class_name=class_name, methods=methods,
                           make=lambda fn: _model_lookup(fn, health)),
     )
+    on_import(module_name, functools.partial(_wrap_model_lookup_async, health=health))
     for module_name, class_name, methods in ENGINE_CALL_SITES:
         on_import(
             module_name,

@@ -153,6 +153,32 @@ class _Named:
         self.server = server
 
 
+#: (health, settings) as install() was given them; None before.
+_installed: tuple[Callable[[], WorkerHealth], Callable[[], Any]] | None = None
+
+#: How often a task queued on a lock looks at its own wait (seconds).
+_LOCK_POLL_S = 0.25
+
+
+def wait_for_lock(lock: Any) -> None:
+    """Waits until ``lock`` is free (not taking it), as long as this remote wait may go on.
+
+    MinerU builds http clients one at a time under one lock: a task queued
+    behind a hostile server's build holds a thread of MinerU's small pool
+    meanwhile. It leaves the queue once its task has ended or its wait went
+    past a bound (:class:`RemoteWaitExceeded`), instead of when the lock
+    comes to it.
+    """
+    task_id, tracked = _waiting_task.get()
+    if not task_id or _installed is None or not hasattr(lock, "acquire"):
+        return
+    health, settings = _installed
+    bound = _Bound(health(), task_id, tracked, settings, None)
+    while not lock.acquire(timeout=_LOCK_POLL_S):
+        bound.check()
+    lock.release()
+
+
 def _bound_for(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
                request: Any) -> _Bound | None:
     task_id, tracked = _waiting_task.get()
@@ -233,4 +259,6 @@ def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
     ``settings()``: the worker's settings (``task_hang_s``, ``remote_wait_s``),
     read when an error is written.
     """
+    global _installed
+    _installed = (health, settings)
     on_import("httpx", functools.partial(_wrap_transports, health=health, settings=settings))
