@@ -110,6 +110,34 @@ std::vector<std::pair<ProcessId, std::string>> tagged_processes(
   return found;
 }
 
+namespace {
+
+// SIGKILL to every member until none is left or `deadline` passes; what is
+// left then is counted in `report.survivors`.
+EndReport kill_until(const ProcessScope& scope, Clock::time_point deadline,
+                     EndReport report) {
+  std::set<ProcessId> killed;
+  for (;;) {
+    const std::vector<ProcessId> members = scope_members(scope);
+    if (members.empty()) return report;
+    if (Clock::now() >= deadline) {
+      report.survivors = static_cast<int>(members.size());
+      return report;
+    }
+    // cgroup.kill reaches members that fork meanwhile; the signals, the rest.
+    if (!scope.cgroup.empty()) {
+      (void)internal::write_file(scope.cgroup + "/cgroup.kill", "1");
+    }
+    for (const ProcessId& member : members) {
+      if (killed.insert(member).second) ++report.killed;
+      (void)internal::signal_process(member, SIGKILL);
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+}  // namespace
+
 EndReport end_scope(const ProcessScope& scope, milliseconds grace) {
   EndReport report;
   std::set<ProcessId> terminated;
@@ -129,45 +157,12 @@ EndReport end_scope(const ProcessScope& scope, milliseconds grace) {
     std::this_thread::sleep_for(
         std::min<Clock::duration>(kPoll, deadline - now));
   }
-  std::set<ProcessId> killed;
-  for (int round = 0; round < kKillRounds; ++round) {
-    const std::vector<ProcessId> members = scope_members(scope);
-    if (members.empty()) return report;
-    // cgroup.kill reaches members that fork meanwhile; the signals, the rest.
-    if (!scope.cgroup.empty()) {
-      (void)internal::write_file(scope.cgroup + "/cgroup.kill", "1");
-    }
-    for (const ProcessId& member : members) {
-      if (killed.insert(member).second) ++report.killed;
-      (void)internal::signal_process(member, SIGKILL);
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
-  report.survivors = static_cast<int>(scope_members(scope).size());
-  return report;
+  return kill_until(scope, Clock::now() + kKillRounds * kPoll, report);
 }
 
 EndReport kill_scope(const ProcessScope& scope, milliseconds wait) {
   EndReport report;
-  std::set<ProcessId> killed;
-  const Clock::time_point deadline = Clock::now() + wait;
-  for (;;) {
-    const std::vector<ProcessId> members = scope_members(scope);
-    if (members.empty()) return report;
-    if (Clock::now() >= deadline) {
-      report.survivors = static_cast<int>(members.size());
-      return report;
-    }
-    // cgroup.kill reaches members that fork meanwhile; the signals, the rest.
-    if (!scope.cgroup.empty()) {
-      (void)internal::write_file(scope.cgroup + "/cgroup.kill", "1");
-    }
-    for (const ProcessId& member : members) {
-      if (killed.insert(member).second) ++report.killed;
-      (void)internal::signal_process(member, SIGKILL);
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
+  return kill_until(scope, Clock::now() + wait, report);
 }
 
 }  // namespace mineru_health

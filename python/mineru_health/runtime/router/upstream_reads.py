@@ -115,10 +115,15 @@ class UpstreamReads:
         with self._lock:
             return dict(self._broken)
 
-    def count(self, exc: BoundBroken) -> None:
-        key = (exc.worker, exc.bound)
+    def breach(self, request: httpx.Request, worker: str, bound: str, how: str) -> BoundBroken:
+        """The error for ``worker``'s answer to ``request`` breaking ``bound`` (``how``),
+        counted."""
+        what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
+        exc = BoundBroken(f"worker at {worker} broke a bound: its answer to {what} {how}",
+                          bound=bound, worker=worker, request=request)
         with self._lock:
-            self._broken[key] = self._broken.get(key, 0) + 1
+            self._broken[(worker, bound)] = self._broken.get((worker, bound), 0) + 1
+        return exc
 
 
 def install(client: Any, settings: Any) -> UpstreamReads | None:
@@ -231,13 +236,9 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         limit_s = self.reads.bounds.result_s if kind == _RESULT else _read_timeout(request)
         deadline = loop.time() + limit_s
         request.headers["Accept-Encoding"] = "identity"
-        what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
 
         def broken(bound: str, how: str) -> BoundBroken:
-            exc = BoundBroken(f"worker at {worker} broke a bound: its answer to {what} {how}",
-                              bound=bound, worker=worker, request=request)
-            self.reads.count(exc)
-            return exc
+            return self.reads.breach(request, worker, bound, how)
 
         late = f"took more than {limit_s:g} s in all" + (
             " (MINERU_ROUTER_HEALTH_MAX_RESULT_S)" if kind == _RESULT else "")
@@ -378,13 +379,9 @@ class SyncBoundedTransport(httpx.BaseTransport):
             request.stream = _Sending(request.stream, sent)
         cap = self.reads.bounds.answer_bytes
         request.headers["Accept-Encoding"] = "identity"
-        what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
 
         def broken(bound: str, how: str) -> BoundBroken:
-            exc = BoundBroken(f"worker at {worker} broke a bound: its answer to {what} {how}",
-                              bound=bound, worker=worker, request=request)
-            self.reads.count(exc)
-            return exc
+            return self.reads.breach(request, worker, bound, how)
 
         too_big = f"passed {cap // MIB} MiB (MINERU_ROUTER_HEALTH_MAX_STATUS_MB)"
         response = self.inner.handle_request(request)
