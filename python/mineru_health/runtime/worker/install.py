@@ -28,7 +28,7 @@ from .threads import (
     exit_with_parent,
     lead_own_group,
     liveness_loop,
-    start_thread,
+    start_waiting_thread,
     take_children_along,
 )
 
@@ -105,10 +105,10 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
         lead_own_group()
         take_children_along(settings.worker_tag)
         exit_with_parent(int(settings.parent_pid), settings.worker_tag)
-    start_thread(liveness_loop, health, name="mineru-health-liveness")
+    start_waiting_thread(liveness_loop, health, name="mineru-health-liveness")
     if settings.exit_on_fatal:
-        start_thread(exit_after_fatal, health, settings.exit_grace_s, settings.worker_tag,
-                     name="mineru-health-exit-on-fatal")
+        start_waiting_thread(exit_after_fatal, health, settings.exit_grace_s,
+                             settings.worker_tag, name="mineru-health-exit-on-fatal")
     runtime.installed = True
     problem = patching.running_problem()
     if problem:

@@ -41,15 +41,18 @@ def check_liveness(health: WorkerHealth) -> bool:
     return True
 
 
-def liveness_loop(health: WorkerHealth) -> None:
-    """Reads the engine handles every second, off the event loop, until unhealthy."""
-    while not health.wait_until_unhealthy(LIVENESS_INTERVAL_S):
+def liveness_loop(health: WorkerHealth, stop: threading.Event) -> None:
+    """Reads the engine handles every second, off the event loop, until unhealthy (or
+    ``stop``: the interpreter exits)."""
+    while not health.wait_until_unhealthy(LIVENESS_INTERVAL_S) and not stop.is_set():
         check_liveness(health)
 
 
-def exit_after_fatal(health: WorkerHealth, grace_s: float, tag: str = "") -> None:
-    while not health.wait_until_unhealthy(60.0):
-        pass
+def exit_after_fatal(health: WorkerHealth, stop: threading.Event, grace_s: float,
+                     tag: str = "") -> None:
+    while not health.wait_until_unhealthy(LIVENESS_INTERVAL_S):
+        if stop.is_set():
+            return
     first = health.snapshot().first_fatal
     what = fatal_cause(first)
     log("ERROR", f"exiting with status {EXIT_CODE} in {grace_s:g}s because the inference "
@@ -164,4 +167,23 @@ def exit_with_parent(parent_pid: int, tag: str = "") -> None:
 def start_thread(target: Callable[..., None], *args: Any, name: str) -> threading.Thread:
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
     thread.start()
+    return thread
+
+
+def start_waiting_thread(target: Callable[..., None], *args: Any,
+                         name: str) -> threading.Thread:
+    """A daemon thread that waits on the native state, called ``target(health, stop,
+    *rest)``, stopped and joined at the interpreter's exit: a native wait that returned
+    during finalization would take the GIL back, and CPython ends such a thread by
+    unwinding it through C++ frames, which aborts the process ("terminate called
+    without an active exception")."""
+    stop = threading.Event()
+    health, *rest = args
+    thread = start_thread(target, health, stop, *rest, name=name)
+
+    def stop_and_join() -> None:
+        stop.set()
+        thread.join(LIVENESS_INTERVAL_S + 1.0)
+
+    atexit.register(stop_and_join)
     return thread
