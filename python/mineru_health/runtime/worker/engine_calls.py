@@ -12,10 +12,7 @@ Two kinds of call site are wrapped, each once per process:
   task watchdog never counts as hung (issues 17 and 24: a user's
   ``server_url`` that never answers must not stall the worker, restart it,
   or get a document quarantined). So does the http client's construction,
-  which asks the server for its model name, and MinerU's lookup of the
-  client (``ModelSingleton.get_model`` with the ``http-client`` backend).
-  A remote wait has bounds of its own (issue 32, :mod:`.remote_waits`): past
-  them its task fails alone, never the worker's fault.
+  which asks the server for its model name.
   A local call is a :func:`local_engine_call`: an exception escaping it is
   marked as this worker's engine's (:func:`raised_by_local_engine`).
 * **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
@@ -43,7 +40,6 @@ import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -51,11 +47,9 @@ from types import ModuleType
 from typing import Any
 
 from ...worker import WorkerHealth
-from . import remote_waits
 
 __all__ = [
     "ENGINE_CALL_SITES",
-    "MODEL_CACHE_SITE",
     "REMOTE_SITES",
     "REQUEST_SITES",
     "current_task_id",
@@ -102,10 +96,6 @@ REQUEST_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
 REMOTE_SITES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (f"{_VLM_CLIENTS}http_client", "HttpVlmClient", ("__init__",)),
 )
-
-#: MinerU's cache of engine clients: an ``http-client`` lookup waits on its server.
-MODEL_CACHE_SITE: tuple[str, str, tuple[str, ...]] = (
-    "mineru.backend.vlm.vlm_analyze", "ModelSingleton", ("get_model",))
 
 _MARK = "__mineru_health_tracked__"
 #: Set on an exception that escaped a :func:`local_engine_call`.
@@ -218,17 +208,6 @@ def on_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
 # --- wrappers ---------------------------------------------------------------------------------
 
 
-def _server_of_call(args: tuple[Any, ...]) -> str:
-    """host:port of the server a remote engine call's client talks to ("" if unknown)."""
-    client = getattr(args[0], "client", None) if args else None
-    return remote_waits.server_name(getattr(client, "server_url", ""))
-
-
-def _configured_server(server_url: object) -> str:
-    """host:port of ``server_url``, or of MinerU's default server (``MINERU_VL_SERVER``)."""
-    return remote_waits.server_name(server_url or os.environ.get("MINERU_VL_SERVER", ""))
-
-
 def _is_remote(args: tuple[Any, ...]) -> bool:
     """True when the call's client talks to a remote server (``http-client``).
 
@@ -310,7 +289,7 @@ def _engine_call(original: Callable[..., Any],
             state = health()
             try:
                 if _is_remote(args):
-                    with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
+                    with state.remote_wait(current_task_id()):
                         return await original(*args, **kwargs)
                 with local_engine_call(state):
                     return await original(*args, **kwargs)
@@ -324,7 +303,7 @@ def _engine_call(original: Callable[..., Any],
         state = health()
         try:
             if _is_remote(args):
-                with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
+                with state.remote_wait(current_task_id()):
                     return original(*args, **kwargs)
             with local_engine_call(state):
                 return original(*args, **kwargs)
@@ -365,86 +344,10 @@ def _remote_wait(original: Callable[..., Any],
                  health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
     @functools.wraps(original)
     def waiting(*args: Any, **kwargs: Any) -> Any:
-        # HttpVlmClient(self, model_name, server_url, ...)
-        server = _configured_server(kwargs.get("server_url", args[2] if len(args) > 2 else ""))
-        with remote_waits.waiting(health(), current_task_id(), server):
+        with health().remote_wait(current_task_id()):
             return original(*args, **kwargs)
 
     return waiting
-
-
-def _model_lookup(original: Callable[..., Any],
-                  health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
-    """``ModelSingleton.get_model``: a cached client at once, an http client as a remote wait.
-
-    MinerU looks every client up under one lock, which it also holds while
-    an http client is built (that asks the server for its model name): a
-    server that never answers would hold every task's lookup. A client
-    already built is returned without that lock; building one for a server
-    is a remote wait on it, bounded like any other, and a task queued for the
-    lock leaves the queue once its task ended or its wait went past a bound.
-    """
-
-    @functools.wraps(original)
-    def get_model(self: Any, backend: Any, model_path: Any, server_url: Any,
-                  *args: Any, **kwargs: Any) -> Any:
-        models = getattr(self, "_models", None)
-        if isinstance(models, dict):
-            cached = models.get((backend, model_path, server_url))
-            if cached is not None:
-                return cached
-        if backend != "http-client":
-            return original(self, backend, model_path, server_url, *args, **kwargs)
-        with remote_waits.waiting(health(), current_task_id(), _configured_server(server_url)):
-            remote_waits.wait_for_lock(getattr(self, "_lock", None))
-            return original(self, backend, model_path, server_url, *args, **kwargs)
-
-    return get_model
-
-
-_build_gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
-
-
-def _model_lookup_async(original: Callable[..., Any], models: Callable[[], Any],
-                        health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
-    """``_get_model_async``: a client build waits its turn on the event loop, not on a thread.
-
-    MinerU builds clients one at a time (its model lock), each on a thread
-    of the loop's small default pool: tasks queued behind a hostile server's
-    build would hold every thread of it (uploads, renders and honest
-    lookups wait for one). Here a lookup of a client already built needs no
-    thread, and builds queue on the loop, one thread at a time; the queue is
-    part of the task's remote wait (bounded, and cancelled when the watcher
-    fails the task).
-    """
-
-    @functools.wraps(original)
-    async def get_model_async(backend: Any, model_path: Any, server_url: Any,
-                              *args: Any, **kwargs: Any) -> Any:
-        if backend != "http-client":
-            return await original(backend, model_path, server_url, *args, **kwargs)
-        cache = getattr(models(), "_models", None)
-        if isinstance(cache, dict):
-            cached = cache.get((backend, model_path, server_url))
-            if cached is not None:
-                return cached
-        loop = asyncio.get_running_loop()
-        gate = _build_gates.setdefault(loop, asyncio.Lock())
-        with remote_waits.waiting(health(), current_task_id(), _configured_server(server_url)):
-            async with gate:
-                return await original(backend, model_path, server_url, *args, **kwargs)
-
-    return get_model_async
-
-
-def _wrap_model_lookup_async(module: ModuleType, health: Callable[[], WorkerHealth]) -> None:
-    current = getattr(module, "_get_model_async", None)
-    singleton = getattr(module, "ModelSingleton", None)
-    if current is None or singleton is None or getattr(current, _MARK, False):
-        return
-    wrapped = _model_lookup_async(current, singleton, health)
-    setattr(wrapped, _MARK, True)
-    module._get_model_async = wrapped  # type: ignore[attr-defined]
 
 
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
@@ -467,19 +370,8 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         setattr(cls, name, wrapped)
 
 
-def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any]) -> None:
-    """Wraps every call site above, now or when its module is imported (idempotent).
-
-    ``settings()``: the worker's settings, for the errors of remote waits past a bound.
-    """
-    remote_waits.install(health, settings, on_import)
-    module_name, class_name, methods = MODEL_CACHE_SITE
-    on_import(
-        module_name,
-        functools.partial(_wrap_class, class_name=class_name, methods=methods,
-                          make=lambda fn: _model_lookup(fn, health)),
-    )
-    on_import(module_name, functools.partial(_wrap_model_lookup_async, health=health))
+def install(health: Callable[[], WorkerHealth]) -> None:
+    """Wraps every call site above, now or when its module is imported (idempotent)."""
     for module_name, class_name, methods in ENGINE_CALL_SITES:
         on_import(
             module_name,
