@@ -66,11 +66,10 @@ if [ -n "$also" ] && [ $# -eq 0 ]; then
   python -c "import mineru.version as v; assert v.__version__ == '$also', v.__version__"
   # This PYTHONPATH is 3.x's: the 4.0 tests already ran above, in their own venv.
   # The modules that drive what our patches touch in a 3.x release (the worker's fast_api.py,
-  # the router's router.py, resubmission and the router's store): the others test our own
+  # the router's router.py and the resubmission path through it): the others test our own
   # runtime, which does not change with the MinerU release, and ran above on 3.4.5. Keeps
   # CI within its hour (the whole folder again took 14 min).
   env -u MINERU_HEALTH_MINERU4_PYTHON \
     timeout 1200 python -m pytest -q -p no:cacheprovider integration/test_worker.py \
-      integration/test_router.py integration/test_resubmission.py \
-      integration/test_router_restart.py
+      integration/test_router.py integration/test_resubmission.py
 fi
