@@ -7,6 +7,9 @@ files=$(git ls-files 'cpp/*.h' 'cpp/*.cc' 'bench/*.cc')
 if [ -n "$files" ]; then
   clang-format --dry-run --Werror $files
 fi
+# pytest imports test modules by basename (rootdir mode, no packages): two alike collide.
+same=$(git ls-files 'tests/*test_*.py' | xargs -n1 basename | sort | uniq -d)
+[ -z "$same" ] || { echo "lint: test files share a basename: $same" >&2; exit 1; }
 ruff check python tests bench
 stub=$(python -c 'import mineru_health, pathlib; print(pathlib.Path(mineru_health.__file__).with_name("_native.pyi"))')
 [ -f "$stub" ] || { echo "lint: $stub is missing (build with MINERU_HEALTH_STUB=ON)" >&2; exit 1; }
