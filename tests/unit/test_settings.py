@@ -108,9 +108,9 @@ def test_documented_variables_cover_every_field() -> None:
     for added in ("TASK_RETRIES", "RETRY_BUDGET_PERCENT", "RETRY_BUDGET_MIN",
                   "MAIN_PORT_TIMEOUT_S", "STABLE_WINDOW_S", "MAX_EJECTION_PERCENT",
                   "NATIVE_PROBES", "MAX_KEPT_TASKS", "MAX_KEPT_MB", "WORKER_CGROUPS",
-                  "STOP_GRACE_S"):
+                  "STOP_GRACE_S", "MAX_STATUS_MB", "MAX_RESULT_MB", "MAX_RESULT_S"):
         assert ROUTER_ENV_PREFIX + added in names
-    assert len(names) == len(set(names)) == 27
+    assert len(names) == len(set(names)) == 30
     for name in names:
         assert name.startswith(ROUTER_ENV_PREFIX)
 

@@ -26,6 +26,11 @@ Two kinds, by where the truth lives:
   ``mineru_router_kept_cap_refusals_total`` (answered 503: the caps on kept
   submissions and bytes were reached).
 
+- The **bounds broken by worker answers** (``bind_upstream_reads(fn)``, the
+  ``broken()`` of ``runtime.router.upstream_reads``, where the count lives):
+  ``mineru_router_upstream_bounds_broken_total{worker,bound}``, ``worker``
+  the worker's address, ``bound`` one of ``size``, ``time``, ``encoding``.
+
 - **Events** are counted as they are handled on the router's loop:
 
   - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
@@ -89,6 +94,7 @@ __all__ = [
     "WorkerStatusCollector",
     "bind_admission_refusals",
     "bind_poller_stats",
+    "bind_upstream_reads",
     "bind_worker_statuses",
     "ensure_families",
     "forget_worker",
@@ -132,6 +138,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_poison_documents_total",
     "mineru_router_storage_full_refusals_total",
     "mineru_router_kept_cap_refusals_total",
+    "mineru_router_upstream_bounds_broken_total",
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
@@ -239,10 +246,32 @@ class AdmissionRefusalCollector(BoundSourceCollector):
         cap.add_metric([], float(value.get("kept_cap", 0)))
 
 
+class UpstreamReadsCollector(BoundSourceCollector):
+    """Bounds that worker answers broke (``UpstreamReads.broken()``), read at every scrape."""
+
+    what = "bounds broken by worker answers"
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            CounterMetricFamily(
+                "mineru_router_upstream_bounds_broken",
+                "Worker answers cut for breaking a bound (size, time, encoding), by worker address.",
+                labels=["worker", "bound"],
+            ),
+        )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        (broken,) = families
+        for (worker, bound), count in dict(value).items():
+            broken.add_metric([str(worker), str(bound)], float(count))
+
+
 class _RouterMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
         self.admission = AdmissionRefusalCollector()
         reg.register(self.admission)
+        self.upstream_reads = UpstreamReadsCollector()
+        reg.register(self.upstream_reads)
         self.statuses = WorkerStatusCollector()
         reg.register(self.statuses)
         self.poller = PollerStatsCollector()
@@ -347,6 +376,11 @@ def bind_poller_stats(source: StatsSource | None) -> None:
 def bind_admission_refusals(source: Callable[[], Any] | None) -> None:
     """Makes the refusal counters read ``source()`` (the supervisor's ``refusal_counts``)."""
     _metrics().admission.bind(source)
+
+
+def bind_upstream_reads(source: StatsSource | None) -> None:
+    """Makes the bounds-broken counter read ``source()`` (``UpstreamReads.broken``) at scrapes."""
+    _metrics().upstream_reads.bind(source)
 
 
 def observe_probe(

@@ -8,8 +8,8 @@ and task supervisor (``pool.py``); ``create_app`` calls
 helpers rebound, ``endpoints.py``); ``fetch_router_task_status`` calls
 ``worker_pool.observe_task_status(task, payload)``. What is MinerU 3.x's own
 lives here: its worker objects (``pool.py``), its tasks (``tasks.py``), its
-endpoints (``endpoints.py``). The rest is the line-agnostic runtime
-(:mod:`mineru_health.runtime.router`).
+endpoints (``endpoints.py``), its blocking submission client (``reads.py``).
+The rest is the line-agnostic runtime (:mod:`mineru_health.runtime.router`).
 
 Remote upstream workers (``--upstream-url``) are never restarted.
 """
@@ -24,6 +24,7 @@ from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 
 from .endpoints import answer_storage_errors, install_endpoints
 from .pool import healing_pool_class
+from .reads import bound_submissions
 
 __all__ = ["install", "install_app"]
 
@@ -47,3 +48,4 @@ def install_app(app: Any, namespace: MutableMapping[str, Any] | None = None) -> 
     answer_storage_errors(app)  # 507, never a bare 500, for a full disk
     if namespace is not None:
         install_endpoints(namespace)
+        bound_submissions(app, namespace)  # the answer to a submission within bounds (reads.py)

@@ -35,7 +35,10 @@ the module is fully defined) rebinds them:
   send a finished task's result request to its worker's current instance
   (503 with Retry-After while that worker is restarting; ``/file_parse``,
   whose caller waits on its connection, first waits up to ``BOOT_TIMEOUT_S``
-  for the restarted instance).
+  for the restarted instance), under a result's bounds
+  (``runtime.router.upstream_reads``): a worker that breaks one is answered
+  502 naming it and the bound; ``proxy_router_task_result`` streams every
+  result, JSON too (MinerU's reads a JSON result whole).
 - ``RouterTaskRecord.to_status_payload`` adds ``attempts`` (submissions
   made, 1 without resubmission) and ``workers_tried`` (server ids, in order).
 
@@ -201,6 +204,7 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     namespace["submit_router_task"] = submit_router_task
     namespace["fetch_router_task_status"] = fetch_router_task_status
     namespace["startup_router_state"] = startup_router_state
+    namespace["proxy_router_task_result"] = _streaming_result(namespace)
     for name, synchronous in (("proxy_router_task_result", False),
                               ("build_sync_router_task_result_response", True)):
         namespace[name] = _following_restarts(namespace[name], http_exception, synchronous)
@@ -238,6 +242,8 @@ def _staging_refused(supervisor: Supervisor, error: OSError) -> Refused:
 
 def _following_restarts(proxy: Callable[..., Any], http_exception: type,
                         synchronous: bool) -> Callable[..., Any]:
+    from mineru_health.runtime.router import upstream_reads  # imports httpx: at install
+
     @functools.wraps(proxy)
     async def proxy_to_current_instance(request: Any, task: Any) -> Any:
         line = _line(request)
@@ -253,9 +259,73 @@ def _following_restarts(proxy: Callable[..., Any], http_exception: type,
                            f"task {task.task_id} is kept and will be served again, retry shortly",
                     headers={"Retry-After": str(line.supervisor.retry_after_s)},
                 )
-        return await proxy(request, task)
+        # A result's bounds (MAX_RESULT_MB, MAX_RESULT_S) for what the proxy fetches; a
+        # worker that breaks one is this task's worker error, a 502 that names it.
+        with upstream_reads.results():
+            try:
+                return await proxy(request, task)
+            except upstream_reads.BoundBroken as exc:
+                await request.app.state.router_task_registry.increment_upstream_error(
+                    task.task_id, str(exc))
+                raise http_exception(status_code=502,
+                                     detail=f"worker {task.upstream_server_id}: {exc}") from exc
 
     return proxy_to_current_instance
+
+
+def _streaming_result(namespace: MutableMapping[str, Any]) -> Callable[..., Any]:
+    """``proxy_router_task_result`` that streams every result to the client.
+
+    MinerU's reads a JSON result (markdown and all) whole before answering;
+    this one relays it as it comes, like any other result. An error answer
+    is read (at most MAX_STATUS_MB) and answered with its status, counted as
+    the task's upstream error, as MinerU does.
+    """
+    httpx = namespace["httpx"]
+    http_exception = namespace["HTTPException"]
+    streaming_response = namespace["StreamingResponse"]
+    background_task = namespace["BackgroundTask"]
+    download_timeout = namespace["build_result_download_timeout"]
+    tasks_endpoint = namespace["TASKS_ENDPOINT"]
+
+    @functools.wraps(namespace["proxy_router_task_result"])
+    async def proxy_router_task_result(request: Any, task: Any) -> Any:
+        client = request.app.state.http_client
+        registry = request.app.state.router_task_registry
+        url = f"{task.upstream_base_url}{tasks_endpoint}/{task.upstream_task_id}/result"
+        try:
+            upstream = await client.send(
+                client.build_request("GET", url, timeout=download_timeout()), stream=True)
+        except httpx.HTTPError as exc:
+            await registry.increment_upstream_error(task.task_id, str(exc))
+            raise http_exception(status_code=502, detail=str(exc)) from exc
+        if upstream.status_code != 200:
+            try:
+                body = await upstream.aread()
+            finally:
+                await upstream.aclose()
+            detail = body.decode("utf-8", errors="replace").strip() or upstream.reason_phrase
+            await registry.increment_upstream_error(task.task_id,
+                                                    f"{upstream.status_code} {detail}")
+            raise http_exception(status_code=upstream.status_code, detail=detail)
+        disposition = upstream.headers.get("content-disposition")
+
+        async def relay() -> Any:
+            try:
+                async for chunk in upstream.aiter_bytes():
+                    yield chunk
+            finally:  # also when the client went away mid-result
+                await upstream.aclose()
+
+        return streaming_response(
+            relay(),
+            status_code=200,
+            media_type=upstream.headers.get("content-type") or "application/octet-stream",
+            headers={"content-disposition": disposition} if disposition else {},
+            background=background_task(upstream.aclose),
+        )
+
+    return proxy_router_task_result
 
 
 def _add_attempts(record_class: type) -> None:

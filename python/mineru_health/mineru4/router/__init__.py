@@ -18,7 +18,7 @@ The patch (``patches/mineru-4.0/``) adds a few lines:
 
 What is MinerU 4.0's own lives here: its worker objects and capabilities
 (``pool.py``), its jobs and routes (``jobs.py``), the outputs of replaced
-instances (``retired.py``). The rest is the line-agnostic runtime
+instances (``retired.py``), its upstream helpers bounded (``reads.py``). The rest is the line-agnostic runtime
 (:mod:`mineru_health.runtime.router`).
 
 Remote upstream workers (``--upstream-url``) are never restarted.
@@ -36,6 +36,7 @@ from mineru_health.runtime.router.launch import launching_class
 
 from .jobs import JobLine
 from .pool import healing_pool_class, outputs_kept_class
+from .reads import bound_reads
 
 __all__ = ["failover", "install", "install_app", "job_submitted"]
 
@@ -68,6 +69,7 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     line = JobLine(pool, state.registry, state.source_store, namespace)
     line.install()
     pool.job_line = line
+    bound_reads(namespace)  # worker answers within bounds, named when broken (reads.py)
     # 503/507 with Retry-After, in 4.0's error shape (admission.py), never a bare 500.
     answer_refusals(app, lambda request: line.supervisor, _error_body)
 

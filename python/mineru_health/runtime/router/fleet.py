@@ -247,6 +247,11 @@ class Fleet:
         # The state gauges read the poller at every scrape: they cannot drift.
         metrics.router.bind_worker_statuses(self.statuses)
         metrics.router.bind_poller_stats(self._poller.stats)
+        # Every answer read from a worker through MinerU's client is bounded (issue 31).
+        from .upstream_reads import install  # imports httpx: only where a router runs
+
+        self.reads = install(client, settings)
+        metrics.router.bind_upstream_reads(self.reads.broken if self.reads else None)
 
     @classmethod
     def refusing(cls, settings: HealthSettings, expect: Any, **kwargs: Any) -> Fleet:

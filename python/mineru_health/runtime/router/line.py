@@ -15,6 +15,7 @@ loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -152,13 +153,22 @@ class Line(Protocol):
 
 async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
                      view: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> Answer:
-    """``GET url + path`` as an :class:`Answer`; ``view`` reads a status payload for the policy."""
+    """``GET url + path`` as an :class:`Answer`; ``view`` reads a status payload for the policy.
+
+    ``timeout_s`` bounds the whole answer, and its size is MAX_STATUS_MB at most
+    (``upstream_reads``, under the fleet's client): one that breaks a bound is
+    a bad answer, the worker's error for this task.
+    """
     import httpx  # MinerU's routers depend on it; this package does not
+
+    from .upstream_reads import BoundBroken
 
     if not url:
         return Answer(AnswerKind.UNREACHABLE, detail="the worker has no URL (restarting)")
     try:
         response = await fleet.client.get(f"{url}{path}", timeout=timeout_s)
+    except BoundBroken as exc:
+        return Answer(AnswerKind.BAD_ANSWER, detail=str(exc))
     except httpx.HTTPError as exc:
         return Answer(AnswerKind.UNREACHABLE, detail=f"{type(exc).__name__}: {exc}".strip())
     if response.status_code == 404:
@@ -166,9 +176,20 @@ async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
     if response.status_code != 200:
         return Answer(AnswerKind.BAD_ANSWER, detail=f"{response.status_code} from {url}")
     try:
-        payload = response.json()
+        payload = await _json(response.content)
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
         return Answer(AnswerKind.BAD_ANSWER, detail="Invalid status payload")
     return Answer(AnswerKind.STATUS, payload=view(payload))
+
+
+# A status of this size parses in well under a millisecond; a larger one (up to
+# MAX_STATUS_MB) is parsed off the loop so that no other task's status waits on it.
+_PARSE_ON_LOOP_BYTES = 64 * 1024
+
+
+async def _json(body: bytes) -> Any:
+    if len(body) <= _PARSE_ON_LOOP_BYTES:
+        return json.loads(body)
+    return await asyncio.to_thread(json.loads, body)
