@@ -81,11 +81,15 @@ def _assert_none_lost(outcomes: list[Outcome], router: Router) -> None:
 
 
 def _warm(client: Client, pdf: bytes) -> list[Outcome]:
-    """Tasks until each worker completed at least one (first parses load a lot); bounded."""
+    """Tasks until each worker completed at least one (first parses load a lot); bounded.
+
+    Two at a time (one a worker while both are idle): four cold parses at once
+    on two cores passed a short MINERU_HEALTH_TASK_HANG_S in some runs here.
+    """
     done: list[Outcome] = []
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for round_ in range(4):
-            names = [f"warm-{round_}-{i}.pdf" for i in range(4)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for round_ in range(6):
+            names = [f"warm-{round_}-{i}.pdf" for i in range(2)]
             batch = list(pool.map(lambda name: client.run(name, pdf), names))
             assert all(o.status == "completed" for o in batch), [o.detail for o in batch]
             done += batch

@@ -329,12 +329,16 @@ def test_a_remote_server_that_never_answers_never_stalls_the_worker(
     waits on the client's own timeout and fails alone.
     """
     port = free_port()
-    bound_s = 3.0
+    bound_s = 6.0  # a cold first parse shows nothing for up to ~4 s here under load
     proc = mineru_api_factory(
         patched_mineru_site,
         env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(bound_s),
              "MINERU_HEALTH_TASK_HANG_S": str(bound_s)},
     )
+    # A first parse warms MinerU's page-render pool (a cold one can pass the bound
+    # before it reaches any call: nothing to show for it meanwhile).
+    warm = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
+    assert wait_task(proc, warm)["status"] == "completed"
     tarpit = f"{fake_vlm_url}/{silent}/60000/"  # answers after 60 s
     task_id = submit_task(proc.base_url, tiny_pdf, tarpit).json()["task_id"]
     assert wait_until(lambda: task_status(proc.base_url, task_id)["status"] == "processing",

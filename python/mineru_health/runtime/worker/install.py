@@ -20,7 +20,7 @@ from ... import metrics, patching
 from ...errors import ConfigError, HealthEndpointError
 from ...settings import WorkerSettings
 from ...worker import HealthEndpoint, WorkerHealth
-from . import engine_calls
+from . import engine_calls, model_cache
 from .context import assemble, runtime, worker_health
 from .log import log
 from .threads import (
@@ -99,6 +99,7 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     """The second half, once per process: engine calls, threads, the start-up checks."""
     health = runtime.health
     engine_calls.install(worker_health)
+    model_cache.install(worker_health, engine_calls.on_import)
     if settings.parent_pid:
         # Launched by a router: what it starts is its group's, carries its tag,
         # and ends with it however it ends.
