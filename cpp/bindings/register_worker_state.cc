@@ -106,7 +106,20 @@ void register_worker_state(py::module_& m) {
       .def_readwrite("error_budget", &WorkerStateOptions::error_budget)
       .def_readwrite("error_budget_window",
                      &WorkerStateOptions::error_budget_window)
-      .def_readwrite("task_hang", &WorkerStateOptions::task_hang);
+      .def_readwrite("task_hang", &WorkerStateOptions::task_hang)
+      .def_readwrite("remote_wait", &WorkerStateOptions::remote_wait);
+
+  py::class_<RemoteWaitStatus> remote(
+      m, "RemoteWaitStatus",
+      "One task's remote wait; `reason` is \"\" within its bounds, else "
+      "\"silent\" or \"total\".");
+  remote.def_readonly("task_id", &RemoteWaitStatus::task_id)
+      .def_readonly("server", &RemoteWaitStatus::server)
+      .def_readonly("reason", &RemoteWaitStatus::reason)
+      .def_readonly("waited_s", &RemoteWaitStatus::waited_s)
+      .def_readonly("silent_s", &RemoteWaitStatus::silent_s)
+      .def_readonly("left_s", &RemoteWaitStatus::left_s);
+  def_value_type(remote);
 
   py::class_<FatalCount> fatal_count(
       m, "FatalCount", "Fatal records with one rule and category.");
@@ -128,6 +141,10 @@ void register_worker_state(py::module_& m) {
                     &WorkerSnapshot::remote_engine_failure_count)
       .def_readonly("fatal_counts", &WorkerSnapshot::fatal_counts)
       .def_readonly("storage_full_count", &WorkerSnapshot::storage_full_count)
+      .def_readonly("remote_silent_count", &WorkerSnapshot::remote_silent_count)
+      .def_readonly("remote_too_long_count",
+                    &WorkerSnapshot::remote_too_long_count)
+      .def_readonly("remote_waits", &WorkerSnapshot::remote_waits)
       .def_readonly("ambiguous_count", &WorkerSnapshot::ambiguous_count)
       .def_readonly("first_fatal", &WorkerSnapshot::first_fatal)
       .def_readonly("last_fatal", &WorkerSnapshot::last_fatal)
@@ -166,7 +183,14 @@ void register_worker_state(py::module_& m) {
       .def("task_started", &WorkerState::task_started, py::arg("task_id"))
       .def("task_progress", &WorkerState::task_progress, py::arg("task_id"))
       .def("remote_wait_started", &WorkerState::remote_wait_started,
+           py::arg("task_id"), py::arg("server") = "")
+      .def("remote_asked", &WorkerState::remote_asked, py::arg("task_id"),
+           py::arg("server") = "")
+      .def("remote_heard", &WorkerState::remote_heard, py::arg("task_id"),
+           py::arg("server") = "")
+      .def("remote_wait_status", &WorkerState::remote_wait_status,
            py::arg("task_id"))
+      .def("take_expired_remote_waits", &WorkerState::take_expired_remote_waits)
       .def("remote_wait_finished", &WorkerState::remote_wait_finished,
            py::arg("task_id"))
       .def("task_finished", &WorkerState::task_finished, py::arg("task_id"))

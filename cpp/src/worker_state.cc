@@ -125,7 +125,7 @@ struct WorkerState::Impl {
   void clear() REQUIRES(mu) {
     healthy = true;
     fatal_count = task_local_count = remote_failure_count = ambiguous_count = 0;
-    storage_full_count = 0;
+    storage_full_count = remote_silent_count = remote_too_long_count = 0;
     fatal_by_rule.clear();
     first_fatal.reset();
     last_fatal.reset();
@@ -153,6 +153,8 @@ struct WorkerState::Impl {
       GUARDED_BY(mu);
   std::uint64_t remote_failure_count GUARDED_BY(mu) = 0;
   std::uint64_t storage_full_count GUARDED_BY(mu) = 0;
+  std::uint64_t remote_silent_count GUARDED_BY(mu) = 0;
+  std::uint64_t remote_too_long_count GUARDED_BY(mu) = 0;
   std::uint64_t task_local_count GUARDED_BY(mu) = 0;
   std::uint64_t ambiguous_count GUARDED_BY(mu) = 0;
   std::optional<FatalRecord> first_fatal GUARDED_BY(mu);
@@ -166,9 +168,52 @@ struct WorkerState::Impl {
   std::string manager_error GUARDED_BY(mu);
   struct TrackedTask {
     SteadyTime last_progress;
-    bool hung = false;     // reported by take_hung_tasks()
-    int remote_waits = 0;  // nested remote waits in progress
+    bool hung = false;             // reported by take_hung_tasks()
+    int remote_waits = 0;          // nested remote waits in progress
+    SteadyTime remote_since{};     // the outermost remote wait's start
+    SteadyTime remote_heard{};     // the server's last byte, or remote_since
+    std::string server{};          // host:port, "" until named
+    bool remote_reported = false;  // by take_expired_remote_waits()
+    bool remote_asked = false;     // a request was sent in this wait
   };
+
+  // Counts a remote wait that failed its task, once: the remote server's
+  // failure, never this worker's.
+  void report(TrackedTask& task, const RemoteWaitStatus& status) REQUIRES(mu) {
+    if (task.remote_reported) return;
+    task.remote_reported = true;
+    ++task_local_count;
+    ++remote_failure_count;
+    ++(status.reason == kRemoteSilent ? remote_silent_count
+                                      : remote_too_long_count);
+  }
+
+  // The task's remote wait at `now` (the task is in one).
+  RemoteWaitStatus remote_status(const std::string& id, const TrackedTask& task,
+                                 SteadyTime now) const REQUIRES(mu) {
+    RemoteWaitStatus status{
+        id,
+        task.server,
+        "",
+        seconds(now - task.remote_since),
+        task.remote_asked ? seconds(now - task.remote_heard) : 0.0,
+        std::nullopt};
+    const auto left = [&status](double bound, double used) {
+      const double rest = bound - used;
+      status.left_s = status.left_s ? std::min(*status.left_s, rest) : rest;
+    };
+    if (options.task_hang.count() > 0 && task.remote_asked) {
+      left(seconds(options.task_hang), status.silent_s);
+      if (now - task.remote_heard > options.task_hang)
+        status.reason = kRemoteSilent;
+    }
+    if (options.remote_wait.count() > 0) {
+      left(seconds(options.remote_wait), status.waited_s);
+      if (now - task.remote_since > options.remote_wait)
+        status.reason = kRemoteTooLong;
+    }
+    return status;
+  }
   std::map<std::string, TrackedTask> running GUARDED_BY(mu);
 };
 
@@ -278,10 +323,66 @@ void WorkerState::task_progress(const std::string& task_id) {
   }
 }
 
-void WorkerState::remote_wait_started(const std::string& task_id) {
+void WorkerState::remote_wait_started(const std::string& task_id,
+                                      const std::string& server) {
   MutexLock lock(impl_->mu);
   const auto found = impl_->running.find(task_id);
-  if (found != impl_->running.end()) ++found->second.remote_waits;
+  if (found == impl_->running.end()) return;
+  Impl::TrackedTask& task = found->second;
+  if (task.remote_waits++ == 0) {
+    task.remote_since = task.remote_heard = impl_->clock.steady();
+    task.remote_reported = false;
+    task.remote_asked = false;
+  }
+  if (!server.empty()) task.server = server;
+}
+
+void WorkerState::remote_heard(const std::string& task_id,
+                               const std::string& server) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found == impl_->running.end() || found->second.remote_waits == 0) return;
+  found->second.remote_asked = true;  // what it sent answers a request
+  found->second.remote_heard = impl_->clock.steady();
+  if (!server.empty()) found->second.server = server;
+}
+
+void WorkerState::remote_asked(const std::string& task_id,
+                               const std::string& server) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found == impl_->running.end() || found->second.remote_waits == 0) return;
+  found->second.remote_asked = true;
+  found->second.remote_heard = impl_->clock.steady();
+  if (!server.empty()) found->second.server = server;
+}
+
+std::optional<RemoteWaitStatus> WorkerState::remote_wait_status(
+    const std::string& task_id) {
+  MutexLock lock(impl_->mu);
+  const auto found = impl_->running.find(task_id);
+  if (found == impl_->running.end() || found->second.remote_waits == 0) {
+    return std::nullopt;
+  }
+  RemoteWaitStatus status =
+      impl_->remote_status(task_id, found->second, impl_->clock.steady());
+  if (!status.reason.empty()) impl_->report(found->second, status);
+  return status;
+}
+
+std::vector<RemoteWaitStatus> WorkerState::take_expired_remote_waits() {
+  Impl& s = *impl_;
+  std::vector<RemoteWaitStatus> expired;
+  MutexLock lock(s.mu);
+  const SteadyTime now = s.clock.steady();
+  for (auto& [id, task] : s.running) {
+    if (task.remote_waits == 0 || task.remote_reported) continue;
+    RemoteWaitStatus status = s.remote_status(id, task, now);
+    if (status.reason.empty()) continue;
+    s.report(task, status);
+    expired.push_back(std::move(status));
+  }
+  return expired;
 }
 
 void WorkerState::remote_wait_finished(const std::string& task_id) {
@@ -367,6 +468,11 @@ WorkerSnapshot WorkerState::snapshot() {
     snap.task_local_count = s.task_local_count;
     snap.remote_engine_failure_count = s.remote_failure_count;
     snap.storage_full_count = s.storage_full_count;
+    snap.remote_silent_count = s.remote_silent_count;
+    snap.remote_too_long_count = s.remote_too_long_count;
+    for (const auto& [id, task] : s.running) {
+      if (task.remote_waits > 0) ++snap.remote_waits;
+    }
     snap.fatal_counts.reserve(s.fatal_by_rule.size());
     for (const auto& [key, count] : s.fatal_by_rule) {
       snap.fatal_counts.push_back(FatalCount{key.first, key.second, count});

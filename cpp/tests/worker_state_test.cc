@@ -504,6 +504,113 @@ TEST(WorkerState, ATaskWaitingOnARemoteEngineIsNotEveryTaskHung) {
   EXPECT_EQ(snap.first_fatal->rule, kTasksHungRule);
 }
 
+// Options whose remote waits fail after `silent` s of silence or `total` s.
+WorkerStateOptions remote_options(int silent, int total) {
+  WorkerStateOptions o = hang_options(silent);
+  o.remote_wait = std::chrono::seconds(total);
+  return o;
+}
+
+TEST(WorkerState, ARemoteServerThatSendsNothingFailsItsTaskAlone) {
+  FakeClock fake;
+  WorkerState state(remote_options(3, 8), fake.clock());
+  state.task_started("silent");
+  state.task_started("local");
+  state.remote_wait_started("silent", "10.0.0.7:8000");
+  // Waiting for a lock before its first request: no silence yet.
+  fake.advance(std::chrono::seconds(4));
+  std::optional<RemoteWaitStatus> now = state.remote_wait_status("silent");
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->reason, "");
+  EXPECT_DOUBLE_EQ(now->silent_s, 0.0);
+  EXPECT_DOUBLE_EQ(*now->left_s, 4.0);  // the total bound only
+  state.remote_asked("silent");
+  fake.advance(std::chrono::seconds(2));
+  state.task_progress("local");
+  now = state.remote_wait_status("silent");
+  EXPECT_EQ(now->reason, "");
+  EXPECT_DOUBLE_EQ(now->silent_s, 2.0);
+  ASSERT_TRUE(now->left_s.has_value());
+  EXPECT_DOUBLE_EQ(*now->left_s, 1.0);  // the nearer bound: silence
+  EXPECT_TRUE(state.take_expired_remote_waits().empty());
+  fake.advance(std::chrono::milliseconds(1001));
+  state.task_progress("local");
+  const std::vector<RemoteWaitStatus> expired =
+      state.take_expired_remote_waits();
+  ASSERT_EQ(expired.size(), 1U);
+  EXPECT_EQ(expired[0].task_id, "silent");
+  EXPECT_EQ(expired[0].server, "10.0.0.7:8000");
+  EXPECT_EQ(expired[0].reason, kRemoteSilent);
+  EXPECT_TRUE(state.take_expired_remote_waits().empty());  // reported once
+  EXPECT_TRUE(state.take_hung_tasks().empty());  // never hung, nor the worker
+  WorkerSnapshot snap = state.snapshot();
+  EXPECT_TRUE(snap.healthy);
+  EXPECT_EQ(snap.fatal_count, 0U);
+  EXPECT_EQ(snap.remote_silent_count, 1U);
+  EXPECT_EQ(snap.remote_too_long_count, 0U);
+  EXPECT_EQ(snap.task_local_count, 1U);
+  EXPECT_EQ(snap.remote_engine_failure_count, 1U);
+  EXPECT_EQ(snap.remote_waits, 1);
+}
+
+TEST(WorkerState, ARemoteServerThatTricklesFailsItsTaskAtTheTotalBound) {
+  FakeClock fake;
+  WorkerState state(remote_options(3, 8), fake.clock());
+  state.task_started("trickle");
+  state.remote_wait_started("trickle");
+  state.remote_wait_started("trickle", "10.0.0.9:80");  // nested: named later
+  for (int second = 2; second <= 8; second += 2) {
+    fake.advance(std::chrono::seconds(2));
+    state.remote_heard("trickle");  // a byte every 2 s: never silent
+    EXPECT_TRUE(state.take_expired_remote_waits().empty()) << second;
+  }
+  fake.advance(std::chrono::milliseconds(1));
+  const std::vector<RemoteWaitStatus> expired =
+      state.take_expired_remote_waits();
+  ASSERT_EQ(expired.size(), 1U);
+  EXPECT_EQ(expired[0].reason, kRemoteTooLong);
+  EXPECT_EQ(expired[0].server, "10.0.0.9:80");
+  EXPECT_NEAR(expired[0].waited_s, 8.001, 1e-9);
+  EXPECT_LT(*expired[0].left_s, 0.0);
+  EXPECT_EQ(state.snapshot().remote_too_long_count, 1U);
+  EXPECT_TRUE(state.healthy());
+  // Asked by the task's own I/O, an expired wait is reported there, once.
+  state.task_started("other");
+  state.remote_wait_started("other");
+  state.remote_asked("other");
+  fake.advance(std::chrono::seconds(4));
+  EXPECT_EQ(state.remote_wait_status("other")->reason, kRemoteSilent);
+  EXPECT_EQ(state.remote_wait_status("other")->reason, kRemoteSilent);
+  EXPECT_TRUE(state.take_expired_remote_waits().empty());
+  EXPECT_EQ(state.snapshot().remote_silent_count, 1U);
+}
+
+TEST(WorkerState, EachRemoteWaitHasItsOwnBoundsAndTheyCanBeOff) {
+  FakeClock fake;
+  WorkerState state(remote_options(3, 8), fake.clock());
+  state.task_started("a");
+  state.remote_heard("a");  // outside a remote wait: ignored
+  EXPECT_FALSE(state.remote_wait_status("a").has_value());
+  state.remote_wait_started("a");
+  fake.advance(std::chrono::seconds(2));
+  state.remote_wait_finished("a");  // the wait ended in time
+  fake.advance(std::chrono::seconds(2));
+  state.remote_wait_started("a");  // a new wait: new clocks
+  fake.advance(std::chrono::seconds(2));
+  EXPECT_TRUE(state.take_expired_remote_waits().empty());
+  state.task_finished("a");
+  fake.advance(std::chrono::hours(1));
+  EXPECT_TRUE(state.take_expired_remote_waits().empty());  // forgotten
+
+  WorkerStateOptions off = remote_options(0, 0);
+  WorkerState unbounded(off, fake.clock());
+  unbounded.task_started("b");
+  unbounded.remote_wait_started("b");
+  fake.advance(std::chrono::hours(24));
+  EXPECT_TRUE(unbounded.take_expired_remote_waits().empty());
+  EXPECT_FALSE(unbounded.remote_wait_status("b")->left_s.has_value());
+}
+
 TEST(WorkerState, TaskWatchdogForgetsFinishedTasksAndCanBeOff) {
   FakeClock fake;
   WorkerState state(hang_options(10), fake.clock());

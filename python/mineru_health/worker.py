@@ -99,6 +99,8 @@ class WorkerHealth:
     a stalled engine (fatal; 0 disables). ``error_budget`` ambiguous device
     errors within ``error_budget_window_s`` are fatal (0 disables). A task
     with no progress of its own for ``task_hang_s`` is hung (0 disables).
+    A remote wait fails its task after ``task_hang_s`` of its server's
+    silence or ``remote_wait_s`` in all (0 disables either).
     """
 
     __slots__ = ("_state",)
@@ -111,6 +113,7 @@ class WorkerHealth:
         error_budget: int = 3,
         error_budget_window_s: float = 60.0,
         task_hang_s: float = 900.0,
+        remote_wait_s: float = 2400.0,
     ) -> None:
         options = _native.WorkerStateOptions()
         options.loop_hang = timedelta(seconds=loop_hang_s)
@@ -118,6 +121,7 @@ class WorkerHealth:
         options.error_budget = error_budget
         options.error_budget_window = timedelta(seconds=error_budget_window_s)
         options.task_hang = timedelta(seconds=task_hang_s)
+        options.remote_wait = timedelta(seconds=remote_wait_s)
         self._state = _native.WorkerState(options)
 
     @property
@@ -213,13 +217,32 @@ class WorkerHealth:
         self._state.task_progress(task_id)
 
     @contextlib.contextmanager
-    def remote_wait(self, task_id: str) -> Iterator[None]:
-        """The task waits on a remote engine inside the block: never hung meanwhile."""
-        self._state.remote_wait_started(task_id)
+    def remote_wait(self, task_id: str, server: str = "") -> Iterator[None]:
+        """The task waits on a remote engine (``server``: host:port) inside the block.
+
+        Never hung meanwhile; its own bounds apply (:meth:`take_expired_remote_waits`).
+        """
+        self._state.remote_wait_started(task_id, server)
         try:
             yield
         finally:
             self._state.remote_wait_finished(task_id)
+
+    def remote_asked(self, task_id: str, server: str = "") -> None:
+        """A request went to the task's remote server: its silence counts from now."""
+        self._state.remote_asked(task_id, server)
+
+    def remote_heard(self, task_id: str, server: str = "") -> None:
+        """Bytes came from the task's remote server: its silence starts again."""
+        self._state.remote_heard(task_id, server)
+
+    def remote_wait_status(self, task_id: str) -> _native.RemoteWaitStatus | None:
+        """The task's remote wait now (``reason`` set once past a bound), or None."""
+        return self._state.remote_wait_status(task_id)
+
+    def take_expired_remote_waits(self) -> list[_native.RemoteWaitStatus]:
+        """Remote waits past a bound, each once (counted task-local, remote engine)."""
+        return list(self._state.take_expired_remote_waits())
 
     def task_finished(self, task_id: str) -> None:
         self._state.task_finished(task_id)

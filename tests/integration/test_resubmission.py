@@ -205,6 +205,7 @@ def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothin
     The tasks wait on their server, the watchdog never calls them hung, no
     worker leaves rotation or restarts, and the same bytes from an honest
     user parse (the poison guard counts only the workers' own engines).
+    Issue 32: past TASK_HANG_S of their server's silence they fail, alone.
     """
     hang_s = 8.0  # past it a task of the worker's own engine would be hung
     router = start_healing_router({"MINERU_HEALTH_TASK_HANG_S": str(hang_s),
@@ -219,12 +220,15 @@ def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothin
     deadline = time.monotonic() + 2 * hang_s + 3.0
     while time.monotonic() < deadline:
         statuses = [hostile.status(task_id).get("status") for task_id in waiting]
-        assert all(status in ("pending", "processing") for status in statuses), (
+        assert all(status in ("pending", "processing", "failed") for status in statuses), (
             statuses, router.proc.log_tail(6000))
         assert all(s["in_rotation"] for s in router.servers().values()), router.servers()
         time.sleep(0.5)
     parsed = honest.run("public.pdf", public)
     assert parsed.status == "completed", parsed.detail
+    for task_id in waiting:
+        ended = hostile.wait(task_id, timeout_s=30.0)
+        assert ended.status == "failed" and "sent nothing" in ended.detail["error"], ended.detail
     assert router.metric("mineru_router_ejections_total") == 0
     assert router.metric("mineru_router_restarts_total") == 0
     assert router.metric("mineru_router_poison_documents_total") == 0

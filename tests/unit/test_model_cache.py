@@ -75,7 +75,7 @@ def test_wrapping_twice_wraps_once() -> None:
 
 
 def test_both_lines_sites_are_named() -> None:
-    modules = {module for module, _, _ in model_cache.MODEL_CACHE_SITES}
+    modules = {module for module, _ in model_cache.MODEL_CACHE_SITES}
     assert modules == {"mineru.backend.vlm.vlm_analyze", "mineru.model.vlm.runtime"}
 
 
@@ -85,7 +85,7 @@ class _Health:
     def __init__(self) -> None:
         self.waits = 0
 
-    def remote_wait(self, task_id: str) -> Any:
+    def remote_wait(self, task_id: str, server: str = "") -> Any:
         import contextlib
 
         @contextlib.contextmanager
@@ -94,6 +94,9 @@ class _Health:
             yield
 
         return waiting()
+
+    def remote_wait_status(self, task_id: str) -> None:
+        return None
 
 
 def _cache_class(built: dict[tuple[object, ...], object]) -> type:

@@ -93,6 +93,11 @@ struct WorkerStateOptions {
   // waits on something that never ends, in or out of engine calls); zero
   // disables the task watchdog.
   std::chrono::nanoseconds task_hang = std::chrono::seconds(900);
+  // A remote wait (see remote_wait_started) lasting longer than
+  // `remote_wait` has failed its task, whatever the server sends meanwhile;
+  // zero disables this bound. A remote wait whose server sent nothing for
+  // `task_hang` (when set) has failed its task too.
+  std::chrono::nanoseconds remote_wait = std::chrono::seconds(2400);
 };
 
 // Categories and rule ids recorded by the state itself.
@@ -102,6 +107,22 @@ inline constexpr const char* kBudgetRule = "watchdog.error_budget";
 inline constexpr const char* kBudgetCategory = "error_budget";
 // Every task being processed is hung: the worker is as good as stalled.
 inline constexpr const char* kTasksHungRule = "watchdog.tasks_hung";
+
+// Why a remote wait failed its task (RemoteWaitStatus::reason).
+inline constexpr const char* kRemoteSilent = "silent";  // nothing for task_hang
+inline constexpr const char* kRemoteTooLong = "total";  // past remote_wait
+
+// One task's remote wait at one instant.
+struct RemoteWaitStatus {
+  std::string task_id;
+  std::string server;  // host:port the task waits on, "" until named
+  // "" while within both bounds, else kRemoteSilent or kRemoteTooLong.
+  std::string reason;
+  double waited_s = 0;  // since the outermost remote wait began
+  double silent_s = 0;  // since the server's last byte or the last request sent
+  // Seconds until the nearer bound; null when neither bound is set.
+  std::optional<double> left_s;
+};
 
 // How many fatal records carried one rule and category (the worker's
 // fatal-errors metric, read at scrape time).
@@ -119,6 +140,11 @@ struct WorkerSnapshot {
   std::uint64_t task_local_count = 0;
   std::uint64_t remote_engine_failure_count = 0;  // of task_local_count
   std::uint64_t storage_full_count = 0;  // submissions refused: disk full
+  // Tasks failed by a remote wait's bounds (of task_local_count and
+  // remote_engine_failure_count), by reason; and remote waits in progress.
+  std::uint64_t remote_silent_count = 0;
+  std::uint64_t remote_too_long_count = 0;
+  std::int64_t remote_waits = 0;
   std::uint64_t ambiguous_count = 0;
   std::vector<FatalCount> fatal_counts;  // by rule and category, in that order
   std::optional<FatalRecord> first_fatal;
@@ -180,12 +206,36 @@ class WorkerState {
   // server answer (the client's own timeout bounds the wait), nor is every
   // task hung while it waits (the stall watchdog still sees a stalled engine
   // call). The wait's end is the task's progress.
+  //
+  // A remote wait has bounds of its own (issue 32): its server sending
+  // nothing (no byte heard, see remote_heard) for `task_hang` after a request
+  // (remote_asked) when that is set, and the outermost wait lasting
+  // `remote_wait`. Past either, the
+  // wait has failed its task alone: take_expired_remote_waits() returns it
+  // once (counted task-local, remote engine), never a fatal record.
+  // `server` ("host:port") names the server for the task's error; a later
+  // non-empty name replaces it.
   void task_started(const std::string& task_id);
   void task_progress(const std::string& task_id);
-  void remote_wait_started(const std::string& task_id);
+  void remote_wait_started(const std::string& task_id,
+                           const std::string& server = "");
   void remote_wait_finished(const std::string& task_id);
+  // A request was sent to the task's server (each try): the server owes an
+  // answer, and its silence counts from now. Before a wait's first request
+  // (the task waits on a lock, or works locally) only `remote_wait` bounds it.
+  void remote_asked(const std::string& task_id, const std::string& server = "");
+  // Bytes (a response's head or a chunk of its body) came from the task's
+  // server: its silence starts again.
+  void remote_heard(const std::string& task_id, const std::string& server = "");
   void task_finished(const std::string& task_id);
   std::vector<std::string> take_hung_tasks();
+  // The task's remote wait now; null when the task is not in one. A wait
+  // found past a bound is reported here (counted, and never returned by
+  // take_expired_remote_waits): its caller ends the wait.
+  std::optional<RemoteWaitStatus> remote_wait_status(
+      const std::string& task_id);
+  // The remote waits past a bound not yet reported, each reported once.
+  std::vector<RemoteWaitStatus> take_expired_remote_waits();
 
   // healthy(), snapshot() and wait_until_unhealthy() evaluate the stall
   // watchdog at this instant: a stall records a fatal failure whichever of

@@ -25,6 +25,11 @@ Families:
   (``MINERU_HEALTH_ERROR_BUDGET`` of them within the window are fatal).
 - ``mineru_worker_storage_full_refusals_total`` counter: submissions answered
   507 because the disk or quota where the worker stores them is full.
+- ``mineru_worker_remote_wait_failures_total{reason}`` counter: tasks failed
+  by their remote wait's bounds (issue 32): ``silent`` (their server sent
+  nothing for ``MINERU_HEALTH_TASK_HANG_S``) or ``total`` (past
+  ``MINERU_HEALTH_REMOTE_WAIT_S``); of the remote-engine failures.
+- ``mineru_worker_remote_waits`` gauge: tasks waiting on a remote engine now.
 
 Thread-safe: the scrape runs on the metrics endpoint's thread.
 """
@@ -57,6 +62,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_worker_seconds_since_progress",
     "mineru_worker_ambiguous_errors_total",
     "mineru_worker_storage_full_refusals_total",
+    "mineru_worker_remote_wait_failures_total",
+    "mineru_worker_remote_waits",
 )
 
 
@@ -86,10 +93,17 @@ class WorkerSnapshotCollector(BoundSourceCollector):
                                 "Ambiguous device errors (counted against the error budget)."),
             CounterMetricFamily("mineru_worker_storage_full_refusals",
                                 "Submissions answered 507: the worker's storage is full."),
+            CounterMetricFamily("mineru_worker_remote_wait_failures",
+                                "Tasks failed by their remote wait's bounds, by reason "
+                                "(silent: nothing heard; total: waited too long).",
+                                labels=["reason"]),
+            GaugeMetricFamily("mineru_worker_remote_waits",
+                              "Tasks waiting on a remote engine server now."),
         )
 
     def fill(self, families: tuple[Family, ...], value: Any) -> None:
-        fatal, task_local, remote, lag, in_flight, quiet, ambiguous, storage = families
+        (fatal, task_local, remote, lag, in_flight, quiet, ambiguous, storage, remote_failed,
+         remote_waits) = families
         for counted in value.fatal_counts:
             fatal.add_metric([counted.rule or "unknown", counted.category or "unknown"],
                              float(counted.count))
@@ -102,6 +116,9 @@ class WorkerSnapshotCollector(BoundSourceCollector):
             quiet.add_metric([], float(value.seconds_since_progress))
         ambiguous.add_metric([], float(value.ambiguous_count))
         storage.add_metric([], float(value.storage_full_count))
+        remote_failed.add_metric(["silent"], float(value.remote_silent_count))
+        remote_failed.add_metric(["total"], float(value.remote_too_long_count))
+        remote_waits.add_metric([], float(value.remote_waits))
 
 
 class _WorkerMetrics:

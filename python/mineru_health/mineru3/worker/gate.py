@@ -12,13 +12,14 @@ from ...runtime.worker import engine_calls
 from ...runtime.worker.context import mineru_version, runtime, worker_health
 from ...runtime.worker.gate import HealthGate
 from ...runtime.worker.loop_watch import int_or, start_watcher, stop_watcher
-from . import task_store
+from . import fairness, task_store
 from .tasks import (
     FAILED,
     PENDING,
     PROCESSING,
     act_on_fatal,
     fail_hung_tasks,
+    fail_remote_waits,
     task_managers,
     wrap_status_payload,
 )
@@ -69,6 +70,7 @@ def _report_tasks() -> None:
 
 def _act() -> None:
     fail_hung_tasks()
+    fail_remote_waits()
     act_on_fatal()  # once per fatal record; cheap while healthy
 
 
@@ -89,6 +91,7 @@ class Gate(HealthGate):
             task_store.attach(manager)  # task store: restore finished tasks, record new ones
             # The task in context (its id): its progress for the task watchdog.
             engine_calls.follow_tasks(manager, worker_health)
+            fairness.share_slots(manager, runtime.settings.remote_server_share)
             _report_service(manager)
         if managers:
             _report_tasks()

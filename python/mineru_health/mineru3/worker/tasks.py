@@ -13,8 +13,8 @@ import functools
 import sys
 from typing import Any
 
-from ...runtime.verdict import TaskVerdict
-from ...runtime.worker import judge
+from ...runtime.verdict import Kind, TaskVerdict
+from ...runtime.worker import judge, remote_waits
 from ...runtime.worker.context import runtime, utc_now_iso, worker_health
 from ...runtime.worker.log import log
 from ...safe_text import describe_exception
@@ -26,6 +26,9 @@ from .task_store import VERDICT_ATTR
 PENDING = "pending"
 PROCESSING = "processing"
 FAILED = "failed"
+
+#: The rule of a task failed by its remote wait's bounds (issue 32).
+REMOTE_WAIT_RULE = "watchdog.remote_wait"
 
 #: Set on a task while its failure hook runs: the watcher may act on the death
 #: that failure recorded before the hook resumes, and leaves the task to the
@@ -182,6 +185,60 @@ def fail_hung_tasks() -> int:
     return failed
 
 
+def remote_wait_verdict() -> TaskVerdict:
+    """A task whose remote wait went past a bound: its server's failure, task-local."""
+    return TaskVerdict(Kind.TASK_LOCAL, None, REMOTE_WAIT_RULE, "remote_engine",
+                       remote_engine=True)
+
+
+def fail_remote_waits() -> int:
+    """Fails the tasks whose remote wait went past a bound (loop thread); returns how many.
+
+    Their server sent nothing for ``MINERU_HEALTH_TASK_HANG_S`` or kept them
+    waiting ``MINERU_HEALTH_REMOTE_WAIT_S``: each fails alone, with an error
+    naming the server and a task-local, remote-engine verdict (never the
+    worker's fault, never counted against the document); its waiters are
+    woken and its processor cancelled, which frees its slot (the wait's own
+    I/O ends at its next read, :mod:`~mineru_health.runtime.worker.remote_waits`).
+    """
+    expired = worker_health().take_expired_remote_waits()
+    if not expired:
+        return 0
+    settings = runtime.settings
+    failed = 0
+    for manager in task_managers():
+        module = sys.modules.get(type(manager).__module__)
+        processing = getattr(module, "TASK_PROCESSING", PROCESSING)
+        pending = getattr(module, "TASK_PENDING", PENDING)
+        for status in expired:
+            task = getattr(manager, "tasks", {}).get(status.task_id)
+            if task is None or getattr(task, "status", None) not in (pending, processing):
+                continue
+            task.status = getattr(module, "TASK_FAILED", FAILED)
+            task.error = remote_waits.describe(status, task_hang_s=settings.task_hang_s,
+                                               remote_wait_s=settings.remote_wait_s)
+            task.completed_at = utc_now_iso()
+            _set_verdict(task, remote_wait_verdict())
+            manager._signal_task_event(status.task_id)  # wakes waiters; the task store keeps it
+            for processor in list(getattr(manager, "active_tasks", ())):
+                if _processes(processor, status.task_id) and not processor.done():
+                    processor.cancel()
+            failed += 1
+            log("ERROR", f"task {status.task_id} failed: {task.error}")
+    return failed
+
+
+def _remote_wait_exceeded(exc: BaseException) -> bool:
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return False
+        if isinstance(current, remote_waits.RemoteWaitExceeded):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def on_engine_dead(manager: Any, fatal: FatalInfo | None) -> None:
     """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
     if manager is None:
@@ -243,6 +300,9 @@ async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorde
 
 async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     health = worker_health()
+    if _remote_wait_exceeded(exc):  # counted where it was raised; the error names the server
+        _set_verdict(task, remote_wait_verdict())
+        return None
     try:
         ask = functools.partial(judge.judge, health, exc, remote_engine=_remote_backend(task))
         outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), ask)

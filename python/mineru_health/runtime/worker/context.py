@@ -59,7 +59,8 @@ class Runtime:
         self.rules = rules
         self.health = WorkerHealth(
             loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
-            task_hang_s=settings.task_hang_s, error_budget=settings.error_budget,
+            task_hang_s=settings.task_hang_s, remote_wait_s=settings.remote_wait_s,
+            error_budget=settings.error_budget,
             error_budget_window_s=settings.error_budget_window_s)
         self.verifier = Verifier(timeout_s=settings.verify_s)
         self.apps: list[Any] = []

@@ -12,7 +12,10 @@ Two kinds of call site are wrapped, each once per process:
   task watchdog never counts as hung (issues 17 and 24: a user's
   ``server_url`` that never answers must not stall the worker, restart it,
   or get a document quarantined). So does the http client's construction,
-  which asks the server for its model name.
+  which asks the server for its model name, and MinerU's lookup of the
+  client (``ModelSingleton.get_model`` with the ``http-client`` backend).
+  A remote wait has bounds of its own (issue 32, :mod:`.remote_waits`): past
+  them its task fails alone, never the worker's fault.
   A local call is a :func:`local_engine_call`: an exception escaping it is
   marked as this worker's engine's (:func:`raised_by_local_engine`).
 * **Engine requests**, one page or block each: ``predict`` / ``aio_predict`` of
@@ -47,6 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from ...worker import WorkerHealth
+from . import remote_waits
 
 __all__ = [
     "ENGINE_CALL_SITES",
@@ -208,6 +212,12 @@ def on_import(module_name: str, callback: Callable[[ModuleType], None]) -> None:
 # --- wrappers ---------------------------------------------------------------------------------
 
 
+def _server_of_call(args: tuple[Any, ...]) -> str:
+    """host:port of the server a remote engine call's client talks to ("" if unknown)."""
+    client = getattr(args[0], "client", None) if args else None
+    return remote_waits.server_name(getattr(client, "server_url", ""))
+
+
 def _is_remote(args: tuple[Any, ...]) -> bool:
     """True when the call's client talks to a remote server (``http-client``).
 
@@ -289,7 +299,7 @@ def _engine_call(original: Callable[..., Any],
             state = health()
             try:
                 if _is_remote(args):
-                    with state.remote_wait(current_task_id()):
+                    with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
                         return await original(*args, **kwargs)
                 with local_engine_call(state):
                     return await original(*args, **kwargs)
@@ -303,7 +313,7 @@ def _engine_call(original: Callable[..., Any],
         state = health()
         try:
             if _is_remote(args):
-                with state.remote_wait(current_task_id()):
+                with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
                     return original(*args, **kwargs)
             with local_engine_call(state):
                 return original(*args, **kwargs)
@@ -344,7 +354,9 @@ def _remote_wait(original: Callable[..., Any],
                  health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
     @functools.wraps(original)
     def waiting(*args: Any, **kwargs: Any) -> Any:
-        with health().remote_wait(current_task_id()):
+        # HttpVlmClient(self, model_name, server_url, ...)
+        server = remote_waits.configured_server(kwargs.get("server_url", args[2] if len(args) > 2 else ""))
+        with remote_waits.waiting(health(), current_task_id(), server):
             return original(*args, **kwargs)
 
     return waiting
@@ -370,8 +382,12 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         setattr(cls, name, wrapped)
 
 
-def install(health: Callable[[], WorkerHealth]) -> None:
-    """Wraps every call site above, now or when its module is imported (idempotent)."""
+def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any]) -> None:
+    """Wraps every call site above, now or when its module is imported (idempotent).
+
+    ``settings()``: the worker's settings, for the errors of remote waits past a bound.
+    """
+    remote_waits.install(health, settings, on_import)
     for module_name, class_name, methods in ENGINE_CALL_SITES:
         on_import(
             module_name,

@@ -98,7 +98,7 @@ def begin_install(app: Any, gate: type) -> tuple[WorkerSettings, Any, bool] | No
 def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
     """The second half, once per process: engine calls, threads, the start-up checks."""
     health = runtime.health
-    engine_calls.install(worker_health)
+    engine_calls.install(worker_health, lambda: runtime.settings)
     model_cache.install(worker_health, engine_calls.on_import)
     if settings.parent_pid:
         # Launched by a router: what it starts is its group's, carries its tag,

@@ -1,4 +1,4 @@
-"""MinerU's cache of engine clients, looked up without freezing the worker's event loop.
+"""MinerU's cache of engine clients, looked up without freezing the worker or its other tasks.
 
 Both lines keep their engine clients in ``ModelSingleton``, behind one
 re-entrant lock that is held while a client is built. Building an http
@@ -10,43 +10,50 @@ the event loop before handing the lookup to a thread: the worker's whole loop
 waited (60 s in ``test_resubmission``'s tarpit, seen in a stack dump), and
 the router's status reads of honest tasks timed out.
 
-:func:`install` wraps both lines' ``ModelSingleton``:
+:func:`install` wraps both lines' ``ModelSingleton`` and ``_get_model_async``:
 
 - ``ModelSingleton()`` returns the instance, once made, without the lock (it
   is made once and never replaced: reading the class attribute is safe under
   the GIL). Only the first call, before any client exists, takes it.
-- ``get_model`` for the ``http-client`` backend is a remote wait of its task
-  (``WorkerHealth.remote_wait``): a task queued behind another server's
-  build waits on that server, not on this worker's engine, and the task
-  watchdog must not call it hung (it did: an honest task behind a tarpit's
-  build was failed as hung three times over, then given up).
-- On 3.x, a client already built is returned without the lock, so a task
-  whose server answers never waits for another's build. (4.0's lookup does
-  more than read its cache, for its owners: it keeps the lock.)
+- an ``http-client`` lookup is a remote wait of its task on that server
+  (:mod:`.remote_waits`): bounded like any other, never called hung, and a
+  task queued for the lock leaves the queue once its task ended or its wait
+  passed a bound (an honest task behind a tarpit's build was failed as hung
+  three times over, then given up).
+- builds queue on the event loop, one thread at a time, not on threads of
+  the loop's small default pool (tasks queued behind a hostile build held
+  every one of them: uploads, renders and honest lookups waited for one).
+- on 3.x a client already built is returned without the lock and without a
+  thread, so a task whose server answers never waits for another's build.
+  (4.0's lookup does more than read its cache, for its owners: it keeps it.)
 
-Thread-safety: the wrapper runs on any thread; install() runs once, at start-up.
+Thread-safety: the wrappers run on any thread (the async one on the loop);
+install() runs once, at start-up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from ...worker import WorkerHealth
+from . import remote_waits
 from .engine_calls import current_task_id
 
-__all__ = ["MODEL_CACHE_SITES", "install"]
+__all__ = ["MODEL_CACHE_SITES", "install", "lock_free_instance", "remote_lookups"]
 
 #: Where each MinerU line keeps its engine clients, and whether its cache key is
 #: ``(backend, model_path, server_url)`` (3.x: read without the lock) or not (4.0).
-MODEL_CACHE_SITES: tuple[tuple[str, str, bool], ...] = (
-    ("mineru.backend.vlm.vlm_analyze", "ModelSingleton", True),
-    ("mineru.model.vlm.runtime", "ModelSingleton", False),
+MODEL_CACHE_SITES: tuple[tuple[str, bool], ...] = (
+    ("mineru.backend.vlm.vlm_analyze", True),
+    ("mineru.model.vlm.runtime", False),
 )
 
-_MARK = "__mineru_health_lock_free_instance__"
+_MARK = "__mineru_health_model_cache__"
+_REMOTE = "http-client"
 
 
 def lock_free_instance(cls: Any) -> None:
@@ -67,6 +74,11 @@ def lock_free_instance(cls: Any) -> None:
     cls.__new__ = staticmethod(__new__)
 
 
+def _built(cache_owner: Any, backend: Any, model_path: Any, server_url: Any) -> Any:
+    models = getattr(cache_owner, "_models", None)
+    return models.get((backend, model_path, server_url)) if isinstance(models, dict) else None
+
+
 def remote_lookups(cls: Any, health: Callable[[], WorkerHealth], *, cached_by_key: bool) -> None:
     """``cls.get_model`` for ``http-client``: a remote wait; a built client without the lock
     when ``cached_by_key`` (idempotent)."""
@@ -77,32 +89,60 @@ def remote_lookups(cls: Any, health: Callable[[], WorkerHealth], *, cached_by_ke
     @functools.wraps(original)
     def get_model(self: Any, backend: Any, model_path: Any, server_url: Any,
                   *args: Any, **kwargs: Any) -> Any:
-        if backend != "http-client":
+        if backend != _REMOTE:
             return original(self, backend, model_path, server_url, *args, **kwargs)
-        if cached_by_key:
-            models = getattr(self, "_models", None)
-            built = models.get((backend, model_path, server_url)) if isinstance(models, dict) \
-                else None
-            if built is not None:
-                return built
-        with health().remote_wait(current_task_id()):
+        built = _built(self, backend, model_path, server_url) if cached_by_key else None
+        if built is not None:
+            return built
+        with remote_waits.waiting(health(), current_task_id(),
+                                  remote_waits.configured_server(server_url)):
+            remote_waits.wait_for_lock(getattr(self, "_lock", None))
             return original(self, backend, model_path, server_url, *args, **kwargs)
 
     setattr(get_model, _MARK, True)
     cls.get_model = get_model
 
 
-def _wrap(module: ModuleType, class_name: str, cached_by_key: bool,
-          health: Callable[[], WorkerHealth]) -> None:
-    cls = getattr(module, class_name, None)
-    if isinstance(cls, type) and "_instance" in cls.__dict__:
-        lock_free_instance(cls)
-        remote_lookups(cls, health, cached_by_key=cached_by_key)
+_build_gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+def _queued_builds(original: Callable[..., Any], singleton: Any, cached_by_key: bool,
+                   health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+    """``_get_model_async``: http client builds wait their turn on the loop, one thread at a time."""
+
+    @functools.wraps(original)
+    async def get_model_async(backend: Any, model_path: Any, server_url: Any,
+                              *args: Any, **kwargs: Any) -> Any:
+        if backend != _REMOTE:
+            return await original(backend, model_path, server_url, *args, **kwargs)
+        built = _built(singleton(), backend, model_path, server_url) if cached_by_key else None
+        if built is not None:
+            return built
+        gate = _build_gates.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        with remote_waits.waiting(health(), current_task_id(),
+                                  remote_waits.configured_server(server_url)):
+            async with gate:
+                return await original(backend, model_path, server_url, *args, **kwargs)
+
+    setattr(get_model_async, _MARK, True)
+    return get_model_async
+
+
+def _wrap(module: ModuleType, cached_by_key: bool, health: Callable[[], WorkerHealth]) -> None:
+    cls = getattr(module, "ModelSingleton", None)
+    if not isinstance(cls, type) or "_instance" not in cls.__dict__:
+        return
+    lock_free_instance(cls)
+    remote_lookups(cls, health, cached_by_key=cached_by_key)
+    current = getattr(module, "_get_model_async", None)
+    if current is not None and not getattr(current, _MARK, False):
+        module._get_model_async = _queued_builds(  # type: ignore[attr-defined]
+            current, cls, cached_by_key, health)
 
 
 def install(health: Callable[[], WorkerHealth],
             on_import: Callable[[str, Callable[[ModuleType], None]], None]) -> None:
-    """Wraps each line's ``ModelSingleton`` now or when its module is imported."""
-    for module_name, class_name, cached_by_key in MODEL_CACHE_SITES:
-        on_import(module_name, functools.partial(_wrap, class_name=class_name,
-                                                 cached_by_key=cached_by_key, health=health))
+    """Wraps each line's client cache now or when its module is imported."""
+    for module_name, cached_by_key in MODEL_CACHE_SITES:
+        on_import(module_name, functools.partial(_wrap, cached_by_key=cached_by_key,
+                                                 health=health))
