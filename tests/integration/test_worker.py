@@ -354,7 +354,7 @@ def test_a_remote_server_that_never_answers_fails_its_task_alone(
         time.sleep(0.25)
     assert final.get("status") == "failed", (final, proc.log_tail())
     server = fake_vlm_url.removeprefix("http://")
-    assert f"remote engine server {server} sent nothing for 3 s" in final["error"], final
+    assert f"remote engine server {server} sent nothing for {bound_s:g} s" in final["error"], final
     assert final["engine_dead"] is False
     verdict = final["verdict"]
     assert verdict["kind"] == "task_local" and verdict["remote_engine"] is True, verdict

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from harness.remote_servers import hostile_server
 from mineru_health.mineru3.worker.fairness import ServerShare, server_key
-from mineru_health.runtime.worker import engine_calls, remote_waits
+from mineru_health.runtime.worker import engine_calls, model_cache, remote_waits
 
 
 @dataclass
@@ -96,6 +96,31 @@ def test_outside_a_remote_wait_httpx_is_left_alone(fresh_health: _Health) -> Non
     assert fresh_health.heard == []
 
 
+def test_a_first_request_is_capped_to_the_silence_it_starts(
+    fresh_health: _Health, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native state counts silence from the first request asked: the cap is read after it.
+
+    Read before, a first request (an http client asking for the model name,
+    under MinerU's model lock) got the total bound's minutes and held the
+    lock past its task's failure, and every task queued behind it waited.
+    """
+    fresh_health.status = _Status(left_s=2400.0)  # nothing asked yet: the total bound only
+    asked = fresh_health.remote_asked
+
+    def remote_asked(task_id: str, server: str = "") -> None:
+        asked(task_id, server)
+        fresh_health.status = _Status(left_s=0.2)  # silence runs from now
+
+    monkeypatch.setattr(fresh_health, "remote_asked", remote_asked)
+    with (hostile_server("silent") as url, httpx.Client(timeout=600) as client,
+          remote_waits.waiting(fresh_health, "t9", "x")):  # type: ignore[arg-type]
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            client.get(url)
+        assert time.monotonic() - started < 30  # not the total bound's 2400 s
+
+
 def test_a_silent_server_is_cut_at_what_is_left_of_the_bound(fresh_health: _Health) -> None:
     fresh_health.status = _Status(left_s=0.2)
     with (hostile_server("silent") as url, httpx.Client(timeout=600) as client,
@@ -160,13 +185,14 @@ def test_a_cached_client_is_found_without_minerus_lock() -> None:
                 return self._models.setdefault((backend, model_path, server_url), "new")
 
     health = _Health()
-    lookup = engine_calls._model_lookup(ModelSingleton.get_model, lambda: health)  # type: ignore[arg-type]
+    model_cache.remote_lookups(ModelSingleton, lambda: health,  # type: ignore[arg-type]
+                               cached_by_key=True)
     models = ModelSingleton()
     with models._lock:  # a silent server's client being built
-        assert lookup(models, "http-client", None, "http://h:1") == "honest"
+        assert models.get_model("http-client", None, "http://h:1") == "honest"
     with engine_calls.task_context("t4"):
-        assert lookup(models, "http-client", None, "http://u:p@h:2/") == "new"
-        assert lookup(models, "vlm-engine", None, None) == "new"
+        assert models.get_model("http-client", None, "http://u:p@h:2/") == "new"
+        assert models.get_model("vlm-engine", None, None) == "new"
     assert health.waits == [("t4", "h:2")]  # only the http client's lookup waits on a server
 
 
@@ -174,6 +200,7 @@ def test_client_builds_queue_on_the_loop_and_cached_clients_need_no_thread() -> 
     built: list[str] = []
 
     class ModelSingleton:
+        _instance: ClassVar[Any] = None
         _models: ClassVar[dict[Any, Any]] = {("http-client", None, "http://h:1"): "honest"}
 
     async def get_model_async(backend: str, model_path: Any, server_url: Any) -> Any:
@@ -185,7 +212,8 @@ def test_client_builds_queue_on_the_loop_and_cached_clients_need_no_thread() -> 
     module._get_model_async = get_model_async  # type: ignore[attr-defined]
     module.ModelSingleton = ModelSingleton  # type: ignore[attr-defined]
     health = _Health()
-    engine_calls._wrap_model_lookup_async(module, lambda: health)  # type: ignore[arg-type]
+    model_cache.install(lambda: health,  # type: ignore[arg-type]
+                        lambda name, wrap: wrap(module))
     lookup = module._get_model_async  # type: ignore[attr-defined]
 
     async def run() -> list[Any]:

@@ -192,8 +192,11 @@ def _bound_for(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
     if not task_id:
         return None
     bound = _Bound(health(), task_id, tracked, settings, request)
-    bound.cap_timeouts(request, bound.check())
+    # Asked first: the silence this request may keep starts now, and its timeouts
+    # are capped to it (capped before, a first request got the total bound's
+    # minutes and held MinerU's model lock past its task's failure).
     bound.asked()
+    bound.cap_timeouts(request, bound.check())
     return bound
 
 
