@@ -21,7 +21,8 @@ import pytest
 from mineru_health import metrics
 from mineru_health.mineru4.router.jobs import JobLine
 from mineru_health.runtime.router import admission
-from mineru_health.runtime.router.admission import CAP, STORAGE, Refused, storage_error
+from mineru_health.runtime.router.admission import (CAP, STORAGE, UNDESCRIBED, Refused,
+                                                    storage_error)
 from test_router_resume import registry, router, submit
 from test_router_resume4 import ResourceRegistry, SourceFileStore, StoredSourceFile, line_on
 from test_task_supervisor import Fleet, line_for
@@ -161,6 +162,38 @@ def test_a_row_that_cannot_be_written_is_refused_and_undone_on_3x(tmp_path: Path
         store.save = saves  # type: ignore[method-assign]  # room returns
         record, _payload = await submit(line, tasks, tmp_path, "kept", "pending")
         assert list(tasks._tasks) == [record.task_id] and store.count() == 1
+        await line.supervisor.close()
+
+    run(scenario)
+
+
+def test_a_submission_the_line_cannot_describe_is_refused_not_acknowledged(
+        tmp_path: Path, disk: Disk) -> None:
+    """No row, no acceptance: a line that cannot describe a submission for the store (our
+    bug) refuses it with 500, undone like a row that cannot be written (it used to be
+    answered 202 and lost at the router's next restart)."""
+    async def scenario(fleet: Fleet) -> None:
+        line = router(fleet, tmp_path / "state")
+        store = line.supervisor.store
+        assert store is not None
+        tasks = registry()
+        snapshot = line.snapshot
+
+        def broken(kept: Any) -> Any:
+            raise RuntimeError("a record the line does not know")
+
+        line.snapshot = broken  # type: ignore[method-assign]
+        with pytest.raises(Refused) as refused:
+            await submit(line, tasks, tmp_path, "odd", "pending")
+        assert (refused.value.status, refused.value.code) == (500, "router_cannot_keep")
+        assert tasks._tasks == {} and store.count() == 0
+        kept_dir = line.kept_dir()
+        assert kept_dir is not None and list(kept_dir.iterdir()) == []
+        assert line.supervisor.in_flight == 0
+        assert line.supervisor.refusal_counts()[UNDESCRIBED] == 1
+        line.snapshot = snapshot  # type: ignore[method-assign]
+        await submit(line, tasks, tmp_path, "kept", "pending")
+        assert store.count() == 1
         await line.supervisor.close()
 
     run(scenario)

@@ -48,31 +48,38 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CAP", "ROW_MARGIN_BYTES", "STORAGE", "STORAGE_ERRNOS", "Admission", "Refused",
-           "answer_refusals", "lack_of_room", "storage_error"]
+__all__ = ["CAP", "ROW_MARGIN_BYTES", "STORAGE", "STORAGE_ERRNOS", "UNDESCRIBED", "Admission",
+           "Refused", "answer_refusals", "lack_of_room", "storage_error"]
 
 #: The write errors that mean "the disk cannot keep it": refused with 507, never a 500.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 #: Room the state directory needs beyond an upload: the store's row and its write-ahead log.
 ROW_MARGIN_BYTES = 1024 * 1024
 
-#: ``Refused.reason`` of a cap (503) and of a lack of storage (507); the metrics' keys.
+#: ``Refused.reason`` of a cap (503), of a lack of storage (507) and of a submission the
+#: router could not describe for its store (500: our fault, its log has the error); the
+#: metrics' keys.
 CAP = "kept_cap"
 STORAGE = "storage_full"
+UNDESCRIBED = "undescribed"
+
+#: (status, error code) of each reason.
+_ANSWERS = {CAP: (503, "router_at_capacity"), STORAGE: (507, "insufficient_storage"),
+            UNDESCRIBED: (500, "router_cannot_keep")}
 
 _MIB = 1024 * 1024
 
 
 class Refused(Exception):
-    """A submission the router does not accept: ``status`` 503 (a cap) or 507 (storage)."""
+    """A submission the router does not accept: ``status`` 503 (a cap), 507 (storage) or
+    500 (it could not be described for the store)."""
 
     def __init__(self, reason: str, detail: str, retry_after_s: int,
                  directory: str | None = None) -> None:
         super().__init__(detail)
         self.reason = reason
-        self.status = 507 if reason == STORAGE else 503
-        #: The error code of the line's error body.
-        self.code = "insufficient_storage" if reason == STORAGE else "router_at_capacity"
+        #: ``code``: the error code of the line's error body.
+        self.status, self.code = _ANSWERS[reason]
         self.detail = detail
         self.retry_after_s = retry_after_s
         self.directory = directory

@@ -76,7 +76,7 @@ from typing import Any
 from mineru_health import _native, metrics, safe_text
 from mineru_health.settings import HealthSettings
 
-from .admission import CAP, ROW_MARGIN_BYTES, STORAGE, Admission, Refused, lack_of_room
+from .admission import CAP, ROW_MARGIN_BYTES, STORAGE, UNDESCRIBED, Admission, Refused, lack_of_room
 from .fleet import DECLARED_FAILED, Fleet
 from .line import Kept, Line, NotSent, Sent, Unavailable
 from .poison import Death, PoisonGuard, Quarantine
@@ -194,8 +194,17 @@ class Supervisor:
 
     def commit(self, kept: Kept) -> None:
         """Writes the row of a submission just kept, before its client's answer; when the
-        store cannot, drops it (:meth:`drop`) and raises :class:`Refused` (507)."""
-        if not self.save(kept):
+        store cannot, drops it (:meth:`drop`) and raises :class:`Refused` (507; 500 when
+        the line could not describe it: no row, so not accepted either)."""
+        if self.store is None:
+            return
+        saved = self._saved(kept)
+        if saved is None:
+            self.drop(kept)
+            raise self.refuse(UNDESCRIBED, "the router could not describe this submission for "
+                                           "its store (its log has the error), so it could not "
+                                           "survive a restart of the router: not accepted")
+        if not self.store.save(saved):
             self.drop(kept)
             directory = str(self.store.path.parent) if self.store and self.store.path else ""
             raise self.refuse(STORAGE, f"insufficient storage: the router's store in {directory} "
