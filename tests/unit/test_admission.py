@@ -21,8 +21,7 @@ import pytest
 from mineru_health import metrics
 from mineru_health.mineru4.router.jobs import JobLine
 from mineru_health.runtime.router import admission
-from mineru_health.runtime.router.admission import (CAP, STORAGE, UNDESCRIBED, Refused,
-                                                    storage_error)
+from mineru_health.runtime.router.admission import CAP, STORAGE, UNDESCRIBED, Refused, storage_error
 from test_router_resume import registry, router, submit
 from test_router_resume4 import ResourceRegistry, SourceFileStore, StoredSourceFile, line_on
 from test_task_supervisor import Fleet, line_for
