@@ -570,6 +570,8 @@ def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
         await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(held) == ["w1"]
 
+        fleet.phase = {"w0": P.GAVE_UP, "w1": P.UNHEALTHY}
+        assert line.supervisor.healing()  # ejected a moment before it is declared failed
         fleet.phase = {"w0": P.GAVE_UP, "w1": P.GAVE_UP}
         assert not line.supervisor.healing()  # nothing is coming back: MinerU's 503 stands
         record, _ = track(line, "t2", server="w1")

@@ -104,8 +104,11 @@ _log = safe_text.logger("mineru_health.router.supervisor")
 _P = _native.WorkerPhase
 _AUDIT = _native.PollerEventKind.AUDIT
 _RESTART = _native.PollerEventKind.RESTART_REQUESTED
-#: Phases of a local worker on its way back (a restart is due or under way).
-HEALING = frozenset({_P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
+#: Phases of a local worker on its way back: ejected (it returns, or fails and is
+#: restarted), or a restart is due or under way. Ejected counts: a single worker whose
+#: engine just died is out of rotation a moment before it is declared failed, and a
+#: submission MinerU answered 503 then was refused (2 of 13 in one real-vLLM run).
+HEALING = frozenset({_P.UNHEALTHY, _P.FAILED, _P.RESTART_SCHEDULED, _P.RESTARTING})
 #: Seconds between two checks of a submission nobody asks about, so that a
 #: finished one lets go of what it kept even if no client polls it.
 SWEEP_S = 30.0
@@ -458,7 +461,7 @@ class Supervisor:
         return self._kept_bytes
 
     def healing(self) -> bool:
-        """A local worker is failed or being restarted: it will be back."""
+        """A local worker is ejected, failed or being restarted: it will be back."""
         return any(s.restartable and s.phase in HEALING for s in self.fleet.statuses())
 
     @property
