@@ -27,15 +27,21 @@ from typing import Any
 
 from mineru_health.demo.fleet import Line3
 
-__all__ = ["ENGINE_CORE", "REPO", "VENV3", "VLLM_LINE3", "VLLM_WORKER", "WORKER_ARGS",
-           "VllmLine3", "big_page_pdf", "descendants", "process_title", "vllm3_python", "vllm_processes",
-           "worker_env", "write_model"]
+__all__ = ["ENGINE_CORE", "REPO", "VENV3", "VENV4", "VLLM_LINE3", "VLLM_WORKER", "WORKER_ARGS",
+           "VllmLine3", "big_page_pdf", "descendants", "process_title", "vllm3_python",
+           "vllm4_python", "vllm_processes", "worker_env", "worker_env4", "write_home4",
+           "write_model"]
 
 REPO = Path(__file__).resolve().parents[2]
 VENV3 = REPO / ".venv-vllm3"
-#: Where another venv can be named instead (a name outside ``MINERU_HEALTH_*``: workers
+VENV4 = REPO / ".venv-vllm4"
+#: Where other venvs can be named instead (names outside ``MINERU_HEALTH_*``: workers
 #: refuse variables of ours they do not know, and they inherit the tests' environment).
 VENV3_ENV = "TEST_VLLM3_VENV"
+VENV4_ENV = "TEST_VLLM4_VENV"
+#: MinerU 4.0.12's registry: the directory of its vLLM model under ``MINERU_HOME/models``.
+MODEL4_DIR = "MinerU2.5-Pro-2605-1.2B"
+COMPLETE_MARKER = ".mineru_complete"  # a whole-repository download, done
 GENERATOR = Path(__file__).resolve().parent / "tiny_qwen2vl.py"
 
 #: vLLM names its processes with setproctitle.
@@ -66,11 +72,20 @@ VLLM_LINE3 = VllmLine3()
 
 def vllm3_python() -> tuple[str | None, str]:
     """``.venv-vllm3``'s python (or ``$TEST_VLLM3_VENV``'s) and "", or None and why not."""
-    venv = Path(os.environ.get(VENV3_ENV) or VENV3)
+    return _venv_python(Path(os.environ.get(VENV3_ENV) or VENV3), "3",
+                        "import vllm, mineru, mineru_health.mineru3.worker")
+
+
+def vllm4_python() -> tuple[str | None, str]:
+    """``.venv-vllm4``'s python (or ``$TEST_VLLM4_VENV``'s) and "", or None and why not."""
+    return _venv_python(Path(os.environ.get(VENV4_ENV) or VENV4), "4",
+                        "import vllm, onnx, mineru.parser.api_server, mineru_health.mineru4")
+
+
+def _venv_python(venv: Path, line: str, probe: str) -> tuple[str | None, str]:
     python = venv / "bin" / "python"
     if not python.exists():
-        return None, f"{venv} is absent (bash scripts/vllm_venvs.sh builds it)"
-    probe = "import vllm, mineru, mineru_health.mineru3.worker"
+        return None, f"{venv} is absent (bash scripts/vllm_venvs.sh {line} builds it)"
     try:
         done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
                               timeout=180, check=False)
@@ -90,6 +105,36 @@ def write_model(python: str, out: Path, timeout_s: float = 300.0) -> dict[str, A
         raise RuntimeError(f"writing the tiny Qwen2-VL failed:\n{done.stderr[-3000:]}")
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
+
+
+def write_home4(python: str, home: Path, timeout_s: float = 300.0) -> dict[str, Any]:
+    """MinerU 4.0's model store in ``home`` (``MINERU_HOME``): the tiny Qwen2-VL where 4.0.12
+    looks for its vLLM model, and the stand-ins for the small ONNX layout/OCR models of
+    ``mineru_health.demo.engine.tiny_onnx``. Returns the model's report."""
+    models = home / "models"
+    report = write_model(python, models / MODEL4_DIR, timeout_s)
+    (models / MODEL4_DIR / COMPLETE_MARKER).touch()
+    small = ("import sys, pathlib; from mineru_health.demo.engine import tiny_onnx; "
+             "tiny_onnx.write_small_models(pathlib.Path(sys.argv[1]))")
+    done = subprocess.run([python, "-c", small, str(models)], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"writing the small ONNX stand-ins failed:\n{done.stderr[-3000:]}")
+    return report
+
+
+def worker_env4(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A 4.0 standard-tier worker on the in-process vLLM engine (``model.vlm.engine``), its
+    models from ``home`` only, 1 GiB of KV cache, one page per processing window, and a
+    share of memory vLLM accepts on CPU."""
+    env = {"MINERU_HOME": str(home), "MINERU_MODEL_SOURCE": "local",
+           "MINERU_MODEL_VLM_ENGINE": "vllm", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "MINERU_PROCESSING_WINDOW_SIZE": "1",
+           # 4.0.12 takes a CPU's "VRAM" as 1 GB and asks vLLM for 6 GB of it
+           # (gpu_memory_utilization=6.0, which vLLM refuses: "Input should be less than or
+           # equal to 1"); with 60 GB declared it asks for max(6/60, 0.1) = 0.1.
+           "MINERU_VIRTUAL_VRAM_SIZE": "60"}
+    return {**env, **(extra or {})}
 
 
 def worker_env(model_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -17,7 +17,7 @@ The tests share that fleet, in order:
   stopped processes) and the job is resubmitted.
 
 Skips (with the reason) without ``.venv-vllm3`` (``bash scripts/vllm_venvs.sh 3``).
-Runtime on the shared 2-core machine: each vLLM start ~60 s (three of them), ~4 min in all.
+Runtime on the shared 2-core machine: ~210 s in all, three vLLM starts (~45 s each).
 """
 
 from __future__ import annotations
