@@ -31,8 +31,14 @@ import pytest
 from harness import vllm_real
 from harness.samplers import run_fault
 from mineru_health.demo import sandbox
-from mineru_health.demo.fleet import FLEET4_ENV, LINE4_STANDARD, Client, Router, start_router
-from mineru_health.demo.fleet import text_pdf
+from mineru_health.demo.fleet import (
+    FLEET4_ENV,
+    LINE4_STANDARD,
+    Client,
+    Router,
+    start_router,
+    text_pdf,
+)
 from mineru_health.demo.sandbox import Processes, wait_until
 
 pytestmark = [pytest.mark.integration]
