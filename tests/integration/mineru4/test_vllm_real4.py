@@ -11,10 +11,13 @@ MinerU's defaults (torch.compile included: its first start is the slow part).
 * ``kill -9`` of ``VLLM::EngineCore`` under running jobs: the jobs meet vLLM's real
   ``EngineDeadError``, our classifier calls it fatal, the router takes the worker out,
   restarts it and resubmits its jobs: none lost, and no process of the old worker (its
-  EngineCore's ``VLLM::Worker`` included) is left.
+  EngineCore's ``VLLM::Worker`` included) is left;
+* ``SIGSTOP`` of the new EngineCore: the job is accepted and never scheduled (vLLM raises
+  nothing), the stall watchdog condemns the engine call, the router restarts the worker
+  (SIGKILL reaches the stopped processes) and the job is resubmitted.
 
 Skips (with the reason) without ``.venv-vllm4`` (``bash scripts/vllm_venvs.sh 4``). Runtime here
-(shared 2-core machine): ~220 s, two vLLM starts (77 s with torch.compile, then 48 s from
+(shared 2-core machine): ~350 s, three vLLM starts (77 s with torch.compile, then ~48 s from
 its cache).
 """
 
@@ -24,6 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +48,9 @@ from mineru_health.demo.sandbox import Processes, wait_until
 pytestmark = [pytest.mark.integration]
 
 ENGINE_START_S = 420.0  # a job's bound when it has to wait for vLLM to start (and compile)
-#: FLEET4_ENV, with a stall bound above an engine call's worst here (MinerU 4.0 starts its
-#: vLLM on the first job, inside what the watchdog sees as the call).
-FLEET_ENV = {**FLEET4_ENV, "MINERU_HEALTH_STALL_S": "600"}
+#: FLEET4_ENV, a stalled engine call condemned after 20 s (a page takes a second or two once
+#: the engine is up; MinerU starts its vLLM before the first engine call, outside the watch).
+FLEET_ENV = {**FLEET4_ENV, "MINERU_HEALTH_STALL_S": "20"}
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +126,34 @@ def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> No
           f"{(run.out_at or 0) - run.fault_at:.1f} s, back after "
           f"{(run.back_at or 0) - run.fault_at:.1f} s, {len(run.outcomes)} jobs; "
           f"audit: {[(r['action'], str(r.get('reason'))[:120]) for r in records][:6]}")
+
+
+def test_stopped_engine_core_is_caught_and_the_job_resubmitted4(fleet4: Router) -> None:
+    """SIGSTOP of EngineCore: accepted, never scheduled; the stall watchdog ends it."""
+    client = Client(fleet4.base, fleet4.line, timeout_s=ENGINE_START_S)
+    warm = client.run("warm-again.pdf", text_pdf(1, seed=2))  # the restarted engine, up
+    assert warm.status == "completed", warm.detail
+    pids = fleet4.worker_pids()
+    assert len(pids) == 1, pids
+    engine = vllm_real.vllm_processes(vllm_real.descendants(pids[0]))
+    assert len(engine["engine_core"]) == 1, engine
+    old = [pids[0], *engine["engine_core"], *engine["worker"]]
+    stopped_at = time.time()
+    os.kill(engine["engine_core"][0], signal.SIGSTOP)
+    try:
+        done = client.run("stalled.pdf", text_pdf(1, seed=3))
+    finally:
+        for pid in _alive(engine["engine_core"]):
+            os.kill(pid, signal.SIGCONT)
+    records = fleet4.audit_records(since=stopped_at)
+    tail = fleet4.proc.log_tail(8000)
+    assert done.status == "completed", (done.detail, tail)
+    stalled = [r for r in records if "rule watchdog.engine_stalled" in str(r.get("reason"))]
+    assert stalled, (records, tail)
+    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    ended = [r for r in records if r["action"] == "worker_processes_ended"]
+    assert ended and ended[0]["survivors"] == 0, ended
+    condemned = datetime.fromisoformat(stalled[0]["time"]).timestamp()
+    print(f"\nvllm 4.0 SIGSTOP EngineCore: condemned after {condemned - stopped_at:.1f} s, job "
+          f"completed after {time.time() - stopped_at:.1f} s")
