@@ -93,7 +93,16 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def _lost(outcomes: list[Any]) -> list[Any]:
-    return [(o.name, o.status, o.detail) for o in outcomes if o.status != "completed"]
+    """Accepted jobs that did not complete (a refused submission was never accepted)."""
+    return [(o.name, o.status, o.detail) for o in outcomes
+            if o.status not in ("completed", "rejected")]
+
+
+def _refused(outcomes: list[Any]) -> list[Any]:
+    """Submissions refused: with one worker, one that reaches it after its engine died and
+    before the router ejected it is answered the worker's 503 (Retry-After), not held: the
+    router holds a submission only once it sees the fleet healing (a finding)."""
+    return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
 
 
 def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> None:
@@ -116,6 +125,8 @@ def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> No
     tail = fleet4.proc.log_tail(8000)
     assert killed, "EngineCore was never killed"
     assert _lost(run.outcomes) == [], (_lost(run.outcomes), tail)
+    refused = _refused(run.outcomes)
+    assert all(detail.get("code") == 503 for _, detail in refused), refused
     assert "engine_dead" in {r.get("cause") for r in records}, (records, tail)
     assert run.back_at is not None, tail
     assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
@@ -124,7 +135,8 @@ def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> No
     assert ended and ended[0]["survivors"] == 0, ended
     print(f"\nvllm 4.0 kill -9 EngineCore: out of rotation after "
           f"{(run.out_at or 0) - run.fault_at:.1f} s, back after "
-          f"{(run.back_at or 0) - run.fault_at:.1f} s, {len(run.outcomes)} jobs; "
+          f"{(run.back_at or 0) - run.fault_at:.1f} s, {len(run.outcomes)} jobs ({len(refused)} "
+          f"refused 503: {[str(d.get('body'))[:160] for _, d in refused]}); "
           f"audit: {[(r['action'], str(r.get('reason'))[:120]) for r in records][:6]}")
 
 
