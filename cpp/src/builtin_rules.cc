@@ -97,14 +97,17 @@ std::vector<Rule> builtin_rules() {
       engine_message("vllm.engine_core_issue", kFatal, "engine_dead",
                      "engine ?core encountered an issue"),
       // "EngineCore_0 died unexpectedly": the core process's own name, as
-      // its parent reports it when no "proc" precedes the name.
+      // its parent reports it when no "proc" precedes the name. "engine core
+      // exited unexpectedly": vLLM 0.28's client, the moment its core is
+      // killed (seen for real: tests/data/errors/observed).
       engine_message("vllm.engine_core_fatal", kFatal, "engine_dead",
                      "engine ?core encountered a fatal error|engine ?core "
                      "proc\\S* \\S+ died unexpectedly|engine ?core(?:_\\w+)? "
                      "died unexpectedly|engine core client "
                      "(?:is|has) (?:shut ?down|dead)|engine ?core hit an "
                      "exception|got fatal signal from worker processes|"
-                     "asyncllm output_handler failed"),
+                     "asyncllm output_handler failed|engine core exited "
+                     "unexpectedly"),
       // Start-up: the core process failed (model load, KV-cache allocation).
       // MinerU builds the engine on the first task, so this reaches the
       // worker as a task failure and every later task would fail the same.

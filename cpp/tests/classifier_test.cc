@@ -489,6 +489,17 @@ std::vector<Case> real_cases() {
        true,
        "vllm.engine_core_fatal",
        0},
+      // vLLM 0.28's client when its core process is killed (a real kill -9,
+      // tests/integration/test_vllm_real.py).
+      {"v1_engine_core_exited_unexpectedly",
+       {Frame{"",
+              "",
+              {},
+              "[core_client.py:728] [shutdown] MPClient: engine core exited "
+              "unexpectedly; starting cleanup"}},
+       true,
+       "vllm.engine_core_fatal",
+       0},
       {"turbomind_cuda_operation_not_supported",
        {runtime_error("[TM][ERROR] CUDA runtime error: operation not supported "
                       "/lmdeploy/src/turbomind/utils/allocator.h:197",

