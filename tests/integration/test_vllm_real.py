@@ -105,9 +105,10 @@ def _lost(outcomes: list[Any]) -> list[Any]:
 
 
 def _refused(outcomes: list[Any]) -> list[Any]:
-    """Submissions refused: with one worker, one that reaches it after its engine died and
-    before the router ejected it is answered the worker's 503 (Retry-After), not held: the
-    router holds a submission only once it sees the fleet healing (a finding)."""
+    """Submissions refused (503, Retry-After: never accepted, so not lost). With one worker,
+    one reaching it between its engine's death and the router's verdict can be refused; the
+    router now holds one for a worker just ejected too, which narrowed that window, but a
+    refusal was still seen afterwards, so this counts them rather than forbid them."""
     return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
 
 
