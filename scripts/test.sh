@@ -50,7 +50,8 @@ if [ -x .venv-mineru4/bin/python ]; then
 fi
 # Run from tests/ so the installed package, not python/, is imported.
 cd tests
-timeout 3000 python -m pytest -q -p no:cacheprovider "$@" .
+# The slowest tests listed at the end: where CI time goes (it must stay within its hour).
+timeout 3000 python -m pytest -q -p no:cacheprovider --durations=15 "$@" .
 
 # The 3.x integration tests once more on the previous 3.x release (the one 0.2 supported):
 # its wheel (fetched by setup.sh) unpacked and first on PYTHONPATH, so that the sandbox
