@@ -209,3 +209,18 @@ def test_a_damaged_file_is_set_aside_and_a_fresh_store_started(
     current.save("t1", {"task_id": "t1"})
     assert current.count() == 1
     current.close()
+
+
+def test_a_sealed_store_writes_nothing_more(state: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealed once the router that launched the worker is gone: the parses its own processes'
+    end fails are not the documents' failures, and the next instance must not serve them."""
+    kept = store.Store(state / store.DB_NAME)
+    kept.save("done", {"status": "completed"})
+    kept.seal()
+    kept.save("broken", {"status": "failed", "error": "process pool terminated abruptly"})
+    kept.save("done", {"status": "failed"})
+    assert [(key, record["status"]) for key, record, _ in kept.rows()] == [("done", "completed")]
+    kept.close()
+    monkeypatch.setattr(runtime, "store", None)
+    runtime.seal_store()  # no store opened: nothing to seal

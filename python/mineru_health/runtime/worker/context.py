@@ -89,6 +89,11 @@ class Runtime:
             self.store = task_store.open_store(*self._store_at)
         return self.store
 
+    def seal_store(self) -> None:
+        """The router that launched this worker is gone: its store writes nothing more."""
+        if self.store is not None:
+            self.store.seal()
+
 
 def assemble(settings: WorkerSettings, rules: Rules | None = None) -> Runtime:
     """Builds this process's runtime from ``settings`` and the rules (those of

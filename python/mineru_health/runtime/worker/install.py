@@ -105,7 +105,7 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
         # and ends with it however it ends.
         lead_own_group()
         take_children_along(settings.worker_tag)
-        exit_with_parent(int(settings.parent_pid), settings.worker_tag)
+        exit_with_parent(int(settings.parent_pid), settings.worker_tag, on_gone=runtime.seal_store)
     start_waiting_thread(liveness_loop, health, name="mineru-health-liveness")
     if settings.exit_on_fatal:
         start_waiting_thread(exit_after_fatal, health, settings.exit_grace_s,

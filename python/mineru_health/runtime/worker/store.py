@@ -92,16 +92,30 @@ class Store:
         """Opens ``path``; a damaged file is set aside first (``state_dirs.open_database``)."""
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._sealed = False
         self._db, self.set_aside = state_dirs.open_database(
             self.path, _SCHEMA, check="SELECT COUNT(*) FROM finished")
 
+    def seal(self) -> None:
+        """Writes nothing more: this worker is being ended with the router that launched it.
+
+        Ending its own processes (a page renderer among them) fails the parses
+        in flight with errors of no document's making (``BrokenProcessPool``,
+        judged task-local); kept, the next instance would serve them as final
+        failures, and the next router would take them as ended rather than send
+        them again. Whatever finishes from now on is the next router's to send.
+        """
+        with self._lock:
+            self._sealed = True
+
     def save(self, key: str, record: dict[str, Any],
              verdict: dict[str, Any] | None = None) -> None:
-        """Writes (or replaces) the row of one finished task or job."""
+        """Writes (or replaces) the row of one finished task or job (nothing once sealed)."""
         row = (key, json.dumps(record, ensure_ascii=False, default=str),
                None if verdict is None else json.dumps(verdict, ensure_ascii=False), time.time())
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO finished VALUES (?, ?, ?, ?)", row)
+            if not self._sealed:
+                self._db.execute("INSERT OR REPLACE INTO finished VALUES (?, ?, ?, ?)", row)
 
     def delete(self, keys: Iterable[str]) -> None:
         gone = [(str(key),) for key in keys]

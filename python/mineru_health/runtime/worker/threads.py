@@ -133,9 +133,10 @@ def take_children_along(tag: str) -> None:
 PARENT_GONE_GRACE_S = 30.0
 
 
-def exit_with_parent(parent_pid: int, tag: str = "") -> None:
+def exit_with_parent(parent_pid: int, tag: str = "",
+                     on_gone: Callable[[], None] = lambda: None) -> None:
     """Dies with the router that launched this worker, however the router dies, and takes
-    the processes it started along.
+    the processes it started along (``on_gone()`` first: the task store is sealed).
 
     The kernel sends SIGTERM when the router exits (uvicorn then shuts MinerU
     down cleanly); a watcher thread ends the processes the worker started at
@@ -146,6 +147,7 @@ def exit_with_parent(parent_pid: int, tag: str = "") -> None:
     watch = _native.exit_with_parent(signal.SIGTERM, parent_pid)
     if watch is _native.ParentWatch.PARENT_GONE:
         log("ERROR", f"the router (pid {parent_pid}) that launched this worker is gone; exiting")
+        on_gone()
         end_own_processes(tag)
         os._exit(1)
     if watch is _native.ParentWatch.UNSUPPORTED:
@@ -157,6 +159,7 @@ def exit_with_parent(parent_pid: int, tag: str = "") -> None:
             time.sleep(1.0)
         log("ERROR", f"the router (pid {parent_pid}) is gone; exiting")
         gone_at = time.monotonic()
+        on_gone()
         end_own_processes(tag)
         threading.Event().wait(max(0.0, PARENT_GONE_GRACE_S - (time.monotonic() - gone_at)))
         os._exit(1)
