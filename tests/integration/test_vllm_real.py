@@ -27,7 +27,6 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,33 +84,6 @@ def _engine(router: Router) -> tuple[int, dict[str, list[int]]]:
     return pids[0], found
 
 
-def _alive(pids: list[int]) -> list[int]:
-    """Those of ``pids`` still running (a zombie has ended)."""
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
-
-
-def _lost(outcomes: list[Any]) -> list[Any]:
-    """Accepted jobs that did not complete (a refused submission was never accepted)."""
-    return [(o.name, o.status, o.detail) for o in outcomes
-            if o.status not in ("completed", "rejected")]
-
-
-def _refused(outcomes: list[Any]) -> list[Any]:
-    """Submissions refused (503, Retry-After: never accepted, so not lost). With one worker,
-    one reaching it between its engine's death and the router's verdict can be refused; the
-    router now holds one for a worker just ejected too, which narrowed that window, but a
-    refusal was still seen afterwards, so this counts them rather than forbid them."""
-    return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
-
-
 def _ended(router: Router, since: float) -> list[dict[str, Any]]:
     return [r for r in router.audit_records(since) if r["action"] == "worker_processes_ended"]
 
@@ -128,7 +100,7 @@ def test_request_error_leaves_the_worker_healthy(fleet: Router) -> None:
     worker = next(iter(fleet.servers().values()))
     assert worker.get("in_rotation"), worker
     assert fleet.worker_pids() == [pid]
-    assert _alive(engine["engine_core"]) == engine["engine_core"]
+    assert vllm_real.alive(engine["engine_core"]) == engine["engine_core"]
     again = client.run("after.pdf", text_pdf(1, seed=1))
     assert again.status == "completed", again.detail
 
@@ -149,8 +121,8 @@ def test_engine_core_killed_fleet_heals_with_nothing_left(fleet: Router) -> None
     records = fleet.audit_records(since=run.fault_at)
     tail = fleet.proc.log_tail(8000)
     assert killed, "EngineCore was never killed"
-    assert _lost(run.outcomes) == [], (_lost(run.outcomes), tail)
-    refused = _refused(run.outcomes)
+    assert vllm_real.lost(run.outcomes) == [], (vllm_real.lost(run.outcomes), tail)
+    refused = vllm_real.refused(run.outcomes)
     assert all(detail.get("code") == 503 for _, detail in refused), refused
     assert "engine_dead" in {r.get("cause") for r in records}, (records, tail)
     # The worker's verdict, from vLLM's real EngineDeadError (rule vllm.engine_dead).
@@ -159,8 +131,8 @@ def test_engine_core_killed_fleet_heals_with_nothing_left(fleet: Router) -> None
     resubmitted = fleet.metric("mineru_router_task_resubmissions_total", reason="engine_dead")
     assert resubmitted >= 1, tail
     # Nothing of the old worker is left: itself, its EngineCore, vLLM's Worker.
-    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
-        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    assert wait_until(lambda: not vllm_real.alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in vllm_real.alive(old)]
     ended = _ended(fleet, run.fault_at)
     assert ended and ended[0]["survivors"] == 0, ended
     print(f"\nvllm kill -9 EngineCore: out of rotation after "
@@ -182,7 +154,7 @@ def test_stopped_engine_core_is_caught_and_the_job_resubmitted(fleet: Router) ->
     try:
         done = client.run("stalled.pdf", text_pdf(1, seed=3))
     finally:
-        for p in _alive(engine["engine_core"]):
+        for p in vllm_real.alive(engine["engine_core"]):
             os.kill(p, signal.SIGCONT)
     records = fleet.audit_records(since=stopped_at)
     tail = fleet.proc.log_tail(8000)
@@ -190,8 +162,8 @@ def test_stopped_engine_core_is_caught_and_the_job_resubmitted(fleet: Router) ->
     # The worker's stall watchdog condemned the engine call (no vLLM error was ever raised).
     stalled = [r for r in records if "rule watchdog.engine_stalled" in str(r.get("reason"))]
     assert stalled, (records, tail)
-    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
-        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    assert wait_until(lambda: not vllm_real.alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in vllm_real.alive(old)]
     ended = _ended(fleet, stopped_at)
     assert ended and ended[0]["survivors"] == 0, ended
     condemned = datetime.fromisoformat(stalled[0]["time"]).timestamp()

@@ -28,8 +28,6 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 import pytest
 from harness import vllm_real
@@ -80,31 +78,6 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory, vllm4: str) -> Iterator[Rou
         yield router
 
 
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
-
-
-def _lost(outcomes: list[Any]) -> list[Any]:
-    """Accepted jobs that did not complete (a refused submission was never accepted)."""
-    return [(o.name, o.status, o.detail) for o in outcomes
-            if o.status not in ("completed", "rejected")]
-
-
-def _refused(outcomes: list[Any]) -> list[Any]:
-    """Submissions refused: with one worker, one that reaches it after its engine died and
-    before the router ejected it is answered the worker's 503 (Retry-After), not held: the
-    router holds a submission only once it sees the fleet healing (a finding)."""
-    return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
-
-
 def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> None:
     """kill -9 of EngineCore under running jobs: classified, ejected, restarted, resubmitted."""
     pids = fleet4.worker_pids()
@@ -124,13 +97,13 @@ def test_engine_core_killed_fleet4_heals_with_nothing_left(fleet4: Router) -> No
     records = fleet4.audit_records(since=run.fault_at)
     tail = fleet4.proc.log_tail(8000)
     assert killed, "EngineCore was never killed"
-    assert _lost(run.outcomes) == [], (_lost(run.outcomes), tail)
-    refused = _refused(run.outcomes)
+    assert vllm_real.lost(run.outcomes) == [], (vllm_real.lost(run.outcomes), tail)
+    refused = vllm_real.refused(run.outcomes)
     assert all(detail.get("code") == 503 for _, detail in refused), refused
     assert "engine_dead" in {r.get("cause") for r in records}, (records, tail)
     assert run.back_at is not None, tail
-    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
-        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    assert wait_until(lambda: not vllm_real.alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in vllm_real.alive(old)]
     ended = [r for r in records if r["action"] == "worker_processes_ended"]
     assert ended and ended[0]["survivors"] == 0, ended
     print(f"\nvllm 4.0 kill -9 EngineCore: out of rotation after "
@@ -155,15 +128,15 @@ def test_stopped_engine_core_is_caught_and_the_job_resubmitted4(fleet4: Router) 
     try:
         done = client.run("stalled.pdf", text_pdf(1, seed=3))
     finally:
-        for pid in _alive(engine["engine_core"]):
+        for pid in vllm_real.alive(engine["engine_core"]):
             os.kill(pid, signal.SIGCONT)
     records = fleet4.audit_records(since=stopped_at)
     tail = fleet4.proc.log_tail(8000)
     assert done.status == "completed", (done.detail, tail)
     stalled = [r for r in records if "rule watchdog.engine_stalled" in str(r.get("reason"))]
     assert stalled, (records, tail)
-    assert wait_until(lambda: not _alive(old), 30.0, 0.2), [
-        (p, vllm_real.process_title(p)) for p in _alive(old)]
+    assert wait_until(lambda: not vllm_real.alive(old), 30.0, 0.2), [
+        (p, vllm_real.process_title(p)) for p in vllm_real.alive(old)]
     ended = [r for r in records if r["action"] == "worker_processes_ended"]
     assert ended and ended[0]["survivors"] == 0, ended
     condemned = datetime.fromisoformat(stalled[0]["time"]).timestamp()
