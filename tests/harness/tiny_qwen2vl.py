@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mineru_health.demo.engine.tiny_gguf import byte_tokens
+
 END_OF_TURN = "<|im_end|>"
 PAD = "<|endoftext|>"
 IMAGE_PAD = "<|image_pad|>"
@@ -82,26 +84,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte-level alphabet: one printable code point per byte value."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    shifted = 0
-    table: dict[int, str] = {}
-    for byte in range(256):
-        if byte in printable:
-            table[byte] = chr(byte)
-        else:
-            table[byte] = chr(256 + shifted)
-            shifted += 1
-    return [table[b] for b in range(256)]
-
 
 def write_tokenizer(out: Path) -> Any:
     """A byte-level BPE tokenizer (no merges: one token per byte) with Qwen's specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(_byte_alphabet())}
+    vocab = {token: i for i, token in enumerate(byte_tokens())}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()

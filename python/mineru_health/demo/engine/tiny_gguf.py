@@ -83,7 +83,7 @@ class TinyVlm:
     seed: int = 26
 
 
-def _byte_tokens() -> list[str]:
+def byte_tokens() -> list[str]:
     """GPT-2's byte-level alphabet: one printable code point per byte value."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
     shifted = 0
@@ -100,7 +100,7 @@ def _byte_tokens() -> list[str]:
 def _vocab() -> tuple[list[str], list[int]]:
     import gguf  # type: ignore[import-not-found,unused-ignore]
 
-    tokens = _byte_tokens() + ["".join(MERGE)]
+    tokens = byte_tokens() + ["".join(MERGE)]
     types = [gguf.TokenType.NORMAL] * len(tokens)
     tokens += list(SPECIAL_TOKENS)
     types += [gguf.TokenType.CONTROL] * len(SPECIAL_TOKENS)
