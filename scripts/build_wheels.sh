@@ -51,7 +51,7 @@ suite_for() {
 }
 
 build_packages=(build-essential pkg-config python3-venv python3-dev
-  libre2-dev libfmt-dev libcurl4-openssl-dev nlohmann-json3-dev libmicrohttpd-dev
+  libre2-dev libfmt-dev libcurl4-openssl-dev nlohmann-json3-dev libmicrohttpd-dev libc-ares-dev
   libgtest-dev libgmock-dev)
 # pip's CMake: bullseye's is 3.18 and CMakeLists.txt needs 3.20.
 build_tools=("cmake>=3.20,<5" "ninja" "scikit-build-core>=0.10" "pybind11>=3.0,<4"

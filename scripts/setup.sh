@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for mineru-health: system libraries,
-# a Python 3.11 venv in .venv with mineru==3.4.5 (the newest 3.x) and this package (+ test and demo extras),
+# a Python 3.11 venv in .venv with mineru==3.4.5 (the newest 3.x) and this package (+ test, demo and
+# postgres extras; Debian's postgresql is the real server the router store's tests start),
 # and .venv-mineru4 with mineru==4.0.12 and this package (the 4.0 integration tests run there).
 # Idempotent; safe to run again.
 set -euo pipefail
@@ -11,7 +12,8 @@ PYTHON="${PYTHON:-python3.11}"
 
 apt_packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
               nlohmann-json3-dev libmicrohttpd-dev libgtest-dev clang-format ninja-build
-              clang-14 libclang-rt-14-dev git debootstrap)
+              clang-14 libclang-rt-14-dev git debootstrap libc-ares-dev dnsmasq-base
+              postgresql)
 # Debian's own Python 3.11, with venv (ensurepip) and headers for the extension.
 [ "$PYTHON" = python3.11 ] && apt_packages+=(python3.11 python3.11-venv python3.11-dev)
 missing=()
@@ -49,7 +51,8 @@ fi
 echo "== installing mineru==$MINERU_VERSION and mineru-health into .venv"
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q "mineru==$MINERU_VERSION" cmake ninja
-.venv/bin/pip install -q ".[test,demo]"
+.venv/bin/pip install -q ".[test,demo,postgres]"
+bash scripts/source_stamp.sh > .venv/.mineru-health-source
 PYTHON=.venv/bin/python bash scripts/fetch_release_wheels.sh .cache/mineru-wheels
 
 # MinerU 4.0 brings its own FastAPI, pydantic, ...: a venv of its own, with its own
@@ -73,5 +76,9 @@ if ! .venv-mineru4/bin/python -c "import gguf, onnx" 2>/dev/null; then
   timeout 600 .venv-mineru4/bin/pip install -q "gguf>=0.17" "onnx>=1.16"
 fi
 echo "== installing mineru-health into .venv-mineru4"
-.venv-mineru4/bin/pip install -q .
+.venv-mineru4/bin/pip install -q ".[postgres]"
+bash scripts/source_stamp.sh > .venv-mineru4/.mineru-health-source
+# The real vLLM of tests/integration/test_vllm_real*.py: one vLLM stack (.venv-vllm) layered
+# over .venv and .venv-mineru4 (.venv-vllm3, .venv-vllm4). 1.5-3.5 min cold, 3.4 GB; idempotent.
+timeout 900 bash scripts/vllm_venvs.sh all
 echo "== ready: $(.venv/bin/mineru-health --version 2>/dev/null || echo mineru-health installed)"

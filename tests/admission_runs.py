@@ -66,8 +66,13 @@ def small_tmpfs(path: Path, size: str = "8m") -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``path`` (made) for the block; skips where mount is not
     permitted. Unmounted (lazily: a killed process may still hold it) afterwards."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
     try:
@@ -110,13 +115,17 @@ class FullDiskRun:
     @property
     def lost(self) -> list[tuple[str, str]]:
         """Accepted ones the new router did not end completed: (task id, status)."""
-        return [(t, str(self.outcomes.get(t, {}).get("status", "hung"))) for t in self.accepted
-                if self.outcomes.get(t, {}).get("status") != "completed"]
+        return [
+            (t, str(self.outcomes.get(t, {}).get("status", "hung")))
+            for t in self.accepted
+            if self.outcomes.get(t, {}).get("status") != "completed"
+        ]
 
 
 class _Stream:
-    def __init__(self, client: Client, document: Callable[[int], tuple[str, bytes]],
-                 every_s: float) -> None:
+    def __init__(
+        self, client: Client, document: Callable[[int], tuple[str, bytes]], every_s: float
+    ) -> None:
         self.client, self.document, self.every_s = client, document, every_s
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
@@ -160,9 +169,15 @@ def _status(client: Client, task_id: str) -> tuple[int, dict[str, Any]]:
     return int(response.status_code), body if isinstance(body, dict) else {}
 
 
-def fill_and_empty(start_router: Callable[[], Router], client_for: Callable[[Router], Client],
-                   document: Callable[[int], tuple[str, bytes]], state: Path, *,
-                   every_s: float = 0.1, task_timeout_s: float = 120.0) -> FullDiskRun:
+def fill_and_empty(
+    start_router: Callable[[], Router],
+    client_for: Callable[[Router], Client],
+    document: Callable[[int], tuple[str, bytes]],
+    state: Path,
+    *,
+    every_s: float = 0.1,
+    task_timeout_s: float = 120.0,
+) -> FullDiskRun:
     first = start_router()
     stream = _Stream(client_for(first), document, every_s)
     filler: Path | None = None
@@ -186,8 +201,9 @@ def fill_and_empty(start_router: Callable[[], Router], client_for: Callable[[Rou
                 run.full_statuses.append(_status(stream.client, task_id)[0])
         refused = stream.count(507)
         if not wait_until(lambda: stream.count(507) >= refused + 3, 60.0, 0.05):
-            raise SandboxError(f"the new router took submissions on a full disk:\n"
-                               f"{second.proc.log_tail()}")
+            raise SandboxError(
+                f"the new router took submissions on a full disk:\n{second.proc.log_tail()}"
+            )
         filler.unlink()
         accepted = stream.count(202)
         if not wait_until(lambda: stream.count(202) >= accepted + 3, 60.0, 0.05):
@@ -199,6 +215,7 @@ def fill_and_empty(start_router: Callable[[], Router], client_for: Callable[[Rou
     run.answers = stream.snapshot()
     client = client_for(run.second)
     for task_id in run.accepted:
+
         def ended(task_id: str = task_id) -> bool:
             code, body = _status(client, task_id)
             if code == 404:

@@ -26,6 +26,8 @@ Fixtures and helpers (for every test module):
 * fixture ``launch_router`` — ``start_router`` of the patched 3.x
   ``mineru-router`` with two local workers; returns the ``Router``.
 * ``run_cli(*args)`` — ``python -m mineru_health`` with this interpreter.
+* fixture ``postgres`` — a real PostgreSQL server on 127.0.0.1 for the session
+  (``harness.postgres``; ``new_database()`` per test), skipped where none can start.
 * ``exception_groups`` — where ``ExceptionGroup`` and ``BaseExceptionGroup`` live:
   the builtins from Python 3.11; on 3.10 the ``exceptiongroup`` backport (pytest's
   dependency there, and the groups anyio, so MinerU, raises).
@@ -77,13 +79,15 @@ __all__ = [
     "worker_health",
 ]
 
+
 def _harness_on_workers_path() -> None:
     """Worker processes import ``harness.children`` and ``harness.fake_engines`` when a fault
     plan asks: a directory holding only a link to ``tests/harness`` goes on the ``PYTHONPATH``
     every process started by a test inherits (the sandboxes keep what they inherit)."""
     link_dir = Path(tempfile.mkdtemp(prefix="mineru-health-harness-"))
-    (link_dir / "harness").symlink_to(Path(__file__).resolve().parent / "harness",
-                                      target_is_directory=True)
+    (link_dir / "harness").symlink_to(
+        Path(__file__).resolve().parent / "harness", target_is_directory=True
+    )
     atexit.register(shutil.rmtree, link_dir, ignore_errors=True)
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([*inherited, str(link_dir)])
@@ -91,13 +95,23 @@ def _harness_on_workers_path() -> None:
 
 _harness_on_workers_path()
 
-exception_groups: Any = (builtins if sys.version_info >= (3, 11)
-                         else importlib.import_module("exceptiongroup"))
+exception_groups: Any = (
+    builtins if sys.version_info >= (3, 11) else importlib.import_module("exceptiongroup")
+)
 
 
 @pytest.fixture(name="free_port")
 def free_port_fixture() -> Callable[[], int]:
     return free_port
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A PostgreSQL server on 127.0.0.1 for the session (``harness.postgres``)."""
+    from harness.postgres import running
+
+    with running() as server:
+        yield server
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> httpx.Response | None:
@@ -121,12 +135,22 @@ def generated_docs() -> Any:
 # --- one 3.x worker's task API (its engine: vlm-http-client on server_url) ----------------------
 
 
-def submit_task(base_url: str, pdf: bytes, server_url: str, *, path: str = "/tasks",
-                name: str = "doc.pdf", mime: str = "application/pdf",
-                timeout_s: float = 60.0) -> httpx.Response:
-    return httpx.post(f"{base_url}{path}", files={"files": (name, pdf, mime)},
-                      data={"backend": "vlm-http-client", "server_url": server_url},
-                      timeout=timeout_s)
+def submit_task(
+    base_url: str,
+    pdf: bytes,
+    server_url: str,
+    *,
+    path: str = "/tasks",
+    name: str = "doc.pdf",
+    mime: str = "application/pdf",
+    timeout_s: float = 60.0,
+) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}{path}",
+        files={"files": (name, pdf, mime)},
+        data={"backend": "vlm-http-client", "server_url": server_url},
+        timeout=timeout_s,
+    )
 
 
 def task_status(base_url: str, task_id: str) -> dict[str, Any]:
@@ -154,14 +178,13 @@ def worker_health(proc: ManagedProcess) -> httpx.Response:
 
 
 @pytest.fixture
-def fresh_worker_state() -> Iterator[None]:
-    """A fresh worker runtime (native health, verifier, rules) around a hook test."""
-    from mineru_health.runtime.worker import context
-    from mineru_health.settings import WorkerSettings
+def runtime() -> Any:
+    """A worker runtime of the test's own (native health, verifier, rules), as ``install``
+    builds one for a worker's app."""
+    from mineru_health.runtime.settings import WorkerSettings
+    from mineru_health.runtime.worker.worker_runtime import WorkerRuntime
 
-    context.assemble(WorkerSettings.from_env({}))
-    yield
-    context.assemble(WorkerSettings.from_env({}))
+    return WorkerRuntime(WorkerSettings.from_env({}))
 
 
 @pytest.fixture(scope="session")
@@ -174,12 +197,18 @@ def mineru_python() -> str:
     return python
 
 
-def run_cli(*args: str, input_text: str | None = None,
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, input_text: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs ``python -m mineru_health`` with this interpreter (the installed package)."""
     return subprocess.run(
-        [sys.executable, "-m", "mineru_health", *args], input=input_text, capture_output=True,
-        text=True, timeout=120, check=False, env=dict(env) if env is not None else None,
+        [sys.executable, "-m", "mineru_health", *args],
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=dict(env) if env is not None else None,
     )
 
 
@@ -215,19 +244,37 @@ def processes() -> Iterator[Processes]:
 
 @pytest.fixture
 def mineru_api_factory(
-    processes: Processes, mineru_python: str, tmp_path: Path,
+    processes: Processes,
+    mineru_python: str,
+    tmp_path: Path,
 ) -> Callable[..., ManagedProcess]:
-    def start(site: Path, *, env: Mapping[str, str] | None = None, name: str = "mineru-api",
-              wait_healthy: bool = True) -> ManagedProcess:
-        return start_worker(processes, LINE3, site, mineru_python, tmp_path / name, env=env,
-                            wait=wait_healthy, name=name).proc
+    def start(
+        site: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str = "mineru-api",
+        wait_healthy: bool = True,
+    ) -> ManagedProcess:
+        return start_worker(
+            processes,
+            LINE3,
+            site,
+            mineru_python,
+            tmp_path / name,
+            env=env,
+            wait=wait_healthy,
+            name=name,
+        ).proc
 
     return start
 
 
 @pytest.fixture
 def launch_router(
-    processes: Processes, patched_mineru_site: Path, mineru_python: str, tmp_path: Path,
+    processes: Processes,
+    patched_mineru_site: Path,
+    mineru_python: str,
+    tmp_path: Path,
 ) -> Callable[..., Router]:
     """``launch_router(extra_env, **kwargs)``: ``start_router`` of the patched 3.x copy.
 
@@ -240,7 +287,8 @@ def launch_router(
         nonlocal count
         scratch = tmp_path / ("router" if count == 0 else f"router-{count}")
         count += 1
-        return start_router(processes, LINE3, patched_mineru_site, mineru_python, scratch,
-                            env=extra_env, **kwargs)
+        return start_router(
+            processes, LINE3, patched_mineru_site, mineru_python, scratch, env=extra_env, **kwargs
+        )
 
     return launch

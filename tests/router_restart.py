@@ -19,7 +19,8 @@ Every wait is bounded; nothing is timed.
 
 ``kill_during_a_restart`` (issue 32): one of the first router's workers
 meets a dead engine under one of ``documents`` (the shared plan
-``engine_dead``), and the router is killed once it ejected that worker (its
+``engine_dead``; they are sent one by one until one reached it), and the
+router is killed once it ejected that worker (its
 restart due or under way; with no retry budget, the task waits to be sent
 again); the second router is started on the same state directory.
 
@@ -46,12 +47,17 @@ from typing import Any
 from mineru_health.demo.fleet import Client, Router, http
 from mineru_health.demo.sandbox import SandboxError, wait_until
 
-__all__ = ["DISRUPTIONS", "RestartRun", "fill_store3", "kill_and_restart",
-           "kill_during_a_restart"]
+__all__ = ["DISRUPTIONS", "RestartRun", "fill_store3", "kill_and_restart", "kill_during_a_restart"]
 
 #: Audit actions of a worker taken out of rotation or restarted.
-DISRUPTIONS = ("ejected", "health_failed", "auto_restart_scheduled", "auto_restart_success",
-               "auto_restart_failed", "auto_restart_gave_up")
+DISRUPTIONS = (
+    "ejected",
+    "health_failed",
+    "auto_restart_scheduled",
+    "auto_restart_success",
+    "auto_restart_failed",
+    "auto_restart_gave_up",
+)
 
 
 @dataclass
@@ -67,16 +73,19 @@ class RestartRun:
     @property
     def lost(self) -> list[tuple[str, str]]:
         """Accepted tasks the second router did not end completed: (task id, status)."""
-        return [(task_id, str(self.outcomes.get(task_id, {}).get("status", "hung")))
-                for _, task_id in self.accepted
-                if self.outcomes.get(task_id, {}).get("status") != "completed"]
+        return [
+            (task_id, str(self.outcomes.get(task_id, {}).get("status", "hung")))
+            for _, task_id in self.accepted
+            if self.outcomes.get(task_id, {}).get("status") != "completed"
+        ]
 
 
 class _Feed:
     """Submits a document every ``every_s`` to the current client; keeps what was accepted."""
 
-    def __init__(self, client: Client, document: Callable[[int], tuple[str, bytes]],
-                 every_s: float) -> None:
+    def __init__(
+        self, client: Client, document: Callable[[int], tuple[str, bytes]], every_s: float
+    ) -> None:
         self.client = client
         self.document = document
         self.every_s = every_s
@@ -125,11 +134,18 @@ def _status(client: Client, task_id: str) -> tuple[int, dict[str, Any]]:
     return int(response.status_code), body if isinstance(body, dict) else {}
 
 
-def kill_and_restart(first: Router, start_second: Callable[[], Router],
-                     client_for: Callable[[Router], Client],
-                     document: Callable[[int], tuple[str, bytes]], *, every_s: float = 0.4,
-                     warm: int = 3, in_flight: int = 3, after: int = 3,
-                     task_timeout_s: float = 240.0) -> RestartRun:
+def kill_and_restart(
+    first: Router,
+    start_second: Callable[[], Router],
+    client_for: Callable[[Router], Client],
+    document: Callable[[int], tuple[str, bytes]],
+    *,
+    every_s: float = 0.4,
+    warm: int = 3,
+    in_flight: int = 3,
+    after: int = 3,
+    task_timeout_s: float = 240.0,
+) -> RestartRun:
     first_client = client_for(first)
     feed = _Feed(first_client, document, every_s)
     try:
@@ -138,8 +154,10 @@ def kill_and_restart(first: Router, start_second: Callable[[], Router],
 
         def warmed() -> bool:
             for _, task_id in feed.ids():
-                if task_id not in completed and \
-                        _status(first_client, task_id)[1].get("status") == "completed":
+                if (
+                    task_id not in completed
+                    and _status(first_client, task_id)[1].get("status") == "completed"
+                ):
                     completed.add(task_id)
             return len(completed) >= warm
 
@@ -164,8 +182,9 @@ def kill_and_restart(first: Router, start_second: Callable[[], Router],
         second_client = client_for(run.second)
         feed.client = second_client
         if not wait_until(lambda: feed.count(second_client) >= after, task_timeout_s, 0.1):
-            raise SandboxError(f"the new router accepted fewer than {after}:\n"
-                               f"{run.second.proc.log_tail()}")
+            raise SandboxError(
+                f"the new router accepted fewer than {after}:\n{run.second.proc.log_tail()}"
+            )
     finally:
         feed.stop()
     run.accepted = feed.ids()
@@ -183,22 +202,33 @@ def kill_and_restart(first: Router, start_second: Callable[[], Router],
     return run
 
 
-def kill_during_a_restart(first: Router, start_second: Callable[[], Router], client: Client,
-                          documents: list[tuple[str, bytes]]) -> tuple[Router, list[str]]:
-    """Arms ``engine_dead`` on one of ``first``'s workers, sends it ``documents`` (one
-    reaches the doomed engine), ``kill -9`` the router once it ejected that worker;
-    returns ``start_second()`` and the task ids."""
+def kill_during_a_restart(
+    first: Router,
+    start_second: Callable[[], Router],
+    client: Client,
+    documents: list[tuple[str, bytes]],
+) -> tuple[Router, list[str]]:
+    """Arms ``engine_dead`` on one of ``first``'s workers, sends it ``documents`` one by one
+    until one reached the doomed engine, ``kill -9`` the router once it ejected that worker;
+    returns ``start_second()`` and the ids of the tasks sent."""
     first.write_plan("engine_dead")  # shared: the first worker that reads it is the victim
     if not wait_until(lambda: not first.plan().exists(), 60.0, 0.05):
         raise SandboxError(f"no worker read the fault plan:\n{first.proc.log_tail()}")
+
+    def ejected() -> bool:
+        return any(r["action"] == "ejected" for r in first.audit_records())
+
+    # MinerU picks among equally loaded workers at random, so any one document may miss
+    # the victim: send the next only once the last had time to fail there.
     ids = []
     for name, pdf in documents:
         task_id, refusal = client.submit(name, pdf)
         if not task_id:
             raise SandboxError(f"{name} was refused: {refusal}\n{first.proc.log_tail()}")
         ids.append(task_id)
-    if not wait_until(lambda: any(r["action"] == "ejected" for r in first.audit_records()),
-                      120.0, 0.05):
+        if wait_until(ejected, 5.0, 0.05):
+            break
+    if not wait_until(ejected, 120.0, 0.05):
         raise SandboxError(f"no worker was ejected:\n{first.proc.log_tail()}")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait(30.0)
@@ -215,12 +245,16 @@ def fill_store3(state: Path, count: int, pdf: bytes, engine_url: str, worker: st
     from mineru_health.runtime.router.line import Kept
     from mineru_health.runtime.router.store import DB_NAME, KEPT_NAME, RouterStore
     from mineru_health.runtime.router.supervisor import Supervisor
-    from mineru_health.settings import HealthSettings
+    from mineru_health.runtime.settings import HealthSettings
 
     state.mkdir(parents=True, exist_ok=True)
     store = RouterStore(state / DB_NAME)
-    supervisor = Supervisor(SimpleNamespace(), TaskLine(SimpleNamespace(), {}),  # type: ignore[arg-type]
-                            HealthSettings.preset("production"), store=store)
+    supervisor = Supervisor(
+        SimpleNamespace(),
+        TaskLine(SimpleNamespace(), {}),  # type: ignore[arg-type]
+        HealthSettings.preset("production"),
+        store=store,
+    )
     gone = "http://127.0.0.1:9"  # the instance each was last submitted to
     keys, first = [], time.time() - count
     for index in range(count):
@@ -229,14 +263,20 @@ def fill_store3(state: Path, count: int, pdf: bytes, engine_url: str, worker: st
         staged.mkdir(parents=True)
         (staged / name).write_bytes(pdf)
         record = router.RouterTaskRecord(
-            task_id=key, upstream_server_id=worker, upstream_task_id=str(uuid.uuid4()),
-            upstream_base_url=gone, backend="vlm-http-client", file_names=[name[:-4]],
-            created_at="2026-12-06T00:00:00+00:00", status="pending")
+            task_id=key,
+            upstream_server_id=worker,
+            upstream_task_id=str(uuid.uuid4()),
+            upstream_base_url=gone,
+            backend="vlm-http-client",
+            file_names=[name[:-4]],
+            created_at="2026-12-06T00:00:00+00:00",
+            status="pending",
+        )
         payload = router.MultipartPayload(
-            temp_dir=str(staged), fields=[("backend", "vlm-http-client"),
-                                          ("server_url", engine_url)],
-            uploads=[router.StagedUpload("files", name, "application/pdf",
-                                         str(staged / name))])
+            temp_dir=str(staged),
+            fields=[("backend", "vlm-http-client"), ("server_url", engine_url)],
+            uploads=[router.StagedUpload("files", name, "application/pdf", str(staged / name))],
+        )
         kept = Kept(key, Task(record, payload, None), [worker], gone, None, 0)
         kept.accepted_at = first + index
         supervisor.save(kept)

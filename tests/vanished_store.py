@@ -43,20 +43,26 @@ class VanishRun:
     lost: dict[str, str] = field(default_factory=dict)
 
 
-def vanish_and_restart(first: Router, start_second: Callable[[], Router],
-                       client_for: Callable[[Router], Client],
-                       document: Callable[[int], tuple[str, bytes]], state: Path, *,
-                       every_s: float = 0.2, task_timeout_s: float = 180.0) -> VanishRun:
+def vanish_and_restart(
+    first: Router,
+    start_second: Callable[[], Router],
+    client_for: Callable[[Router], Client],
+    document: Callable[[int], tuple[str, bytes]],
+    state: Path,
+    *,
+    every_s: float = 0.2,
+    task_timeout_s: float = 180.0,
+) -> VanishRun:
     feed = _Feed(client_for(first), document, every_s)
 
     def vanished() -> list[dict[str, Any]]:
         return [r for r in first.audit_records() if r["action"] == "state_file_vanished"]
 
     def accepted(count: int, records: int) -> None:
-        if not wait_until(lambda: feed.count() >= count and len(vanished()) >= records,
-                          60.0, 0.05):
-            raise SandboxError(f"{feed.count()} accepted, {len(vanished())} audited:\n"
-                               f"{first.proc.log_tail()}")
+        if not wait_until(lambda: feed.count() >= count and len(vanished()) >= records, 60.0, 0.05):
+            raise SandboxError(
+                f"{feed.count()} accepted, {len(vanished())} audited:\n{first.proc.log_tail()}"
+            )
 
     try:
         accepted(3, 0)

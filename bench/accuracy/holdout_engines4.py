@@ -45,8 +45,10 @@ def main() -> int:
     misses: list[str] = []
     for record in records:
         verdict = rules.classify_frames(corpus.frames(record))
-        row = rows.setdefault(family(record), {"fatal": 0, "task_local": 0, "tp": 0, "fp": 0,
-                                                "fatal_decided_task_local": 0})
+        row = rows.setdefault(
+            family(record),
+            {"fatal": 0, "task_local": 0, "tp": 0, "fp": 0, "fatal_decided_task_local": 0},
+        )
         row[record.label] += 1
         if record.label == "fatal":
             row["tp"] += verdict.fatal
@@ -60,20 +62,25 @@ def main() -> int:
             misses.append(f"{record.id}: task_local -> fatal by {verdict.rule}")
 
     total = {key: sum(row[key] for row in rows.values()) for key in next(iter(rows.values()))}
-    print(f"{'engine':<20} {'fatal':>5} {'task':>5}  {'recall':>13}  {'precision':>9}  "
-          f"{'fatal decided task-local':>24}")
+    print(
+        f"{'engine':<20} {'fatal':>5} {'task':>5}  {'recall':>13}  {'precision':>9}  "
+        f"{'fatal decided task-local':>24}"
+    )
     for name, row in [*sorted(rows.items()), ("all", total)]:
         recall = row["tp"] / row["fatal"] if row["fatal"] else 1.0
         flagged = row["tp"] + row["fp"]
         precision = row["tp"] / flagged if flagged else 1.0
-        print(f"{name:<20} {row['fatal']:>5} {row['task_local']:>5}  "
-              f"{recall:>5.2f} ({row['tp']:>2}/{row['fatal']:>2})  {precision:>9.2f}  "
-              f"{row['fatal_decided_task_local']:>24}")
+        print(
+            f"{name:<20} {row['fatal']:>5} {row['task_local']:>5}  "
+            f"{recall:>5.2f} ({row['tp']:>2}/{row['fatal']:>2})  {precision:>9.2f}  "
+            f"{row['fatal_decided_task_local']:>24}"
+        )
     if args.misses:
         print("\n" + "\n".join(misses))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "misses": misses}, indent=2),
-                                   encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps({"rows": rows, "misses": misses}, indent=2), encoding="utf-8"
+        )
     return 0
 
 

@@ -56,8 +56,10 @@ def _splits(records: list[corpus.Record]) -> list[str]:
 def _split_summary(records: list[corpus.Record]) -> None:
     native = corpus.native_judge()
     print("\n== per split ==")
-    header = (f"{'split':<10} {'records':>7}  {'mineru_health':<23} {'amb':>5} {'amb!':>4}"
-              f"   {'PR #5188 baseline':<23}")
+    header = (
+        f"{'split':<10} {'records':>7}  {'mineru_health':<23} {'amb':>5} {'amb!':>4}"
+        f"   {'PR #5188 baseline':<23}"
+    )
     print(header)
     print("-" * len(header))
     for split in [*_splits(records), "all"]:
@@ -65,15 +67,19 @@ def _split_summary(records: list[corpus.Record]) -> None:
         ours = corpus.score(chosen, native)["all"]
         theirs = corpus.score(chosen, baseline_judge)["all"]
         count = ours.labelled + ours.ambiguous_total
-        print(f"{split:<10} {count:>7}  {_cell(ours)} {ours.ambiguous_flagged:>2}/"
-              f"{ours.ambiguous_total:<2} {ours.ambiguous_fatal:>4}   {_cell(theirs)}")
+        print(
+            f"{split:<10} {count:>7}  {_cell(ours)} {ours.ambiguous_flagged:>2}/"
+            f"{ours.ambiguous_total:<2} {ours.ambiguous_fatal:>4}   {_cell(theirs)}"
+        )
 
 
 def _table(title: str, records: list[corpus.Record], key: Callable[[corpus.Record], str]) -> None:
     native = corpus.native_judge()
     print(f"\n== {title} ==")
-    header = (f"{'':<20} {'split':<8} {'records':>7}  {'mineru_health':<23} {'amb':>5} {'amb!':>4}"
-              f"   {'PR #5188 baseline':<23}")
+    header = (
+        f"{'':<20} {'split':<8} {'records':>7}  {'mineru_health':<23} {'amb':>5} {'amb!':>4}"
+        f"   {'PR #5188 baseline':<23}"
+    )
     print(header)
     print("-" * len(header))
     for split in [*_splits(records), "all"]:
@@ -85,12 +91,17 @@ def _table(title: str, records: list[corpus.Record], key: Callable[[corpus.Recor
         for name in sorted(ours):
             o, b = ours[name], theirs.get(name)
             count = o.labelled + o.ambiguous_total
-            print(f"{name:<20} {split:<8} {count:>7}  {_cell(o)} "
-                  f"{o.ambiguous_flagged:>2}/{o.ambiguous_total:<2} {o.ambiguous_fatal:>4}   {_cell(b)}")
+            print(
+                f"{name:<20} {split:<8} {count:>7}  {_cell(o)} "
+                f"{o.ambiguous_flagged:>2}/{o.ambiguous_total:<2} {o.ambiguous_fatal:>4}   "
+                f"{_cell(b)}"
+            )
         count = ours_total.labelled + ours_total.ambiguous_total
-        print(f"{'TOTAL':<20} {split:<8} {count:>7}  {_cell(ours_total)} "
-              f"{ours_total.ambiguous_flagged:>2}/{ours_total.ambiguous_total:<2} "
-              f"{ours_total.ambiguous_fatal:>4}   {_cell(theirs_total)}")
+        print(
+            f"{'TOTAL':<20} {split:<8} {count:>7}  {_cell(ours_total)} "
+            f"{ours_total.ambiguous_flagged:>2}/{ours_total.ambiguous_total:<2} "
+            f"{ours_total.ambiguous_fatal:>4}   {_cell(theirs_total)}"
+        )
         print()
 
 
@@ -101,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = corpus.load(args.corpus)
     labels = {label: sum(r.label == label for r in records) for label in corpus.LABELS}
-    sizes = ", ".join(f"{split} {sum(r.split == split for r in records)}"
-                      for split in _splits(records))
+    sizes = ", ".join(
+        f"{split} {sum(r.split == split for r in records)}" for split in _splits(records)
+    )
     print(f"{len(records)} records ({', '.join(f'{k} {v}' for k, v in labels.items())}); {sizes}")
     print("cells: <fatal records>f <task-local records>t R=fatal recall P=fatal precision")
     _split_summary(records)
@@ -111,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.misses:
         for split in _splits(records):
             chosen = [r for r in records if r.split == split]
-            for name, judge in (("mineru_health", corpus.native_judge()),
-                                ("baseline", baseline_judge)):
+            for name, judge in (
+                ("mineru_health", corpus.native_judge()),
+                ("baseline", baseline_judge),
+            ):
                 misses = corpus.score(chosen, judge)["all"].misses
                 print(f"{split} {name} misses ({len(misses)}):")
                 for miss in misses:

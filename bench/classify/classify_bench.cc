@@ -25,13 +25,13 @@
 
 namespace {
 
+using mineru_health::Classification;
 using mineru_health::Classifier;
 using mineru_health::Frame;
 using mineru_health::Rule;
 using mineru_health::RuleKind;
 using mineru_health::RuleScope;
 using mineru_health::RuleTarget;
-using mineru_health::Verdict;
 using mineru_health::Via;
 using Clock = std::chrono::steady_clock;
 
@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
     const Input& input = inputs[i];
     const std::size_t bytes = input_bytes(input);
     const int min_iterations = bytes > (1u << 20) ? 3 : 100;
-    Verdict verdict;
+    Classification verdict;
     const double ns =
         ns_per_call([&] { verdict = classifier.classify(input.frames); },
                     budget, min_iterations);
@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
   for (const Input& input : worst) {
     for (int which = 0; which < 2; ++which) {
       const Classifier& c = which == 0 ? classifier : heavy_classifier;
-      Verdict verdict;
+      Classification verdict;
       const double ns =
           ns_per_call([&] { verdict = c.classify(input.frames); }, budget, 3);
       worst_ratio = std::max(worst_ratio, ns / typical);

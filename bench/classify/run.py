@@ -120,8 +120,19 @@ def sized() -> list[tuple[str, BaseException]]:
 
 
 def _near_miss(size: int, seed: int) -> str:
-    pieces = ["CUDA error: ", "engine core ", "EngineCor ", "NCCL/", "[TM][", "errcode:50701 ",
-              "HIP out of ", "aicore exceptio ", "推理失败 ", "Background loop ", "abababab "]
+    pieces = [
+        "CUDA error: ",
+        "engine core ",
+        "EngineCor ",
+        "NCCL/",
+        "[TM][",
+        "errcode:50701 ",
+        "HIP out of ",
+        "aicore exceptio ",
+        "推理失败 ",
+        "Background loop ",
+        "abababab ",
+    ]
     rng = random.Random(seed)
     out: list[str] = []
     length = 0
@@ -242,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for label, table in (("native", native_ns), ("baseline", base_ns)):
         print(
-            f"growth {label:<8}: 100KB/1KB = {table['unmatched 100 KB'] / table['unmatched 1 KB']:.1f} "
+            f"growth {label:<8}: "
+            f"100KB/1KB = {table['unmatched 100 KB'] / table['unmatched 1 KB']:.1f} "
             f"(size x100), 10MB/100KB = {table['unmatched 10 MB'] / table['unmatched 100 KB']:.1f} "
             "(size x102.4)"
         )
@@ -280,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             verdict = rules.classify(exc)
             ns = ns_per_call(lambda e=exc, r=rules: r.classify(e), budget, 3)
             worst = max(worst, ns / typical)
-            print(f"{name:<32} {label:<10} {ns:>14.0f} {ns / typical:>10.1f}  "
-                  f"{verdict.kind}:{verdict.rule or '-'}")
-    print(f"worst/typical = {worst:.0f}x (frames are cut to 64 and messages to their head "
-          "and tail before the native call)")
+            print(
+                f"{name:<32} {label:<10} {ns:>14.0f} {ns / typical:>10.1f}  "
+                f"{verdict.kind}:{verdict.rule or '-'}"
+            )
+    print(
+        f"worst/typical = {worst:.0f}x (frames are cut to 64 and messages to their head "
+        "and tail before the native call)"
+    )
     return 0
 
 

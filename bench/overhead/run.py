@@ -86,8 +86,13 @@ class Bench:
     procs: Processes = field(default_factory=Processes)
 
     def client(self, base: str) -> Client:
-        return Client(base, self.line, engine_url=self.engine_url, formats=self.formats,
-                      submit_timeout_s=REQUEST_TIMEOUT_S)
+        return Client(
+            base,
+            self.line,
+            engine_url=self.engine_url,
+            formats=self.formats,
+            submit_timeout_s=REQUEST_TIMEOUT_S,
+        )
 
     def close(self) -> None:
         self.procs.stop_all()
@@ -101,8 +106,13 @@ def line3(root: Path, pages: int) -> Bench:
     except BaseException:
         procs.stop_all()
         raise
-    pdfs = [(f"doc{i}.pdf", make_pdf(pages + i, images_per_page=1, image_px=128,
-                                     lines_per_page=10, seed=30 + i)) for i in range(4)]
+    pdfs = [
+        (
+            f"doc{i}.pdf",
+            make_pdf(pages + i, images_per_page=1, image_px=128, lines_per_page=10, seed=30 + i),
+        )
+        for i in range(4)
+    ]
     return Bench(LINE3, "3.x", python, pdfs, vlm, procs=procs)
 
 
@@ -112,8 +122,7 @@ def line4(root: Path, pages: int) -> Bench | None:
         python = str(_REPO / ".venv-mineru4/bin/python")
     if python is None:
         return None
-    pdfs = [(f"doc{i}.pdf", make_pdf(pages + i, lines_per_page=40, seed=40 + i))
-            for i in range(4)]
+    pdfs = [(f"doc{i}.pdf", make_pdf(pages + i, lines_per_page=40, seed=40 + i)) for i in range(4)]
     return Bench(LINE4, "4.0", python, pdfs, formats=("markdown", "middle_json"))
 
 
@@ -122,11 +131,24 @@ def make_sites(line: Bench, root: Path) -> dict[str, Path]:
     upstream = copy_mineru(root / "site-upstream", line.python)
     ours = copy_mineru(root / "site-ours", line.python)
     done = subprocess.run(
-        [sys.executable, "-m", "mineru_health", "patch", "apply", "--mineru-path",
-         str(ours / "mineru")], capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "mineru_health",
+            "patch",
+            "apply",
+            "--mineru-path",
+            str(ours / "mineru"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"mineru-health patch apply failed ({done.returncode}):\n"
-                           f"{done.stdout}{done.stderr}")
+        raise RuntimeError(
+            f"mineru-health patch apply failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+        )
     return {"upstream": upstream, "ours": ours}
 
 
@@ -149,8 +171,14 @@ def _session_cpu_s(session: int) -> float:
     return total / _TICKS_PER_S
 
 
-def _client_loop(line: Bench, client: Client, first: int, stop: threading.Event,
-                 done: list[tuple[float, str]], errors: list[str]) -> None:
+def _client_loop(
+    line: Bench,
+    client: Client,
+    first: int,
+    stop: threading.Event,
+    done: list[tuple[float, str]],
+    errors: list[str],
+) -> None:
     """One client: submit, poll until the job ends, record when and how, next PDF."""
     index = first
     while not stop.is_set():
@@ -170,29 +198,51 @@ def _client_loop(line: Bench, client: Client, first: int, stop: threading.Event,
             stop.wait(POLL_S)
 
 
-def measure(line: Bench, side: str, site: Path, root: Path, *, in_flight: int,
-            warmup_s: float, seconds: float) -> dict[str, Any]:
+def measure(
+    line: Bench,
+    side: str,
+    site: Path,
+    root: Path,
+    *,
+    in_flight: int,
+    warmup_s: float,
+    seconds: float,
+) -> dict[str, Any]:
     scratch = root / f"run-{side}-{time.monotonic_ns()}"
     done: list[tuple[float, str]] = []
     errors: list[str] = []
     stop = threading.Event()
     started = time.monotonic()
     with Processes() as procs:
-        worker = start_worker(procs, line.line, site, line.python, scratch,
-                              native=side == "ours", timeout_s=START_TIMEOUT_S,
-                              name=f"mineru-api-{side}")
+        worker = start_worker(
+            procs,
+            line.line,
+            site,
+            line.python,
+            scratch,
+            native=side == "ours",
+            timeout_s=START_TIMEOUT_S,
+            name=f"mineru-api-{side}",
+        )
         up_s = time.monotonic() - started
         client = line.client(worker.base_url)
-        clients = [threading.Thread(target=_client_loop, args=(line, client, i, stop, done, errors),
-                                    daemon=True) for i in range(in_flight)]
+        clients = [
+            threading.Thread(
+                target=_client_loop, args=(line, client, i, stop, done, errors), daemon=True
+            )
+            for i in range(in_flight)
+        ]
         for thread in clients:
             thread.start()
         time.sleep(warmup_s)
         window_start = time.monotonic()
         cpu_start = _session_cpu_s(worker.proc.pid)
         # Upstream is not probed: any probing cost is charged to ours.
-        with (Prober(f"{worker.native_url}/health", timeout_s=30.0) if side == "ours"
-              else contextlib.nullcontext()) as prober:
+        with (
+            Prober(f"{worker.native_url}/health", timeout_s=30.0)
+            if side == "ours"
+            else contextlib.nullcontext()
+        ) as prober:
             time.sleep(seconds)
             window_end = time.monotonic()
             cpu_s = _session_cpu_s(worker.proc.pid) - cpu_start
@@ -233,29 +283,43 @@ def measure(line: Bench, side: str, site: Path, root: Path, *, in_flight: int,
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
-            "max": round(max(values), 4)}
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
 
 
-def bench_line(line: Bench, root: Path, *, rounds: int, in_flight: int, warmup_s: float,
-               seconds: float) -> dict[str, Any]:
+def bench_line(
+    line: Bench, root: Path, *, rounds: int, in_flight: int, warmup_s: float, seconds: float
+) -> dict[str, Any]:
     sites = make_sites(line, root)
     per_round: list[dict[str, Any]] = []
     for index in range(rounds):
         order = ("upstream", "ours") if index % 2 == 0 else ("ours", "upstream")
         row: dict[str, Any] = {"order": list(order)}
         for side in order:
-            row[side] = measure(line, side, sites[side], root, in_flight=in_flight,
-                                warmup_s=warmup_s, seconds=seconds)
+            row[side] = measure(
+                line,
+                side,
+                sites[side],
+                root,
+                in_flight=in_flight,
+                warmup_s=warmup_s,
+                seconds=seconds,
+            )
         up, ours = row["upstream"]["jobs_per_min"], row["ours"]["jobs_per_min"]
         row["ratio"] = round(ours / up, 4) if up else None
         cpu_up, cpu_ours = row["upstream"]["cpu_s_per_job"], row["ours"]["cpu_s_per_job"]
         row["cpu_ratio"] = round(cpu_ours / cpu_up, 4) if cpu_up and cpu_ours else None
-        print(f"  {line.name} round {index + 1} ({' then '.join(order)}): jobs/min upstream {up}"
-              f" ours {ours} ratio {row['ratio']} | cpu s/job upstream {cpu_up} ours {cpu_ours}"
-              f" ratio {row['cpu_ratio']} | cores busy upstream "
-              f"{row['upstream']['cpu_cores_busy']} ours {row['ours']['cpu_cores_busy']} | "
-              f"native /health {row['ours'].get('native_health')}", flush=True)
+        print(
+            f"  {line.name} round {index + 1} ({' then '.join(order)}): jobs/min upstream {up}"
+            f" ours {ours} ratio {row['ratio']} | cpu s/job upstream {cpu_up} ours {cpu_ours}"
+            f" ratio {row['cpu_ratio']} | cores busy upstream "
+            f"{row['upstream']['cpu_cores_busy']} ours {row['ours']['cpu_cores_busy']} | "
+            f"native /health {row['ours'].get('native_health')}",
+            flush=True,
+        )
         per_round.append(row)
     summary: dict[str, Any] = {"rounds": per_round}
     ratios = [r["ratio"] for r in per_round if r["ratio"]]
@@ -282,29 +346,49 @@ def bench_line(line: Bench, root: Path, *, rounds: int, in_flight: int, warmup_s
 
 def _print_summary(name: str, s: dict[str, Any]) -> None:
     for side in ("upstream", "ours"):
-        print(f"{name}: {side:<8} jobs/min {s[side].get('jobs_per_min')} ; "
-              f"cpu s/job {s[side].get('cpu_s_per_job')}")
-    print(f"{name}: ratio ours/upstream {s.get('ratio')} ; cpu s/job ratio "
-          f"{s.get('cpu_per_job_ratio')}")
-    print(f"{name}: ours native /health p50 ms {s['native_health_p50_ms']}, "
-          f"p99 ms {s['native_health_p99_ms']}")
+        print(
+            f"{name}: {side:<8} jobs/min {s[side].get('jobs_per_min')} ; "
+            f"cpu s/job {s[side].get('cpu_s_per_job')}"
+        )
+    print(
+        f"{name}: ratio ours/upstream {s.get('ratio')} ; cpu s/job ratio "
+        f"{s.get('cpu_per_job_ratio')}"
+    )
+    print(
+        f"{name}: ours native /health p50 ms {s['native_health_p50_ms']}, "
+        f"p99 ms {s['native_health_p99_ms']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--line", choices=("3", "4", "all"), default="all")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per line (default 3)")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="measured window per run, seconds (default 20)")
-    parser.add_argument("--warmup", type=float, default=5.0,
-                        help="load before the window opens, seconds (default 5)")
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="measured window per run, seconds (default 20)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=5.0,
+        help="load before the window opens, seconds (default 5)",
+    )
     parser.add_argument("--in-flight", type=int, default=4, help="jobs in flight (default 4)")
-    parser.add_argument("--pages", type=int, default=3,
-                        help="pages of the smallest PDF of the set of four (default 3)")
+    parser.add_argument(
+        "--pages",
+        type=int,
+        default=3,
+        help="pages of the smallest PDF of the set of four (default 3)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    if not (1 <= args.rounds <= 50 and 5 <= args.seconds <= 1800 and 1 <= args.in_flight <= 32
-            and 0 <= args.warmup <= 600 and 1 <= args.pages <= 200):
+    if not (
+        1 <= args.rounds <= 50
+        and 5 <= args.seconds <= 1800
+        and 1 <= args.in_flight <= 32
+        and 0 <= args.warmup <= 600
+        and 1 <= args.pages <= 200
+    ):
         parser.error("rounds 1-50, seconds 5-1800, warmup 0-600, in-flight 1-32, pages 1-200")
     results: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
     started = time.monotonic()
@@ -317,15 +401,23 @@ def main(argv: list[str] | None = None) -> int:
             scratch.mkdir()
             line = factory(scratch, args.pages)
             if line is None:
-                print(f"line {name}: skipped, set MINERU_HEALTH_MINERU4_PYTHON to a MinerU 4.0 "
-                      "venv's python", file=sys.stderr)
+                print(
+                    f"line {name}: skipped, set MINERU_HEALTH_MINERU4_PYTHON to a MinerU 4.0 "
+                    "venv's python",
+                    file=sys.stderr,
+                )
                 if args.line == name:
                     return 2
                 continue
             try:
-                results[line.name] = bench_line(line, scratch, rounds=args.rounds,
-                                                in_flight=args.in_flight,
-                                                warmup_s=args.warmup, seconds=args.seconds)
+                results[line.name] = bench_line(
+                    line,
+                    scratch,
+                    rounds=args.rounds,
+                    in_flight=args.in_flight,
+                    warmup_s=args.warmup,
+                    seconds=args.seconds,
+                )
             finally:
                 line.close()
             _print_summary(line.name, results[line.name])

@@ -53,12 +53,21 @@ def _job(worker: Worker, pdf: bytes) -> tuple[int, dict[str, Any] | None]:
     return 202, None if outcome.status == "hung" else outcome.detail
 
 
-def one(site: Path, root: Path, python: str, fault: str, pdf: bytes, *,
-        native: bool) -> dict[str, Any]:
+def one(
+    site: Path, root: Path, python: str, fault: str, pdf: bytes, *, native: bool
+) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(dir=root))
     with Processes() as procs:
-        worker = start_worker(procs, LINE4, site, python, scratch, native=native, faults=True,
-                              timeout_s=START_TIMEOUT_S)
+        worker = start_worker(
+            procs,
+            LINE4,
+            site,
+            python,
+            scratch,
+            native=native,
+            faults=True,
+            timeout_s=START_TIMEOUT_S,
+        )
         write_plan(worker.plan, fault)
         started = time.monotonic()
         _, job = _job(worker, pdf)
@@ -88,20 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mineru-health-detect4-") as tmp:
         root = Path(tmp)
         pdf = text_pdf(2)
-        sites = {"upstream": LINE4.site(root / "site-upstream", python, patched=False),
-                 "ours": LINE4.site(root / "site-ours", python)}
+        sites = {
+            "upstream": LINE4.site(root / "site-upstream", python, patched=False),
+            "ours": LINE4.site(root / "site-ours", python),
+        }
         for fault in FAULTS:
             for side, site in sites.items():
                 outcome = one(site, root, python, fault, pdf, native=side == "ours")
                 results.setdefault(fault, {})[side] = outcome
                 print(f"{fault:22} {side:8} {json.dumps(outcome)}", flush=True)
     dead = [f for f in FAULTS if f != "task_local"]
-    summary = {side: sum(results[f][side]["v1_health"] == 503 for f in dead)
-               for side in ("upstream", "ours")}
+    summary = {
+        side: sum(results[f][side]["v1_health"] == 503 for f in dead)
+        for side in ("upstream", "ours")
+    }
     print(f"engine deaths detected (/v1/health 503) of {len(dead)}: {summary}")
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "detected": summary}, indent=2)
-                             + "\n", encoding="utf-8")
+        args.json.write_text(
+            json.dumps({"results": results, "detected": summary}, indent=2) + "\n", encoding="utf-8"
+        )
     return 0
 
 

@@ -39,7 +39,10 @@ injected; and ``llama_real``, a real engine death beside them: workers on
 the standard tier (MinerU's VLM path on llama.cpp, 4.0's default engine on
 CPU, with the tiny generated model of ``mineru_health.demo.engine``), one
 job every 2 s, and the engine of whichever worker generates next closed
-under its running jobs (``Engine.close()``; no fault plugin). Sides:
+under its running jobs (``Engine.close()``; no fault plugin); ``vllm_real`` (asked for by
+name: it needs ``.venv-vllm4``, ``scripts/vllm_venvs.sh``), the same with a real vLLM
+(``mineru_health.demo.engine.tiny_qwen2vl``), the first worker's ``VLLM::EngineCore``
+killed (kill -9). Sides:
 ``upstream`` (MinerU 4.0's own router; the fault plugin only), ``ours``,
 and ``ours-grace``: ours as it was before fast replacement (issue 32), a
 worker condemned for a dead engine ended like a healthy one (SIGTERM,
@@ -96,6 +99,7 @@ from mineru_health.demo.fleet import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
+from harness import vllm_real
 from harness.samplers import RotationLog, run_fault
 from mineru_health.demo.sandbox import Processes, SandboxError, make_pdf, wait_until
 
@@ -135,8 +139,9 @@ class Result:
 def _inject(router: Router, scenario: str, stream: Stream) -> None:
     victim_url = router.servers()[VICTIM]["base_url"]
     if scenario in ("engine_death", "stall"):
-        router.write_plan("engine_dead" if scenario == "engine_death" else "engine_stall",
-                          victim_url)
+        router.write_plan(
+            "engine_dead" if scenario == "engine_death" else "engine_stall", victim_url
+        )
     elif scenario == "kill9":
         pid = router.worker_pid(victim_url)
         if pid is None:
@@ -149,25 +154,30 @@ def _inject(router: Router, scenario: str, stream: Stream) -> None:
         stream.add((POISON_NAME, make_pdf(text="a document that kills inference engines")))
 
 
-def run_side(side: str, site: Path, env: dict[str, str], work: Path, scenario: str, pdf: bytes,
-             args: Any) -> Result:
+def run_side(
+    side: str, site: Path, env: dict[str, str], work: Path, scenario: str, pdf: bytes, args: Any
+) -> Result:
     """One router with two workers for one scenario; stopped, with what it started, after."""
     result = Result(side, scenario)
     print(f"[{scenario}/{side}] starting router and two workers ...", flush=True)
     # The router's workers put their output directories in TMPDIR: counted here.
     (work / "tmp").mkdir(parents=True)
     env = {**env, "TMPDIR": str(work / "tmp")}
-    with (fleet(LINE3, work, args.python, site=site, env=env, fault_plan="plan-{port}") as router,
-          RotationLog(router, every_s=0.1) as rotation):
+    with (
+        fleet(LINE3, work, args.python, site=site, env=env, fault_plan="plan-{port}") as router,
+        RotationLog(router, every_s=0.1) as rotation,
+    ):
         client = Client(router.base, LINE3, engine_url=args.vlm_url, timeout_s=args.task_timeout)
-        with Stream(client, lambda n: (f"warm-{n}.pdf", pdf),
-                    task_timeout_s=args.task_timeout) as warm:
+        with Stream(
+            client, lambda n: (f"warm-{n}.pdf", pdf), task_timeout_s=args.task_timeout
+        ) as warm:
             for _ in range(4):
                 warm.add()
             if any(o.status != "completed" for o in warm.outcomes()):
                 raise SystemExit(f"{side}: warm-up failed; see {router.proc.log_path}")
-        with Stream(client, lambda n: (f"s{n:03d}.pdf", pdf),
-                    task_timeout_s=args.task_timeout) as stream:
+        with Stream(
+            client, lambda n: (f"s{n:03d}.pdf", pdf), task_timeout_s=args.task_timeout
+        ) as stream:
             t_start = time.monotonic()
             t_inject: float | None = None
             n = 0
@@ -191,8 +201,11 @@ def run_side(side: str, site: Path, env: dict[str, str], work: Path, scenario: s
         out = rotation.out_at(t_inject)
         if out is not None:
             result.detection_s = out - t_inject
-            back = wait_until(lambda: rotation.back_at(t_inject),
-                              max(0.0, t_inject + args.recovery_cap - time.time()), 0.2)
+            back = wait_until(
+                lambda: rotation.back_at(t_inject),
+                max(0.0, t_inject + args.recovery_cap - time.time()),
+                0.2,
+            )
             result.recovery_s = back - t_inject if back else None
         # Upload names whose Markdown exists in more than one task output directory.
         seen = Counter(path.stem for path in (work / "tmp").rglob("*.md"))
@@ -221,17 +234,31 @@ def report(pairs: list[tuple[Result, Result]], cap: float) -> None:
         lost_a, lost_b = base.count("failed", "rejected"), ours.count("failed", "rejected")
         rows += [
             (base.scenario, "tasks submitted", str(len(base.tasks)), str(len(ours.tasks)), ""),
-            ("", "tasks completed", str(base.count("completed")), str(ours.count("completed")),
-             ""),
-            ("", "tasks failed (incl. rejected)", str(lost_a), str(lost_b),
-             ratio(float(lost_a), float(lost_b)) if lost_b else ("-" if not lost_a else "inf")),
+            ("", "tasks completed", str(base.count("completed")), str(ours.count("completed")), ""),
+            (
+                "",
+                "tasks failed (incl. rejected)",
+                str(lost_a),
+                str(lost_b),
+                ratio(float(lost_a), float(lost_b)) if lost_b else ("-" if not lost_a else "inf"),
+            ),
             ("", "tasks hung", str(base.count("hung")), str(ours.count("hung")), ""),
             ("", "tasks duplicated", str(base.duplicated), str(ours.duplicated), ""),
             ("", "resubmissions", str(base.resubmissions), str(ours.resubmissions), ""),
-            ("", "fault -> worker out (s)", fmt(base.detection_s, cap), fmt(ours.detection_s, cap),
-             ratio(base.detection_s, ours.detection_s)),
-            ("", "fault -> all back (s)", fmt(base.recovery_s, cap), fmt(ours.recovery_s, cap),
-             ratio(base.recovery_s, ours.recovery_s)),
+            (
+                "",
+                "fault -> worker out (s)",
+                fmt(base.detection_s, cap),
+                fmt(ours.detection_s, cap),
+                ratio(base.detection_s, ours.detection_s),
+            ),
+            (
+                "",
+                "fault -> all back (s)",
+                fmt(base.recovery_s, cap),
+                fmt(ours.recovery_s, cap),
+                ratio(base.recovery_s, ours.recovery_s),
+            ),
         ]
         if base.poison_status or ours.poison_status:
             rows.append(("", "poison document", base.poison_status, ours.poison_status, ""))
@@ -243,19 +270,29 @@ def report(pairs: list[tuple[Result, Result]], cap: float) -> None:
 def _task(outcome: Outcome) -> dict[str, Any]:
     """A task as this bench's JSON lists it: name, status, attempts, error."""
     detail, ended = outcome.detail, outcome.status in LINE3.terminal
-    error = (f"{detail.get('code')} {str(detail.get('body', ''))[:300]}"
-             if outcome.status == "rejected" else str(detail.get("error") or "")[:300])
-    return {"name": outcome.name, "status": outcome.status,
-            "attempts": outcome.attempts if ended else 1, "error": error if ended or
-            outcome.status == "rejected" else ""}
+    error = (
+        f"{detail.get('code')} {str(detail.get('body', ''))[:300]}"
+        if outcome.status == "rejected"
+        else str(detail.get("error") or "")[:300]
+    )
+    return {
+        "name": outcome.name,
+        "status": outcome.status,
+        "attempts": outcome.attempts if ended else 1,
+        "error": error if ended or outcome.status == "rejected" else "",
+    }
 
 
 def _summary(result: Result) -> dict[str, Any]:
     data = asdict(result)
     data["lost"] = [_task(t) for t in result.tasks if t.status != "completed"]
     data.pop("tasks")
-    data.update(submitted=len(result.tasks), completed=result.count("completed"),
-                failed=result.count("failed", "rejected"), hung=result.count("hung"))
+    data.update(
+        submitted=len(result.tasks),
+        completed=result.count("completed"),
+        failed=result.count("failed", "rejected"),
+        hung=result.count("hung"),
+    )
     return data
 
 
@@ -265,22 +302,45 @@ def line3(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]
     with Processes() as procs:
         args.vlm_url = start_fake_vlm(procs, work)
         pdf = make_pdf(text="mineru-health recovery bench")
-        sites = {"baseline": baseline_site(work / "site-a", args.python),
-                 "mineru-health": LINE3.site(work / "site-b", args.python)}
+        sites = {
+            "baseline": baseline_site(work / "site-a", args.python),
+            "mineru-health": LINE3.site(work / "site-b", args.python),
+        }
         base_env = {"BENCH_PR5188_MARKERS": "1"} if args.baseline == "pr5188" else {}
-        ours_env = {"MINERU_ROUTER_HEALTH_PRESET": args.preset,
-                    "MINERU_HEALTH_STALL_S": args.stall_s}
+        ours_env = {
+            "MINERU_ROUTER_HEALTH_PRESET": args.preset,
+            "MINERU_HEALTH_STALL_S": args.stall_s,
+        }
         for scenario in scenarios:
-            pairs.append((
-                run_side("baseline", sites["baseline"], base_env, work / f"{scenario}-a",
-                         scenario, pdf, args),
-                run_side("mineru-health", sites["mineru-health"], ours_env,
-                         work / f"{scenario}-b", scenario, pdf, args)))
+            pairs.append(
+                (
+                    run_side(
+                        "baseline",
+                        sites["baseline"],
+                        base_env,
+                        work / f"{scenario}-a",
+                        scenario,
+                        pdf,
+                        args,
+                    ),
+                    run_side(
+                        "mineru-health",
+                        sites["mineru-health"],
+                        ours_env,
+                        work / f"{scenario}-b",
+                        scenario,
+                        pdf,
+                        args,
+                    ),
+                )
+            )
     label = "upstream 3.4" if args.baseline == "upstream" else "upstream 3.4 + PR#5188-like"
     print(f"\n(a) = {label}, (b) = mineru-health ({args.preset}); logs under {work}")
     report(pairs, args.recovery_cap)
-    return [{"scenario": a.scenario, "baseline": _summary(a), "mineru_health": _summary(b)}
-            for a, b in pairs]
+    return [
+        {"scenario": a.scenario, "baseline": _summary(a), "mineru_health": _summary(b)}
+        for a, b in pairs
+    ]
 
 
 # --- line 4 -------------------------------------------------------------------------------------
@@ -293,6 +353,24 @@ SCENARIOS4: dict[str, Callable[[Router], object]] = {
 #: The real engine death (demo_engine): its own setup and pace, since it parses with a model.
 LLAMA_REAL = "llama_real"
 LLAMA_REAL_EVERY_S = 2.0
+#: A real vLLM (``.venv-vllm4``, scripts/vllm_venvs.sh) on the standard tier, its EngineCore
+#: killed (kill -9) under running jobs; not in the default list (it needs that venv). Its
+#: engines start on their first jobs (~1.5 min, two at once on 2 cores): a longer job bound.
+VLLM_REAL = "vllm_real"
+VLLM_REAL_START_S = 420.0
+
+
+def _vllm4_python() -> str:
+    python, why = vllm_real.vllm4_python()
+    if python is None:
+        raise SystemExit(f"{VLLM_REAL}: {why}")
+    return python
+
+
+def _kill_engine_core(router: Router) -> None:
+    """kill -9 of the first worker's ``VLLM::EngineCore``."""
+    cores = vllm_real.vllm_processes(vllm_real.descendants(router.worker_pids()[0]))
+    os.kill(cores["engine_core"][0], signal.SIGKILL)
 
 
 def _downloadable(router: Router, jobs: list[Outcome]) -> int:
@@ -307,8 +385,9 @@ def _downloadable(router: Router, jobs: list[Outcome]) -> int:
             except (httpx.HTTPError, KeyError, TypeError, IndexError):
                 continue
             whole = content.status_code == 200 and len(content.content) == output.get("bytes")
-            count += whole and (router.line is not LINE4 or f"Document {job.number}," in
-                                content.text)
+            count += whole and (
+                router.line is not LINE4 or f"Document {job.number}," in content.text
+            )
     return count
 
 
@@ -325,7 +404,7 @@ import importlib.abc, importlib.util, sys
 
 class _Grace(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "mineru_health.runtime.router.fleet":
+        if name != "mineru_health.runtime.router.local_workers":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -346,6 +425,14 @@ def one4(python: str, scenario: str, side: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"router4-{scenario}-{side}-") as scratch_dir:
         scratch, patched = Path(scratch_dir), side in ("ours", "ours-grace")
         line, site, env, plan, every_s, real = LINE4, None, FLEET4_ENV, "plan", 0.8, None
+        start_s, recovery_s = 120.0, 90.0
+        if scenario == VLLM_REAL:
+            python = _vllm4_python()
+            line, plan, every_s = LINE4_STANDARD, None, LLAMA_REAL_EVERY_S
+            site = line.site(scratch / "mineru-site", python, patched=patched, faults=False)
+            vllm_real.write_home4(python, scratch / "tiny-home")
+            env = {**FLEET4_ENV, **vllm_real.worker_env4(scratch / "tiny-home")}
+            start_s = VLLM_REAL_START_S
         if scenario == LLAMA_REAL:
             line, plan, every_s = LINE4_STANDARD, None, LLAMA_REAL_EVERY_S
             site = line.site(scratch / "mineru-site", python, patched=patched, faults=False)
@@ -356,11 +443,22 @@ def one4(python: str, scenario: str, side: str) -> dict[str, Any]:
             hooks = site / "sitecustomize.py"  # the fault plan plugin's loader stays first
             first = hooks.read_text(encoding="utf-8") if hooks.exists() else ""
             hooks.write_text(first + _GRACE_BASELINE, encoding="utf-8")
-        with fleet(line, scratch, python, site=site, patched=patched, env=env,
-                   fault_plan=plan) as router:
-            inject = real.close if real else functools.partial(SCENARIOS4[scenario], router)
-            run = run_fault(router, inject, every_s=every_s, recovery_timeout_s=90.0,
-                            task_timeout_s=120.0)
+        with fleet(
+            line, scratch, python, site=site, patched=patched, env=env, fault_plan=plan
+        ) as router:
+            if real:
+                inject: Callable[[], object] = real.close
+            elif scenario == VLLM_REAL:
+                inject = functools.partial(_kill_engine_core, router)
+            else:
+                inject = functools.partial(SCENARIOS4[scenario], router)
+            run = run_fault(
+                router,
+                inject,
+                every_s=every_s,
+                recovery_timeout_s=recovery_s,
+                task_timeout_s=start_s,
+            )
             kept = _downloadable(router, run.before)
     return {
         "scenario": scenario,
@@ -380,9 +478,12 @@ def line4(args: argparse.Namespace, scenarios: list[str]) -> list[dict[str, Any]
         for side in args.sides.split(","):
             row = one4(args.python, scenario, side)
             rows.append(row)
-            print(f"{scenario:12} {side:10} jobs {row['jobs']:3}  lost {row['lost']:3}  "
-                  f"out after {row['out_after_s']} s  back after {row['back_after_s']} s  "
-                  f"earlier results {row['earlier_results']}", flush=True)
+            print(
+                f"{scenario:12} {side:10} jobs {row['jobs']:3}  lost {row['lost']:3}  "
+                f"out after {row['out_after_s']} s  back after {row['back_after_s']} s  "
+                f"earlier results {row['earlier_results']}",
+                flush=True,
+            )
             for reason in row["lost_reasons"]:
                 print(f"{'':23}lost: {reason}", flush=True)
     real_vs_injected(rows)
@@ -395,38 +496,56 @@ def real_vs_injected(rows: list[dict[str, Any]]) -> None:
     real, injected = ours.get(LLAMA_REAL), ours.get("engine_dead")
     if real is None or injected is None:
         return
-    print(f"\nours, {LLAMA_REAL} / engine_dead (real / injected, same run): "
-          f"out after {ratio(real['out_after_s'], injected['out_after_s'])}, "
-          f"back after {ratio(real['back_after_s'], injected['back_after_s'])}; "
-          f"lost {real['lost']} / {injected['lost']}", flush=True)
+    print(
+        f"\nours, {LLAMA_REAL} / engine_dead (real / injected, same run): "
+        f"out after {ratio(real['out_after_s'], injected['out_after_s'])}, "
+        f"back after {ratio(real['back_after_s'], injected['back_after_s'])}; "
+        f"lost {real['lost']} / {injected['lost']}",
+        flush=True,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--line", choices=("3", "4"), default="3")
-    parser.add_argument("--python", help="MinerU's interpreter (default: "
-                        "MINERU_HEALTH_MINERU_PYTHON or this one; line 4: "
-                        "MINERU_HEALTH_MINERU4_PYTHON)")
-    parser.add_argument("--scenarios", help=f"line 3: {','.join(SCENARIOS)} (default); "
-                        f"line 4: {','.join(SCENARIOS4)},{LLAMA_REAL} (default)")
-    parser.add_argument("--sides", default="upstream,ours",
-                        help="line 4: upstream, ours, ours-grace")
+    parser.add_argument(
+        "--python",
+        help="MinerU's interpreter (default: "
+        "MINERU_HEALTH_MINERU_PYTHON or this one; line 4: "
+        "MINERU_HEALTH_MINERU4_PYTHON)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        help=f"line 3: {','.join(SCENARIOS)} (default); "
+        f"line 4: {','.join(SCENARIOS4)},{LLAMA_REAL} (default), "
+        f"{VLLM_REAL}",
+    )
+    parser.add_argument(
+        "--sides", default="upstream,ours", help="line 4: upstream, ours, ours-grace"
+    )
     parser.add_argument("--duration", type=float, default=14.0, help="seconds of stream")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between submissions")
     parser.add_argument("--inject-after", type=float, default=4.0, help="seconds into the stream")
-    parser.add_argument("--burst", type=int, default=4, help="tasks submitted at once just "
-                        "before the fault")
-    parser.add_argument("--task-timeout", type=float, default=60.0,
-                        help="a task not terminal by then is hung")
-    parser.add_argument("--recovery-cap", type=float, default=60.0,
-                        help="stop waiting for recovery after this many seconds")
+    parser.add_argument(
+        "--burst", type=int, default=4, help="tasks submitted at once just before the fault"
+    )
+    parser.add_argument(
+        "--task-timeout", type=float, default=60.0, help="a task not terminal by then is hung"
+    )
+    parser.add_argument(
+        "--recovery-cap",
+        type=float,
+        default=60.0,
+        help="stop waiting for recovery after this many seconds",
+    )
     parser.add_argument("--preset", default="production", help="MINERU_ROUTER_HEALTH_PRESET (b)")
     parser.add_argument("--stall-s", default="5", help="MINERU_HEALTH_STALL_S of (b)'s workers")
     parser.add_argument("--baseline", choices=("upstream", "pr5188"), default="upstream")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    known = SCENARIOS if args.line == "3" else (*SCENARIOS4, LLAMA_REAL)
-    scenarios = [s for s in (args.scenarios or ",".join(known)).split(",") if s]
+    default = SCENARIOS if args.line == "3" else (*SCENARIOS4, LLAMA_REAL)
+    known = default if args.line == "3" else (*default, VLLM_REAL)
+    scenarios = [s for s in (args.scenarios or ",".join(default)).split(",") if s]
     unknown = set(scenarios) - set(known)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(known)}")

@@ -42,8 +42,7 @@ from typing import Any
 from mineru_health.runtime.router.store import KEPT_NAME, RouterStore
 
 
-def fill(state: Path, count: int, pdf: bytes, engine: str,
-         workers: tuple[str, ...]) -> list[str]:
+def fill(state: Path, count: int, pdf: bytes, engine: str, workers: tuple[str, ...]) -> list[str]:
     """``count`` unfinished tasks in the router's store under ``state``, oldest first."""
     from types import SimpleNamespace
 
@@ -51,13 +50,14 @@ def fill(state: Path, count: int, pdf: bytes, engine: str,
     from mineru_health.mineru3.router.tasks import Task, TaskLine
     from mineru_health.runtime.router.line import Kept
     from mineru_health.runtime.router.supervisor import Supervisor
-    from mineru_health.settings import HealthSettings
+    from mineru_health.runtime.settings import HealthSettings
 
     state.mkdir(parents=True, exist_ok=True)
     store = RouterStore(state / "mineru-health-router.sqlite3")
     line = TaskLine(SimpleNamespace(), {})
-    supervisor = Supervisor(SimpleNamespace(), line, HealthSettings.preset("production"),
-                            store=store)
+    supervisor = Supervisor(
+        SimpleNamespace(), line, HealthSettings.preset("production"), store=store
+    )
     keys = []
     start = time.time() - count
     for index in range(count):
@@ -67,14 +67,24 @@ def fill(state: Path, count: int, pdf: bytes, engine: str,
         staged.mkdir(parents=True)
         (staged / f"doc{index}.pdf").write_bytes(pdf)
         record = router.RouterTaskRecord(
-            task_id=key, upstream_server_id=worker, upstream_task_id=str(uuid.uuid4()),
-            upstream_base_url="http://127.0.0.1:9", backend="vlm-http-client",
-            file_names=[f"doc{index}"], created_at="2026-12-06T00:00:00+00:00",
-            status="pending")
+            task_id=key,
+            upstream_server_id=worker,
+            upstream_task_id=str(uuid.uuid4()),
+            upstream_base_url="http://127.0.0.1:9",
+            backend="vlm-http-client",
+            file_names=[f"doc{index}"],
+            created_at="2026-12-06T00:00:00+00:00",
+            status="pending",
+        )
         payload = router.MultipartPayload(
-            temp_dir=str(staged), fields=[("backend", "vlm-http-client"), ("server_url", engine)],
-            uploads=[router.StagedUpload("files", f"doc{index}.pdf", "application/pdf",
-                                         str(staged / f"doc{index}.pdf"))])
+            temp_dir=str(staged),
+            fields=[("backend", "vlm-http-client"), ("server_url", engine)],
+            uploads=[
+                router.StagedUpload(
+                    "files", f"doc{index}.pdf", "application/pdf", str(staged / f"doc{index}.pdf")
+                )
+            ],
+        )
         kept = Kept(key, Task(record, payload, None), [worker], "http://127.0.0.1:9", None, 0)
         kept.accepted_at = start + index  # oldest first
         supervisor.save(kept)
@@ -83,8 +93,9 @@ def fill(state: Path, count: int, pdf: bytes, engine: str,
     return keys
 
 
-def one_size(count: int, root: Path, site: Path, python: str, engine: str, pdf: bytes,
-             procs: Any) -> dict[str, float]:
+def one_size(
+    count: int, root: Path, site: Path, python: str, engine: str, pdf: bytes, procs: Any
+) -> dict[str, float]:
     import httpx
     from mineru_health.demo.fleet import LINE3, Client, start_router
 
@@ -92,9 +103,19 @@ def one_size(count: int, root: Path, site: Path, python: str, engine: str, pdf: 
     state = scratch / "state"
     keys = fill(state, count, pdf, engine, ("local-gpu-0", "local-gpu-1"))
     started = time.monotonic()
-    router = start_router(procs, LINE3, site, python, scratch, env={
-        "MINERU_ROUTER_HEALTH_PRESET": "fast", "MINERU_HEALTH_STATE_DIR": str(state),
-        "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": str(max(1000, 2 * count))}, fault_plan=None)
+    router = start_router(
+        procs,
+        LINE3,
+        site,
+        python,
+        scratch,
+        env={
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_HEALTH_STATE_DIR": str(state),
+            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": str(max(1000, 2 * count)),
+        },
+        fault_plan=None,
+    )
     marks: dict[str, float] = {}
     client = Client(router.base, LINE3, engine_url=engine)
     wanted = 5 if count else 3
@@ -105,8 +126,7 @@ def one_size(count: int, root: Path, site: Path, python: str, engine: str, pdf: 
             log = router.proc.log_path.read_text(errors="replace")
             if count and "resumed_s" not in marks and "resumed from the router's store" in log:
                 marks["resumed_s"] = time.monotonic() - started
-            if count and "reconciled_s" not in marks and \
-                    log.count("(router_restart on") >= count:
+            if count and "reconciled_s" not in marks and log.count("(router_restart on") >= count:
                 marks["reconciled_s"] = time.monotonic() - started
             try:
                 if "first_answer_s" not in marks:
@@ -114,7 +134,8 @@ def one_size(count: int, root: Path, site: Path, python: str, engine: str, pdf: 
                         marks["first_answer_s"] = time.monotonic() - started
                     continue
                 if "first_status_s" not in marks and (
-                        not keys or http.get(f"{router.base}/tasks/{keys[-1]}").status_code == 200):
+                    not keys or http.get(f"{router.base}/tasks/{keys[-1]}").status_code == 200
+                ):
                     marks["first_status_s"] = time.monotonic() - started
                 if "new_accepted_s" not in marks:
                     task_id, _ = client.submit("new.pdf", pdf)
@@ -127,9 +148,13 @@ def one_size(count: int, root: Path, site: Path, python: str, engine: str, pdf: 
                     raise SystemExit(f"the router exited:\n{router.proc.log_tail()}")
                 time.sleep(max(0.0, 0.05 - (time.monotonic() - tick)))
     if "resumed_s" in marks:  # what the store adds once the workers are up
-        marks.update({f"{k[:-2]}_after_resume_s": marks[k] - marks["resumed_s"]
-                      for k in ("first_answer_s", "first_status_s", "new_accepted_s",
-                                "reconciled_s") if k in marks})
+        marks.update(
+            {
+                f"{k[:-2]}_after_resume_s": marks[k] - marks["resumed_s"]
+                for k in ("first_answer_s", "first_status_s", "new_accepted_s", "reconciled_s")
+                if k in marks
+            }
+        )
     os.kill(router.proc.pid, signal.SIGTERM)
     if router.proc.wait(60.0) is None:
         os.kill(router.proc.pid, signal.SIGKILL)
@@ -155,8 +180,10 @@ def main() -> int:
         for count in [0, *[int(s) for s in args.sizes.split(",")]]:
             marks = one_size(count, root, site, python, engine, pdf, procs)
             results[str(count)] = marks
-            print(f"{count:5d} stored: " + ", ".join(f"{k} {v:.1f}" for k, v in marks.items()),
-                  file=sys.stderr)
+            print(
+                f"{count:5d} stored: " + ", ".join(f"{k} {v:.1f}" for k, v in marks.items()),
+                file=sys.stderr,
+            )
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

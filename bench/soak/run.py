@@ -65,8 +65,9 @@ def soak(router: Router, client: Client, pdf: bytes, args: argparse.Namespace) -
     count = int(args.duration * args.rate)
     warm = int(args.warmup * args.rate)
 
-    with Stream(client, lambda n: (f"soak-{n:05d}.pdf", pdf), every_s=every_s,
-                count=count) as stream:
+    with Stream(
+        client, lambda n: (f"soak-{n:05d}.pdf", pdf), every_s=every_s, count=count
+    ) as stream:
 
         def sample() -> None:
             while not stop.wait(2.0):
@@ -74,8 +75,9 @@ def soak(router: Router, client: Client, pdf: bytes, args: argparse.Namespace) -
                 if done < warm:
                     continue
                 procs = {"router": router.proc.pid}
-                procs.update({f"worker-{i}": pid
-                              for i, pid in enumerate(sorted(router.worker_pids()))})
+                procs.update(
+                    {f"worker-{i}": pid for i, pid in enumerate(sorted(router.worker_pids()))}
+                )
                 for name, pid in procs.items():
                     kb = rss_kb(pid)
                     if kb is not None:
@@ -103,10 +105,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of stream a side")
     parser.add_argument("--rate", type=float, default=2.0, help="tasks a second")
-    parser.add_argument("--warmup", type=float, default=30.0,
-                        help="seconds of stream before sampling (first parses load a lot)")
-    parser.add_argument("--retention", type=int, default=30,
-                        help="MinerU's task retention, seconds (router and workers)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds of stream before sampling (first parses load a lot)",
+    )
+    parser.add_argument(
+        "--retention",
+        type=int,
+        default=30,
+        help="MinerU's task retention, seconds (router and workers)",
+    )
     parser.add_argument("--task-timeout", type=float, default=600.0)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -115,27 +125,37 @@ def main() -> int:
         "MINERU_API_TASK_CLEANUP_INTERVAL_SECONDS": str(max(1, args.retention // 3)),
     }
     python = mineru_python()
-    results: dict[str, Any] = {"duration_s": args.duration, "rate": args.rate,
-                               "retention_s": args.retention}
+    results: dict[str, Any] = {
+        "duration_s": args.duration,
+        "rate": args.rate,
+        "retention_s": args.retention,
+    }
     pdf = make_pdf(text="mineru-health soak page")
     with tempfile.TemporaryDirectory(prefix="mineru-health-soak-") as tmp, Processes() as procs:
         root = Path(tmp)
         vlm = start_fake_vlm(procs, root)
         for side, patched in SIDES.items():
             site = LINE3.site(root / f"site-{side}", python, patched=patched, faults=False)
-            with fleet(LINE3, root / f"router-{side}", python, site=site, env=env,
-                       fault_plan=None) as router:
+            with fleet(
+                LINE3, root / f"router-{side}", python, site=site, env=env, fault_plan=None
+            ) as router:
                 client = Client(router.base, LINE3, engine_url=vlm, submit_timeout_s=120.0)
                 results[side] = soak(router, client, pdf, args)
             print(f"{side}: {json.dumps(results[side])}", flush=True)
-    print(f"\nsoak: {args.duration:g} s at {args.rate:g} task/s a side, "
-          f"retention {args.retention} s (RSS growth per completed task after warm-up)")
-    print(f"  {'process':<10} {'upstream KB/task':>17} {'ours KB/task':>13} "
-          f"{'ours end MB':>12} {'upstream end MB':>16}")
+    print(
+        f"\nsoak: {args.duration:g} s at {args.rate:g} task/s a side, "
+        f"retention {args.retention} s (RSS growth per completed task after warm-up)"
+    )
+    print(
+        f"  {'process':<10} {'upstream KB/task':>17} {'ours KB/task':>13} "
+        f"{'ours end MB':>12} {'upstream end MB':>16}"
+    )
     for name in sorted(set(results["ours"]) - {"tasks", "completed"}):
         ours, up = results["ours"].get(name, {}), results["upstream"].get(name, {})
-        print(f"  {name:<10} {up.get('kb_per_task')!s:>17} {ours.get('kb_per_task')!s:>13} "
-              f"{ours.get('rss_end_mb')!s:>12} {up.get('rss_end_mb')!s:>16}")
+        print(
+            f"  {name:<10} {up.get('kb_per_task')!s:>17} {ours.get('kb_per_task')!s:>13} "
+            f"{ours.get('rss_end_mb')!s:>12} {up.get('rss_end_mb')!s:>16}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

@@ -44,18 +44,35 @@ def finished_task(fast_api: Any, index: int, root: Path) -> Any:
     output_dir = root / task_id
     (output_dir / "uploads").mkdir(parents=True)
     return fast_api.AsyncParseTask(
-        task_id=task_id, status=fast_api.TASK_COMPLETED, backend="vlm-http-client",
-        file_names=[f"report-{index}"], created_at="2026-01-05T10:00:00.000000+00:00",
-        output_dir=str(output_dir), effort="medium", parse_method="auto", lang_list=["ch"],
-        formula_enable=True, table_enable=True, image_analysis=True,
-        server_url="http://127.0.0.1:30000", return_md=True, return_middle_json=False,
-        return_model_output=False, return_content_list=False, return_images=False,
-        response_format_zip=False, return_original_file=False,
-        client_side_output_generation=False, start_page_id=0, end_page_id=99999,
+        task_id=task_id,
+        status=fast_api.TASK_COMPLETED,
+        backend="vlm-http-client",
+        file_names=[f"report-{index}"],
+        created_at="2026-01-05T10:00:00.000000+00:00",
+        output_dir=str(output_dir),
+        effort="medium",
+        parse_method="auto",
+        lang_list=["ch"],
+        formula_enable=True,
+        table_enable=True,
+        image_analysis=True,
+        server_url="http://127.0.0.1:30000",
+        return_md=True,
+        return_middle_json=False,
+        return_model_output=False,
+        return_content_list=False,
+        return_images=False,
+        response_format_zip=False,
+        return_original_file=False,
+        client_side_output_generation=False,
+        start_page_id=0,
+        end_page_id=99999,
         upload_names=[f"report-{index}.pdf"],
-        uploads=[str(output_dir / "uploads" / f"report-{index}.pdf")], submit_order=index,
+        uploads=[str(output_dir / "uploads" / f"report-{index}.pdf")],
+        submit_order=index,
         started_at="2026-01-05T10:00:01.000000+00:00",
-        completed_at="2026-01-05T10:00:09.000000+00:00")
+        completed_at="2026-01-05T10:00:09.000000+00:00",
+    )
 
 
 def manager_with(fast_api: Any, tasks: list[Any]) -> Any:
@@ -77,9 +94,9 @@ def time_signals(manager: Any, tasks: list[Any]) -> list[float]:
 
 def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) -> dict[str, Any]:
     from mineru_health.mineru3.worker import task_store
+    from mineru_health.runtime.settings import WorkerSettings
     from mineru_health.runtime.worker import store as task_stores
     from mineru_health.runtime.worker.context import runtime
-    from mineru_health.settings import WorkerSettings
 
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(state)})
     runtime.store = None  # one store per measurement in this process
@@ -107,9 +124,11 @@ def run_store(fast_api: Any, tasks: list[Any], state: Path, synchronous: str) ->
 
 def summary(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
-    return {"median_us": statistics.median(ordered) * 1e6,
-            "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
-            "per_s": len(ordered) / sum(ordered)}
+    return {
+        "median_us": statistics.median(ordered) * 1e6,
+        "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
+        "per_s": len(ordered) / sum(ordered),
+    }
 
 
 def main() -> int:
@@ -127,24 +146,42 @@ def main() -> int:
     ours, durable = summary(normal["times"]), summary(full["times"])
     rows = [
         ("MinerU's completion signal alone (median us)", f"{baseline['median_us']:.2f}", ""),
-        ("  + task store, WAL + NORMAL (median us)", f"{ours['median_us']:.1f}",
-         f"{ours['median_us'] / baseline['median_us']:.0f}x the signal"),
+        (
+            "  + task store, WAL + NORMAL (median us)",
+            f"{ours['median_us']:.1f}",
+            f"{ours['median_us'] / baseline['median_us']:.0f}x the signal",
+        ),
         ("  + task store, p99 (us)", f"{ours['p99_us']:.1f}", ""),
-        ("  + task store, WAL + FULL (median us)", f"{durable['median_us']:.1f}",
-         f"{durable['median_us'] / ours['median_us']:.1f}x NORMAL"),
+        (
+            "  + task store, WAL + FULL (median us)",
+            f"{durable['median_us']:.1f}",
+            f"{durable['median_us'] / ours['median_us']:.1f}x NORMAL",
+        ),
         ("rows per second, NORMAL", f"{ours['per_s']:.0f}", ""),
         ("disk per task (bytes, after checkpoint)", f"{normal['bytes_per_task']:.0f}", ""),
-        (f"restore {args.tasks} tasks at start-up (ms)", f"{normal['restore_s'] * 1e3:.1f}",
-         f"{normal['restore_s'] * 1e6 / args.tasks:.1f} us per task"),
+        (
+            f"restore {args.tasks} tasks at start-up (ms)",
+            f"{normal['restore_s'] * 1e3:.1f}",
+            f"{normal['restore_s'] * 1e6 / args.tasks:.1f} us per task",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name.ljust(width)}  {value.rjust(10)}  {note}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "tasks": args.tasks, "baseline": baseline, "normal": ours, "full": durable,
-            "bytes_per_task": normal["bytes_per_task"], "restore_s": normal["restore_s"],
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "tasks": args.tasks,
+                    "baseline": baseline,
+                    "normal": ours,
+                    "full": durable,
+                    "bytes_per_task": normal["bytes_per_task"],
+                    "restore_s": normal["restore_s"],
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

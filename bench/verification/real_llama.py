@@ -35,14 +35,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp CPU threads")
-    parser.add_argument("--reply-tokens", type=int, default=400,
-                        help="tokens each background request decodes")
+    parser.add_argument(
+        "--reply-tokens", type=int, default=400, help="tokens each background request decodes"
+    )
     args = parser.parse_args()
 
     from mineru_health.demo.engine import tiny_gguf
+    from mineru_health.runtime.worker.health import WorkerHealth
     from mineru_health.runtime.worker.judge import confirm
-    from mineru_health.verification import DEFAULT_TIMEOUT_S, Handle, Verifier
-    from mineru_health.worker import WorkerHealth
+    from mineru_health.runtime.worker.verification import DEFAULT_TIMEOUT_S, Handle, Verifier
     from mineru_llama_cpp import Engine, SamplingParams
 
     slots = 4
@@ -70,9 +71,12 @@ def main() -> int:
                 outcomes: dict[str, int] = {}
                 for _, outcome in samples:
                     outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                return {"case": name, "median_ms": statistics.median(times) * 1e3,
-                        "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3,
-                        "outcomes": outcomes}
+                return {
+                    "case": name,
+                    "median_ms": statistics.median(times) * 1e3,
+                    "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3,
+                    "outcomes": outcomes,
+                }
 
             rows = [measure("idle")]
             stop = threading.Event()
@@ -100,15 +104,15 @@ def main() -> int:
                     for worker in workers:
                         worker.join(60)
                 row["background_tokens_per_s"] = (decoded[0] - before) / (
-                    time.perf_counter() - started)
+                    time.perf_counter() - started
+                )
                 rows.append(row)
         finally:
             engine.close()
     idle = rows[0]["median_ms"]
     for row in rows:
         row["ratio_to_idle"] = row["median_ms"] / idle
-    print(json.dumps({"bound_s": DEFAULT_TIMEOUT_S, "rounds": args.rounds,
-                      "rows": rows}))
+    print(json.dumps({"bound_s": DEFAULT_TIMEOUT_S, "rounds": args.rounds, "rows": rows}))
     return 0
 
 

@@ -47,8 +47,8 @@ from mineru_health.runtime.worker.judge import confirm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the tests' harness
 from harness import fake_engines as fe
-from mineru_health.verification import Handle, Verifier
-from mineru_health.worker import WorkerHealth
+from mineru_health.runtime.worker.health import WorkerHealth
+from mineru_health.runtime.worker.verification import Handle, Verifier
 
 
 def unknown_error() -> Exception:
@@ -70,17 +70,27 @@ def scenarios() -> list[tuple[str, Callable[[], list[Handle]]]]:
     llama_engine = llama["mineru_llama_cpp"].Engine()
     torch = fe.fake_torch("alive")
     return [
-        ("vllm AsyncLLM (errored + check_health)",
-         lambda: [Handle("vllm", "h", fe.FakeAsyncLLM("alive"))]),
+        (
+            "vllm AsyncLLM (errored + check_health)",
+            lambda: [Handle("vllm", "h", fe.FakeAsyncLLM("alive"))],
+        ),
         ("vllm LLM (core flag)", lambda: [Handle("vllm", "h", fe.FakeLLM("alive"))]),
         ("lmdeploy (loop tasks)", lambda: [Handle("lmdeploy", "h", fe.FakeLmdeployEngine())]),
-        ("llama.cpp (flags + probe, fake engine)",
-         lambda: [Handle("llama_cpp", "h", llama_engine)]),
-        ("4.0 runtime + vllm", lambda: [
-            Handle("mineru_runtime", "h", fe.FakeAsyncVlmPredictor("alive")),
-            Handle("vllm", "h", fe.FakeAsyncLLM("alive"))]),
-        ("torch cuda:0 (query + 1-element op, fake torch)",
-         lambda: [Handle("device_cuda", "cuda:0", (torch, "cuda", 0))]),
+        (
+            "llama.cpp (flags + probe, fake engine)",
+            lambda: [Handle("llama_cpp", "h", llama_engine)],
+        ),
+        (
+            "4.0 runtime + vllm",
+            lambda: [
+                Handle("mineru_runtime", "h", fe.FakeAsyncVlmPredictor("alive")),
+                Handle("vllm", "h", fe.FakeAsyncLLM("alive")),
+            ],
+        ),
+        (
+            "torch cuda:0 (query + 1-element op, fake torch)",
+            lambda: [Handle("device_cuda", "cuda:0", (torch, "cuda", 0))],
+        ),
         ("nothing local to check", list),
     ]
 
@@ -89,8 +99,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", help="write the results here too")
-    parser.add_argument("--real-llama", action="store_true",
-                        help="also verify a real llama.cpp engine, idle and busy (MinerU 4.0 venv)")
+    parser.add_argument(
+        "--real-llama",
+        action="store_true",
+        help="also verify a real llama.cpp engine, idle and busy (MinerU 4.0 venv)",
+    )
     args = parser.parse_args()
 
     health = WorkerHealth()
@@ -100,9 +113,14 @@ def main() -> int:
     baseline = timed(lambda: health.record(error), args.rounds)
     base_median = statistics.median(baseline)
 
-    rows: list[dict[str, Any]] = [{"case": "classify + record (baseline)",
-                                   "median_us": base_median * 1e6, "p99_us": _p99(baseline) * 1e6,
-                                   "ratio": 1.0}]
+    rows: list[dict[str, Any]] = [
+        {
+            "case": "classify + record (baseline)",
+            "median_us": base_median * 1e6,
+            "p99_us": _p99(baseline) * 1e6,
+            "ratio": 1.0,
+        }
+    ]
     for name, find in scenarios():
         verifier = Verifier(find=find)
 
@@ -115,14 +133,22 @@ def main() -> int:
             verified()
         samples = timed(verified, args.rounds)
         median = statistics.median(samples)
-        rows.append({"case": f"+ verify: {name}", "median_us": median * 1e6,
-                     "p99_us": _p99(samples) * 1e6, "ratio": median / base_median})
+        rows.append(
+            {
+                "case": f"+ verify: {name}",
+                "median_us": median * 1e6,
+                "p99_us": _p99(samples) * 1e6,
+                "ratio": median / base_median,
+            }
+        )
 
     width = max(len(row["case"]) for row in rows)
     print(f"{'case':<{width}}  {'median µs':>10}  {'p99 µs':>10}  {'× baseline':>10}")
     for row in rows:
-        print(f"{row['case']:<{width}}  {row['median_us']:>10.1f}  {row['p99_us']:>10.1f}  "
-              f"{row['ratio']:>10.1f}")
+        print(
+            f"{row['case']:<{width}}  {row['median_us']:>10.1f}  {row['p99_us']:>10.1f}  "
+            f"{row['ratio']:>10.1f}"
+        )
     print(f"\n{args.rounds} rounds each; one failure no rule knows; all engines alive")
     results: dict[str, Any] = {"fakes": rows}
     if args.real_llama:
@@ -142,18 +168,27 @@ def real_llama() -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="mineru-health-path-") as link_dir:
         (Path(link_dir) / "mineru_health").symlink_to(Path(mineru_health.__file__).parent)
-        done = subprocess.run([python, str(Path(__file__).with_name("real_llama.py"))],
-                              env={**os.environ, "PYTHONPATH": link_dir}, capture_output=True,
-                              text=True, timeout=600, check=False)
+        done = subprocess.run(
+            [python, str(Path(__file__).with_name("real_llama.py"))],
+            env={**os.environ, "PYTHONPATH": link_dir},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     if done.returncode != 0:
         raise SystemExit(f"real_llama.py failed:\n{done.stderr[-3000:]}")
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"\nreal llama.cpp engine (tiny MinerU 2.5 model, 4 slots), bound "
-          f"{report['bound_s']} s, {report['rounds']} rounds each")
+    print(
+        f"\nreal llama.cpp engine (tiny MinerU 2.5 model, 4 slots), bound "
+        f"{report['bound_s']} s, {report['rounds']} rounds each"
+    )
     print(f"{'case':<24}  {'median ms':>10}  {'p99 ms':>10}  {'× idle':>7}  outcomes")
     for row in report["rows"]:
-        print(f"{row['case']:<24}  {row['median_ms']:>10.1f}  {row['p99_ms']:>10.1f}  "
-              f"{row['ratio_to_idle']:>7.2f}  {row['outcomes']}")
+        print(
+            f"{row['case']:<24}  {row['median_ms']:>10.1f}  {row['p99_ms']:>10.1f}  "
+            f"{row['ratio_to_idle']:>7.2f}  {row['outcomes']}"
+        )
     return report
 
 

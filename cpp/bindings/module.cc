@@ -32,4 +32,5 @@ PYBIND11_MODULE(_native, m) {
   mineru_health::bindings::register_poller(m);
   mineru_health::bindings::register_process_scope(m);
   mineru_health::bindings::register_cgroups(m);
+  mineru_health::bindings::register_resolver(m);
 }

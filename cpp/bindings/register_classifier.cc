@@ -221,29 +221,29 @@ void register_classifier(py::module_& m) {
         return std::vector<Rule>(rule_set.rules());
       });
 
-  py::class_<Verdict> verdict(
-      m, "Verdict",
+  py::class_<Classification> verdict(
+      m, "Classification",
       "The classifier's decision on one failure. `matched` is false when no "
       "rule matched (the failure is then task-local); `frame_index` points "
       "into the frames classified.");
   verdict
       .def_property_readonly(
-          "kind", [](const Verdict& v) { return v.kind(); },
+          "kind", [](const Classification& v) { return v.kind(); },
           "fatal, ambiguous or task_local.")
-      .def_readonly("fatal", &Verdict::fatal)
-      .def_readonly("matched", &Verdict::matched)
-      .def_readonly("ambiguous", &Verdict::ambiguous)
-      .def_readonly("remote_engine", &Verdict::remote_engine);
-  text_property(verdict, "rule", &Verdict::rule);
-  text_property(verdict, "category", &Verdict::category);
+      .def_readonly("fatal", &Classification::fatal)
+      .def_readonly("matched", &Classification::matched)
+      .def_readonly("ambiguous", &Classification::ambiguous)
+      .def_readonly("remote_engine", &Classification::remote_engine);
+  text_property(verdict, "rule", &Classification::rule);
+  text_property(verdict, "category", &Classification::category);
   verdict
       .def_property_readonly(
-          "strength", [](const Verdict& v) { return v.strength(); },
+          "strength", [](const Classification& v) { return v.strength(); },
           "The deciding rule's: definitive, task_local, heuristic, ambiguous, "
           "generic; empty when nothing matched.")
-      .def_readonly("rule_kind", &Verdict::rule_kind)
-      .def_readonly("frame_index", &Verdict::frame_index);
-  text_property(verdict, "excerpt", &Verdict::excerpt);
+      .def_readonly("rule_kind", &Classification::rule_kind)
+      .def_readonly("frame_index", &Classification::frame_index);
+  text_property(verdict, "excerpt", &Classification::excerpt);
   def_value_type(verdict);
 
   py::class_<Classifier, std::shared_ptr<Classifier>>(m, "Classifier",

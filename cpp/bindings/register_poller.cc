@@ -10,6 +10,7 @@
 
 #include "mineru_health/poller.h"
 #include "mineru_health/restart_policy.h"
+#include "mineru_health/worker_counters.h"
 #include "registers.h"
 
 namespace py = pybind11;
@@ -78,6 +79,20 @@ void register_poller(py::module_& m) {
   m.def("to_string", py::overload_cast<PollerEventKind>(&to_string),
         py::arg("value"));
 
+  py::class_<WorkerCounters>(
+      m, "WorkerCounters",
+      "A worker's probes and policy events, counted by the poller.")
+      .def_static("latency_bounds", &WorkerCounters::latency_bounds,
+                  "Upper bounds (seconds) of latency_counts, the last one "
+                  "excepted (longer).")
+      .def_readonly("probes", &WorkerCounters::probes)
+      .def_readonly("audits", &WorkerCounters::audits)
+      .def_readonly("ejections", &WorkerCounters::ejections)
+      .def_readonly("latency_counts", &WorkerCounters::latency_counts)
+      .def_readonly("latency_sum_s", &WorkerCounters::latency_sum_s)
+      .def_readonly("last_probe_unix_time",
+                    &WorkerCounters::last_probe_unix_time);
+
   py::class_<WorkerStatus>(m, "WorkerStatus",
                            "A worker's state as the poller sees it now.")
       .def_readonly("id", &WorkerStatus::id)
@@ -102,7 +117,8 @@ void register_poller(py::module_& m) {
       .def_readonly("last_exit_code", &WorkerStatus::last_exit_code)
       .def_readonly("last_latency_s", &WorkerStatus::last_latency_s)
       .def_readonly("last_probe", &WorkerStatus::last_probe)
-      .def_readonly("probes", &WorkerStatus::probes);
+      .def_readonly("probes", &WorkerStatus::probes)
+      .def_readonly("counters", &WorkerStatus::counters);
 
   py::class_<PollerEvent>(m, "PollerEvent",
                           "One thing the poller thread tells its owner.")

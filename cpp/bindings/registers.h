@@ -15,6 +15,7 @@ void register_probe(pybind11::module_& m);
 void register_poller(pybind11::module_& m);
 void register_process_scope(pybind11::module_& m);
 void register_cgroups(pybind11::module_& m);
+void register_resolver(pybind11::module_& m);
 
 }  // namespace mineru_health::bindings
 

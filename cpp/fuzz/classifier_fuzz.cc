@@ -30,6 +30,7 @@ namespace {
 using mineru_health::fuzz::is_valid_utf8;
 using mineru_health::fuzz::require;
 
+using mineru_health::Classification;
 using mineru_health::Classifier;
 using mineru_health::ClassifierLimits;
 using mineru_health::ClassifyOptions;
@@ -40,7 +41,6 @@ using mineru_health::RuleKind;
 using mineru_health::RuleScope;
 using mineru_health::RuleSet;
 using mineru_health::RuleTarget;
-using mineru_health::Verdict;
 using mineru_health::Via;
 
 constexpr char kHeader = '\x1d';
@@ -140,7 +140,8 @@ const Rule* find_rule(const RuleSet& rule_set, const std::string& id) {
   return nullptr;
 }
 
-void check_verdict(const Verdict& verdict, const std::vector<Frame>& frames,
+void check_verdict(const Classification& verdict,
+                   const std::vector<Frame>& frames,
                    const ClassifierLimits& limits, const RuleSet& rule_set,
                    const ClassifyOptions& options) {
   require(is_valid_utf8(verdict.excerpt), "excerpt is valid UTF-8");
@@ -200,7 +201,7 @@ void check_verdict(const Verdict& verdict, const std::vector<Frame>& frames,
 void check_against_single_frames(const Classifier& classifier,
                                  const ClassifierLimits& limits,
                                  const std::vector<Frame>& frames,
-                                 const Verdict& verdict) {
+                                 const Classification& verdict) {
   if (frames.size() > limits.max_frames) return;
   std::size_t total = 0;
   for (const Frame& frame : frames) {
@@ -212,7 +213,7 @@ void check_against_single_frames(const Classifier& classifier,
     Frame alone_frame = frames[j];
     alone_frame.via = Via::kRoot;
     alone_frame.depth = 0;
-    const Verdict alone = classifier.classify({alone_frame});
+    const Classification alone = classifier.classify({alone_frame});
     if (alone.matched && alone.rule_kind == RuleKind::kFatal) {
       require(verdict.fatal, "a definitive fatal frame makes the chain fatal");
     }
@@ -277,7 +278,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
     (void)mineru_health::frame_origin(frame);
   }
   const Classifier classifier(s.rule_set, s.defaults);
-  const Verdict verdict = classifier.classify(frames, options);
+  const Classification verdict = classifier.classify(frames, options);
   check_verdict(verdict, frames, s.defaults, *s.rule_set, options);
   if (!options.remote_engine && options.trust_unknown_origin) {
     check_against_single_frames(classifier, s.defaults, frames, verdict);
@@ -285,7 +286,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
     // fatal only on in-process runtime evidence.
     ClassifyOptions remote;
     remote.remote_engine = true;
-    const Verdict through = classifier.classify(frames, remote);
+    const Classification through = classifier.classify(frames, remote);
     check_verdict(through, frames, s.defaults, *s.rule_set, remote);
     require(through.matched == verdict.matched,
             "a remote engine changes the verdict, not whether a rule matched");

@@ -25,6 +25,7 @@ namespace {
 using mineru_health::fuzz::is_valid_utf8;
 using mineru_health::fuzz::require;
 
+using mineru_health::Classification;
 using mineru_health::Classifier;
 using mineru_health::CompileResult;
 using mineru_health::Frame;
@@ -34,7 +35,6 @@ using mineru_health::RuleError;
 using mineru_health::RuleKind;
 using mineru_health::RuleSet;
 using mineru_health::RuleSetLimits;
-using mineru_health::Verdict;
 
 constexpr char kSource[] = "<fuzz>";
 
@@ -75,7 +75,7 @@ void check_classification(const std::shared_ptr<const RuleSet>& rule_set,
       {"builtins", "ValueError", {"Exception", "BaseException"}, text},
       {"", "", {}, text},
   };
-  const Verdict verdict = classifier.classify(frames);
+  const Classification verdict = classifier.classify(frames);
   require(is_valid_utf8(verdict.excerpt), "excerpt is valid UTF-8");
   require(
       verdict.excerpt.size() <= mineru_health::ClassifierLimits{}.excerpt_bytes,

@@ -277,12 +277,12 @@ Origin frame_origin(const Frame& frame) {
   return Origin::kOther;
 }
 
-const char* Verdict::kind() const {
+const char* Classification::kind() const {
   if (fatal) return "fatal";
   return ambiguous ? "ambiguous" : "task_local";
 }
 
-const char* Verdict::strength() const {
+const char* Classification::strength() const {
   return matched ? strength_name(rule_kind) : "";
 }
 
@@ -296,13 +296,13 @@ Classifier::Classifier(std::shared_ptr<const RuleSet> rule_set,
   }
 }
 
-Verdict Classifier::classify(const std::vector<Frame>& frames,
-                             const ClassifyOptions& options) const {
+Classification Classifier::classify(const std::vector<Frame>& frames,
+                                    const ClassifyOptions& options) const {
   const std::vector<Rule>& rules = rule_set_->rules();
   const std::size_t count =
       std::min({frames.size(), limits_.max_frames,
                 static_cast<std::size_t>(std::numeric_limits<int>::max())});
-  if (count == 0) return Verdict{};
+  if (count == 0) return Classification{};
 
   // ---- 1. the tree: every frame's parent and how it was reached ----------
   std::vector<int> depth(count, 0);
@@ -410,7 +410,7 @@ Verdict Classifier::classify(const std::vector<Frame>& frames,
   Hit hit = decide_layer(true);
   if (!hit.found()) hit = decide_layer(false);
 
-  Verdict verdict;
+  Classification verdict;
   if (!hit.found()) return verdict;
   const Rule& rule = rules[hit.rule];
   const std::size_t frame_index = static_cast<std::size_t>(hit.frame);

@@ -220,6 +220,7 @@ WorkerStatus Poller::Impl::snapshot_locked(const Worker& w,
   s.last_latency_s = w.last_latency_s;
   s.last_probe = w.last_probe;
   s.probes = w.probes;
+  s.counters = w.counters;
   return s;
 }
 
@@ -232,6 +233,7 @@ void Poller::Impl::after_transition_locked(Worker& w, bool was_in_rotation,
   if (!t.events.empty() || t.restart_now) {
     const double stamp = internal::unix_now();
     for (const AuditEvent& a : t.events) {
+      w.counters.count_audit(a);
       if (a.action == AuditAction::kEjectionSuppressed)
         ++stats.ejections_suppressed;
       PollerEvent ev;
@@ -441,10 +443,10 @@ void Poller::report_process_exit(const std::string& id,
 void Poller::report_passive_failure(const std::string& id,
                                     const std::string& reason) {
   MutexLock lock(impl_->mu);
-  impl_->report_locked(
-      id, [&](RestartPolicy& p, TimePoint t, const EjectionGate& gate) {
-        return p.on_passive_failure(reason, t, gate);
-      });
+  impl_->report_locked(id,
+                       [&](RestartPolicy& p, TimePoint t, const EjectionGate&) {
+                         return p.on_passive_failure(reason, t);
+                       });
 }
 
 void Poller::report_restart_failed(const std::string& id,

@@ -92,6 +92,7 @@ struct Poller::Impl {
     bool in_flight = false;
     TimePoint started_at{};
     std::uint64_t probes = 0;
+    WorkerCounters counters;
     std::optional<double> last_latency_s;
     std::optional<ProbeResult> last_probe;
   };

@@ -279,6 +279,7 @@ void Poller::Impl::apply_locked(std::vector<Finished>& finished,
     ev.kind = PollerEventKind::kProbe;
     ev.worker_id = w.target.id;
     ev.unix_time = internal::unix_now();
+    w.counters.count_probe(f.result, ev.unix_time);
     ev.probe = std::move(f.result);
     ev.in_rotation = w.policy.in_rotation();
     events.push(std::move(ev));

@@ -358,8 +358,7 @@ Transition RestartPolicy::on_process_exit(const std::string& reason,
 }
 
 Transition RestartPolicy::on_passive_failure(const std::string& reason,
-                                             TimePoint now,
-                                             const EjectionGate& gate) {
+                                             TimePoint now) {
   Transition t = begin();
   switch (phase_) {
     case WorkerPhase::kHealthy:
@@ -369,11 +368,10 @@ Transition RestartPolicy::on_passive_failure(const std::string& reason,
       last_cause_ = kCausePassiveFailure;
       ++consecutive_failures_;
       consecutive_successes_ = 0;
-      // Failed without waiting for the threshold, once out of rotation.
-      if (phase_ != WorkerPhase::kHealthy ||
-          eject(t, reason, kCausePassiveFailure, gate)) {
-        mark_failed(t, reason, kCausePassiveFailure, now);
-      }
+      // The worker's own verdict on its engine (its task failed fatally, it
+      // refused a submission for a dead engine) is as definitive as its
+      // /health saying so: never held back by the gate, failed at once.
+      fail_definitively(t, reason, kCausePassiveFailure, now);
       break;
     case WorkerPhase::kFailed:
     case WorkerPhase::kRestartScheduled:

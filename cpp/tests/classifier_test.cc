@@ -153,7 +153,7 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-void expect_verdict(const Case& c, const Verdict& verdict) {
+void expect_verdict(const Case& c, const Classification& verdict) {
   const std::string expected_rule = c.rule_id;
   EXPECT_EQ(verdict.fatal, c.fatal);
   EXPECT_EQ(verdict.ambiguous, c.ambiguous);
@@ -836,7 +836,7 @@ std::vector<Case> real_cases() {
 
 class RealCases : public ::testing::TestWithParam<Case> {};
 
-TEST_P(RealCases, Verdict) {
+TEST_P(RealCases, Classification) {
   const Case& c = GetParam();
   expect_verdict(c, Classifier(builtin_set()).classify(c.frames));
 }
@@ -1004,7 +1004,7 @@ std::vector<Case> precedence_cases() {
 
 class Precedence : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Precedence, Verdict) {
+TEST_P(Precedence, Classification) {
   const Case& c = GetParam();
   expect_verdict(c, Classifier(builtin_set()).classify(c.frames));
 }
@@ -1032,7 +1032,7 @@ TEST(OperatorRules, TaskLocalCarveOutBeatsBuiltinDefinitive) {
   Classifier classifier(with_operator_file(
       "site.fonts task_local bad_input target=message origin=any "
       "^fontlib says\n"));
-  const Verdict verdict = classifier.classify(
+  const Classification verdict = classifier.classify(
       {runtime_error("fontlib says no", "fontlib"), v1_engine_dead()});
   EXPECT_FALSE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "site.fonts");
@@ -1044,10 +1044,10 @@ TEST(OperatorRules, TaskLocalCarveOutBeatsBuiltinDefinitive) {
 TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
   Classifier classifier(with_operator_file(
       "site.gone fatal engine_dead target=message acme engine gone\n"));
-  const Verdict from_document = classifier.classify(
+  const Classification from_document = classifier.classify(
       {runtime_error("bad zip member 'acme engine gone.png'", "zipfile")});
   EXPECT_FALSE(from_document.fatal);
-  const Verdict from_engine = classifier.classify(
+  const Classification from_engine = classifier.classify(
       {runtime_error("acme engine gone", "vllm.v1.engine.core")});
   EXPECT_TRUE(from_engine.fatal);
   EXPECT_EQ(from_engine.rule, "site.gone");
@@ -1056,7 +1056,8 @@ TEST(OperatorRules, APlainFileRuleIgnoresDocumentText) {
 TEST(OperatorRules, FatalRuleBeatsBuiltinTaskLocal) {
   Classifier classifier(
       with_operator_file("site.oom fatal device CUDA out of memory\n"));
-  const Verdict verdict = classifier.classify({cuda_oom(), pdfium_error()});
+  const Classification verdict =
+      classifier.classify({cuda_oom(), pdfium_error()});
   EXPECT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "site.oom");
 }
@@ -1065,7 +1066,7 @@ TEST(OperatorRules, ReplacingABuiltinMakesItAnOperatorRule) {
   Classifier classifier(
       with_operator_file("vllm.engine_core_init_failed task_local engine_start "
                          "target=message engine core initialization failed\n"));
-  const Verdict verdict = classifier.classify({runtime_error(
+  const Classification verdict = classifier.classify({runtime_error(
       "Engine core initialization failed.", "vllm.v1.engine.utils")});
   EXPECT_FALSE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "vllm.engine_core_init_failed");
@@ -1145,11 +1146,12 @@ void PrintTo(const RemoteCase& c, std::ostream* os) { *os << c.name; }
 
 class RemoteEngine : public ::testing::TestWithParam<RemoteCase> {};
 
-TEST_P(RemoteEngine, Verdict) {
+TEST_P(RemoteEngine, Classification) {
   const RemoteCase& c = GetParam();
   ClassifyOptions options;
   options.remote_engine = true;
-  const Verdict verdict = Classifier(builtin_set()).classify(c.frames, options);
+  const Classification verdict =
+      Classifier(builtin_set()).classify(c.frames, options);
   EXPECT_EQ(verdict.fatal, c.fatal);
   EXPECT_EQ(verdict.remote_engine, c.remote_engine);
   EXPECT_EQ(verdict.category, c.category);
@@ -1214,7 +1216,7 @@ TEST(Classifier, ExcerptSurroundsTheMatch) {
   std::string message(5000, 'x');
   message += " an illegal memory access was encountered ";
   message += std::string(5000, 'y');
-  Verdict verdict = classifier.classify({runtime_error(message)});
+  Classification verdict = classifier.classify({runtime_error(message)});
   ASSERT_TRUE(verdict.fatal);
   EXPECT_LE(verdict.excerpt.size(), 40u);
   EXPECT_NE(verdict.excerpt.find("illegal memory access"), std::string::npos)
@@ -1229,7 +1231,7 @@ TEST(Classifier, ExcerptKeepsUtf8WholeAroundChinese) {
   for (int i = 0; i < 200; ++i) message += "引擎";
   message += "EngineCore encountered an issue";
   for (int i = 0; i < 200; ++i) message += "退出";
-  Verdict verdict = classifier.classify({runtime_error(message)});
+  Classification verdict = classifier.classify({runtime_error(message)});
   ASSERT_TRUE(verdict.fatal);
   EXPECT_LE(verdict.excerpt.size(), 31u);
   EXPECT_TRUE(is_valid_utf8(verdict.excerpt));
@@ -1240,7 +1242,7 @@ TEST(Classifier, ExcerptFromMessageHeadWhenOnlyCompactMatched) {
   ClassifierLimits limits;
   limits.excerpt_bytes = 10;
   Classifier classifier(builtin_set(), limits);
-  Verdict verdict = classifier.classify(
+  Classification verdict = classifier.classify(
       {runtime_error("Engine_Stop_Error happened here", "lmdeploy")});
   ASSERT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.excerpt, "Engine_Sto");
@@ -1262,14 +1264,14 @@ TEST(ClassifierHostile, TenMegabyteMessageMarkerAtEnd) {
   Classifier classifier(builtin_set());
   std::string message(10u << 20, 'a');
   message += " EngineCore encountered an issue";
-  Verdict verdict = classifier.classify({runtime_error(message)});
+  Classification verdict = classifier.classify({runtime_error(message)});
   EXPECT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "vllm.engine_core_issue");
 }
 
 TEST(ClassifierHostile, TenMegabytesOfRandomBytes) {
   Classifier classifier(builtin_set());
-  Verdict verdict = classifier.classify(
+  Classification verdict = classifier.classify(
       {runtime_error(pseudo_random_bytes(10u << 20, 12345))});
   EXPECT_FALSE(verdict.fatal);
 }
@@ -1281,7 +1283,7 @@ TEST(ClassifierHostile, RandomBytesEverywhereWithMarkerInTail) {
               {pseudo_random_bytes(4096, 3)},
               pseudo_random_bytes(1u << 20, 4) + " misaligned address"};
   frame.raised_in = "torch.cuda";
-  Verdict verdict = classifier.classify({frame});
+  Classification verdict = classifier.classify({frame});
   EXPECT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "cuda.misaligned_address");
   EXPECT_TRUE(is_valid_utf8(verdict.excerpt));
@@ -1328,7 +1330,7 @@ TEST(ClassifierHostile, TenThousandFrames) {
   EXPECT_FALSE(Classifier(builtin_set()).classify(frames).matched);
   ClassifierLimits limits;
   limits.max_frames = 10000;
-  Verdict verdict = Classifier(builtin_set(), limits).classify(frames);
+  Classification verdict = Classifier(builtin_set(), limits).classify(frames);
   EXPECT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.frame_index, 9999);
 }
@@ -1337,7 +1339,7 @@ TEST(ClassifierHostile, BadDepthsFormALinearChain) {
   std::vector<Frame> frames = {at(runtime_error("a"), 7, Via::kContext),
                                at(runtime_error("b"), -3, Via::kGroupMember),
                                at(v1_engine_dead(), 99, Via::kRoot)};
-  Verdict verdict = Classifier(builtin_set()).classify(frames);
+  Classification verdict = Classifier(builtin_set()).classify(frames);
   EXPECT_TRUE(verdict.fatal);
   EXPECT_EQ(verdict.frame_index, 2);
 }
@@ -1350,7 +1352,7 @@ TEST(ClassifierHostile, HugeNamesAndManyBases) {
 
 TEST(ClassifierHostile, ZeroLimitsDoNotCrash) {
   ClassifierLimits limits{1, 0, 0, 0};
-  Verdict verdict =
+  Classification verdict =
       Classifier(builtin_set(), limits).classify({v1_engine_dead()});
   // With no message bytes, the class alone still decides.
   EXPECT_TRUE(verdict.fatal);
@@ -1519,7 +1521,7 @@ TEST(RuleTest, ToLineIsARulesFileLine) {
 }
 
 TEST(VerdictTest, KindAndStrength) {
-  Verdict verdict;
+  Classification verdict;
   EXPECT_STREQ(verdict.kind(), "task_local");
   EXPECT_STREQ(verdict.strength(), "");  // nothing matched
   verdict.matched = true;
@@ -1530,7 +1532,7 @@ TEST(VerdictTest, KindAndStrength) {
   verdict.ambiguous = true;
   EXPECT_STREQ(verdict.kind(), "ambiguous");
   EXPECT_STREQ(verdict.strength(), "ambiguous");
-  verdict = Verdict{};
+  verdict = Classification{};
   verdict.matched = verdict.fatal = true;
   verdict.rule_kind = RuleKind::kFatal;
   EXPECT_STREQ(verdict.kind(), "fatal");

@@ -675,7 +675,7 @@ TEST(ConfigTest, TableDescribesEveryVariable) {
       EXPECT_EQ(config_variable_for(v.component, v.field).name, v.name);
     }
   }
-  EXPECT_EQ(router, 30);
+  EXPECT_EQ(router, 38);
   EXPECT_THROW(config_variable_for(ConfigComponent::kRouter, "nope"),
                std::out_of_range);
   EXPECT_THROW(config_variable_for(ConfigComponent::kWorker, ""),

@@ -593,6 +593,52 @@ TEST(PollerTest, ReportsDriveThePolicy) {
   EXPECT_FALSE(h.poller.status("nobody").has_value());
 }
 
+// The metrics read the poller's own counts (worker_counters.h), not the
+// events: they must agree with every probe and policy event it emitted.
+TEST(PollerTest, CountersAgreeWithTheEventsEmitted) {
+  TestServer server(Mode::kHealthy);
+  HealthConfig c = test_config();
+  c.backoff_base_s = 0.1;
+  c.max_attempts = 1;
+  Harness h(c, 13);
+  h.start({{"local-1", server.url(), true}});
+  h.probe_round({"local-1"});
+  server.set_mode(Mode::kEngineDead);
+  h.next_probe("local-1");
+  h.poller.report_passive_failure("local-1", "EngineDeadError in task");
+  h.poller.report_process_exit("local-1", "exit code -9", -9);
+  h.log.collect();
+  const WorkerCounters counters = h.status("local-1").counters;
+  std::uint64_t probes = 0;
+  for (const auto& [status, n] : counters.probes) probes += n;
+  EXPECT_EQ(probes, h.count(probe_of("local-1")));
+  EXPECT_EQ(counters.probes.at("healthy"),
+            h.count(probe_of("local-1", ProbeStatus::kHealthy)));
+  EXPECT_EQ(counters.probes.at("engine_dead"),
+            h.count(probe_of("local-1", ProbeStatus::kEngineDead)));
+  std::uint64_t in_buckets = 0;
+  for (std::uint64_t n : counters.latency_counts) in_buckets += n;
+  EXPECT_EQ(in_buckets, probes);
+  ASSERT_TRUE(counters.last_probe_unix_time.has_value());
+  std::uint64_t audits = 0;
+  for (AuditAction action :
+       {AuditAction::kHealthFailed, AuditAction::kRestartScheduled,
+        AuditAction::kRestartSucceeded, AuditAction::kRestartFailed,
+        AuditAction::kGaveUp, AuditAction::kRecovered, AuditAction::kEjected,
+        AuditAction::kAdmitted, AuditAction::kEjectionSuppressed,
+        AuditAction::kRestartRequested}) {
+    const std::size_t seen = h.count(audit_of("local-1", action));
+    const auto it = counters.audits.find(to_string(action));
+    EXPECT_EQ(it == counters.audits.end() ? 0u : it->second, seen)
+        << to_string(action);
+    audits += seen;
+  }
+  EXPECT_GT(audits, 0u);
+  std::uint64_t ejections = 0;
+  for (const auto& [cause, n] : counters.ejections) ejections += n;
+  EXPECT_EQ(ejections, h.count(audit_of("local-1", AuditAction::kEjected)));
+}
+
 TEST(PollerTest, RemovedWorkerStopsProducingEvents) {
   TestServer hung(Mode::kHang);
   TestServer healthy(Mode::kHealthy);
@@ -1039,18 +1085,17 @@ TEST(PollerGuardTest, DefinitiveFailuresAreNeverHeldBack) {
   EXPECT_EQ(fleet.harness->poller.stats().in_rotation, 0u);
 }
 
-TEST(PollerGuardTest, PassiveFailureOfTheLastWorkerIsHeldBack) {
+TEST(PollerGuardTest, TheLastWorkersOwnVerdictIsNotHeldBack) {
+  // A worker's own engine-dead verdict seen in traffic is as definitive as
+  // its /health saying so: the last worker in rotation leaves it at once and
+  // its restart is scheduled, instead of taking work until its next probe.
   Fleet fleet(1, 67);
   Harness& h = *fleet.harness;
   EXPECT_TRUE(h.saw(probe_of("w0", ProbeStatus::kHealthy)));
   h.poller.report_passive_failure("w0", "task failed: EngineDeadError?");
   h.log.collect();
-  ASSERT_TRUE(h.saw(audit_of("w0", AuditAction::kEjectionSuppressed)));
-  EXPECT_TRUE(h.status("w0").in_rotation);
-  // A process exit is definitive: not held back.
-  h.poller.report_process_exit("w0", "exit code 1", 1);
-  h.log.collect();
   ASSERT_TRUE(h.saw(audit_of("w0", AuditAction::kEjected)));
+  EXPECT_FALSE(h.saw(audit_of("w0", AuditAction::kEjectionSuppressed)));
   EXPECT_FALSE(h.status("w0").in_rotation);
 }
 

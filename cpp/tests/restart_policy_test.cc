@@ -52,8 +52,8 @@ class Harness {
   Transition exit_process(std::optional<int> code = 1) {
     return last_ = policy_.on_process_exit("exit code 1", code, now_);
   }
-  Transition passive(const EjectionGate& gate = {}) {
-    return last_ = policy_.on_passive_failure("EngineDeadError", now_, gate);
+  Transition passive() {
+    return last_ = policy_.on_passive_failure("EngineDeadError", now_);
   }
   Transition restart_failed() {
     return last_ = policy_.on_restart_failed("spawn failed", now_);
@@ -789,7 +789,7 @@ TEST_P(EjectionGateTest, OnlyNonDefinitiveEjectionsAreHeldBack) {
       t = h.exit_process();
       break;
     case GateCase::kPassive:
-      t = h.passive(gate);
+      t = h.passive();
       break;
   }
   EXPECT_EQ(to_string(h.policy().phase()), std::string(to_string(c.phase)));
@@ -844,12 +844,12 @@ INSTANTIATE_TEST_SUITE_P(
                  3,
                  Phase::kRestartScheduled,
                  {A::kEjected, A::kHealthFailed, A::kRestartScheduled}},
-        GateCase{"passive_held",
+        GateCase{"passive_ignores_gate",
                  GateCase::kPassive,
                  false,
                  3,
-                 Phase::kHealthy,
-                 {A::kEjectionSuppressed}},
+                 Phase::kRestartScheduled,
+                 {A::kEjected, A::kHealthFailed, A::kRestartScheduled}},
         GateCase{"engine_dead_ignores_gate",
                  GateCase::kEngineDead,
                  false,
@@ -897,7 +897,8 @@ TEST(EjectionGateTest, HealthyAnswerEndsTheStreak) {
   Harness h(PolicyOptions{});
   h.ok();
   const EjectionGate closed{false, "fleet thin"};
-  EXPECT_EQ(actions(h.passive(closed)), std::vector<A>{A::kEjectionSuppressed});
+  EXPECT_EQ(actions(h.fail(ProbeStatus::kTimeout, closed)),
+            std::vector<A>{A::kEjectionSuppressed});
   EXPECT_TRUE(h.ok().events.empty());
   EXPECT_FALSE(h.policy().ejection_suppressed());
   EXPECT_EQ(h.policy().consecutive_failures(), 0);

@@ -240,11 +240,12 @@ TEST(MergeRules, OverrideOfABuiltin) {
   ASSERT_EQ(merged.size(), builtins.size());
   CompileResult compiled = RuleSet::compile(merged, "ops");
   ASSERT_TRUE(compiled.ok());
-  Verdict verdict = Classifier(compiled.rule_set)
-                        .classify({{"vllm.v1.engine.exceptions",
-                                    "EngineDeadError",
-                                    {"Exception"},
-                                    "EngineCore encountered an issue."}});
+  Classification verdict =
+      Classifier(compiled.rule_set)
+          .classify({{"vllm.v1.engine.exceptions",
+                      "EngineDeadError",
+                      {"Exception"},
+                      "EngineCore encountered an issue."}});
   EXPECT_TRUE(verdict.matched);
   EXPECT_FALSE(verdict.fatal);
   EXPECT_EQ(verdict.rule, "vllm.engine_dead");
@@ -269,7 +270,7 @@ TEST(RulesFileEndToEnd, TaskLocalCarveOutForARuntimeMessage) {
   frame.raised_in = "transformers.image_processing_utils";
   CompileResult builtins_only = RuleSet::compile(builtin_rules());
   ASSERT_TRUE(builtins_only.ok());
-  Verdict before = Classifier(builtins_only.rule_set).classify({frame});
+  Classification before = Classifier(builtins_only.rule_set).classify({frame});
   EXPECT_TRUE(before.fatal);
   EXPECT_EQ(before.rule, "engine.unrecoverable");
 
@@ -283,7 +284,7 @@ TEST(RulesFileEndToEnd, TaskLocalCarveOutForARuntimeMessage) {
       RuleSet::compile(merge_rules(builtin_rules(), parsed.rules));
   ASSERT_TRUE(compiled.ok());
   Classifier classifier(compiled.rule_set);
-  Verdict after = classifier.classify({frame});
+  Classification after = classifier.classify({frame});
   EXPECT_FALSE(after.fatal);
   EXPECT_EQ(after.rule, "site.glyph");
   EXPECT_EQ(after.category, "bad_input");

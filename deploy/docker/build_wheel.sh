@@ -25,7 +25,7 @@ done
 echo "no prebuilt $tag wheel in $src/dist: building one for $("$python" -V)"
 export DEBIAN_FRONTEND=noninteractive
 packages=(build-essential pkg-config libre2-dev libfmt-dev libcurl4-openssl-dev
-  nlohmann-json3-dev libmicrohttpd-dev)
+  nlohmann-json3-dev libmicrohttpd-dev libc-ares-dev)
 # The headers of the image's Python (vLLM's images carry python3.X-dev already;
 # on Ubuntu 22.04 python3.11/3.12-dev come only from the deadsnakes PPA).
 include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')

@@ -1,8 +1,8 @@
 """mineru-health: self-healing MinerU fleets (3.3–3.4 and 4.0 workers and routers).
 
     >>> import mineru_health
-    >>> verdict = mineru_health.classify(exc)   # fatal (engine died) or task-local?
-    >>> verdict.fatal, verdict.rule
+    >>> found = mineru_health.classify(exc)   # a Classification: fatal (engine died)?
+    >>> found.fatal, found.rule
 
 Public names are loaded on first use, so that light entry points (the
 ``mineru-health patch`` command) work without importing the native core.
@@ -24,6 +24,7 @@ from .errors import (
 __version__ = "0.4.0"
 
 __all__ = [
+    "Classification",
     "ConfigError",
     "Frame",
     "MineruHealthError",
@@ -43,7 +44,6 @@ __all__ = [
     "frames_from_text",
     "load_rules",
     "reload_rules",
-    "worker_health",
 ]
 
 _LAZY = {
@@ -53,18 +53,19 @@ _LAZY = {
     "Rule": "classifier",
     "RuleKind": "classifier",
     "Rules": "classifier",
+    "Classification": "classifier",
     "Verdict": "classifier",
     "classify": "classifier",
     "classify_text": "tracebacks",
     "default_rules": "classifier",
     "load_rules": "classifier",
     "reload_rules": "classifier",
-    "WorkerHealth": "worker",
-    "worker_health": "runtime.worker.context",
+    "WorkerHealth": "runtime.worker.health",
 }
 
 if TYPE_CHECKING:
     from .classifier import (
+        Classification,
         Rule,
         RuleKind,
         Rules,
@@ -75,9 +76,8 @@ if TYPE_CHECKING:
         reload_rules,
     )
     from .frames import Frame, frames_from_exception
-    from .runtime.worker.context import worker_health
+    from .runtime.worker.health import WorkerHealth
     from .tracebacks import classify_text, frames_from_text
-    from .worker import WorkerHealth
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Decide whether a task failure killed the inference engine (fatal), only the task, or is ambiguous.
+"""Decides whether a task failure killed the inference engine (fatal), only the task, or neither.
 
     >>> from mineru_health import classify
     >>> verdict = classify(exc)                       # any exception object
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_RULES_FILE_BYTES",
     "MAX_RULES_FILE_RULES",
     "RULES_ENV",
+    "Classification",
     "ParsedRules",
     "Rule",
     "RuleKind",
@@ -54,6 +55,7 @@ MAX_RULES_FILE_BYTES: int = _native.MAX_RULES_FILE_BYTES
 #: A rules file with more rule lines than this is refused.
 MAX_RULES_FILE_RULES: int = _native.MAX_RULES_FILE_RULES
 
+
 def _b(text: str) -> bytes:
     # surrogatepass lets lone surrogates (seen in badly decoded messages) reach
     # the native side, which replaces whatever is not valid UTF-8.
@@ -75,7 +77,10 @@ Rule = _native.Rule
 #: ``"definitive"``, ``"task_local"``, ``"heuristic"``, ``"ambiguous"``, ``"generic"``;
 #: ``""`` when unmatched), ``rule_kind``, ``frame_index`` (into the frames classified:
 #: ``frames_from_exception(exc)[verdict.frame_index]`` is the deciding frame) and ``excerpt``.
-Verdict = _native.Verdict
+Classification = _native.Classification
+#: The name ``Classification`` had before 0.5 (a "verdict" is now only the judge's
+#: ``TaskVerdict`` on a task); kept so that code written against 0.4 still runs.
+Verdict = Classification
 
 
 def _rule_errors(errors: Sequence[_native.RuleError]) -> list[str]:
@@ -129,8 +134,9 @@ def parse_rules_file(path: str | os.PathLike[str]) -> ParsedRules:
     rules, disabled, errors = _native.read_rules_file(_b(source))
     if len(errors) == 1 and errors[0].line == 0 and not errors[0].rule_id:
         # The file itself was refused (missing, not a regular file, too big).
-        raise RulesError(f"cannot read rules file {source}: {errors[0].message}",
-                         errors=_rule_errors(errors))
+        raise RulesError(
+            f"cannot read rules file {source}: {errors[0].message}", errors=_rule_errors(errors)
+        )
     if errors:
         _raise_rule_errors(errors, f"rules file {source}")
     return ParsedRules(tuple(rules), tuple(disabled))
@@ -145,10 +151,14 @@ class Rules:
 
     __slots__ = ("_classifier", "_rule_set", "_rules", "_sources")
 
-    def __init__(self, rules: Iterable[Rule], *, source: str = "<builtin>",
-                 sources: Sequence[str] | None = None) -> None:
-        rule_set, errors = _native.RuleSet.compile(list(rules), _b(source),
-                                                   _native.RuleSetLimits())
+    def __init__(
+        self,
+        rules: Iterable[Rule],
+        *,
+        source: str = "<builtin>",
+        sources: Sequence[str] | None = None,
+    ) -> None:
+        rule_set, errors = _native.RuleSet.compile(list(rules), _b(source), _native.RuleSetLimits())
         if rule_set is None:
             _raise_rule_errors(errors, f"rules from {source}")
         assert rule_set is not None
@@ -174,22 +184,36 @@ class Rules:
         for rule in self._rules:
             counts[rule.kind_name] = counts.get(rule.kind_name, 0) + 1
         summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
-        return (f"Rules({len(self._rules)} rules: {summary}; "
-                f"from {', '.join(self._sources)})")
+        return f"Rules({len(self._rules)} rules: {summary}; from {', '.join(self._sources)})"
 
-    def classify_frames(self, frames: Sequence[Frame], *, remote_engine: bool = False,
-                        trust_unknown_origin: bool = True) -> Verdict:
+    def classify_frames(
+        self,
+        frames: Sequence[Frame],
+        *,
+        remote_engine: bool = False,
+        trust_unknown_origin: bool = True,
+    ) -> Classification:
         """Classifies frames (see :mod:`mineru_health.frames`)."""
         options = _native.ClassifyOptions()
         options.remote_engine = remote_engine
         options.trust_unknown_origin = trust_unknown_origin
         return self._classifier.classify_tuples(
-            [(_b(f.module), _b(f.type_name), [_b(b) for b in f.bases], _b(f.message),
-              _b(f.raised_in), f.via, f.depth) for f in frames],
+            [
+                (
+                    _b(f.module),
+                    _b(f.type_name),
+                    [_b(b) for b in f.bases],
+                    _b(f.message),
+                    _b(f.raised_in),
+                    f.via,
+                    f.depth,
+                )
+                for f in frames
+            ],
             options,
         )
 
-    def classify(self, exc: BaseException, *, remote_engine: bool = False) -> Verdict:
+    def classify(self, exc: BaseException, *, remote_engine: bool = False) -> Classification:
         """Classifies ``exc`` and its whole chain (causes, contexts, group members)."""
         return self.classify_frames(frames_from_exception(exc), remote_engine=remote_engine)
 
@@ -208,8 +232,9 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> Rules:
         return Rules(base, source="<builtin>")
     source = os.fspath(path)
     parsed = parse_rules_file(source)
-    merged = _native.merge_rules(base, list(parsed.rules),
-                                 [_b(rule_id) for rule_id in parsed.disabled])
+    merged = _native.merge_rules(
+        base, list(parsed.rules), [_b(rule_id) for rule_id in parsed.disabled]
+    )
     return Rules(merged, source=source, sources=("<builtin>", source))
 
 
@@ -242,8 +267,9 @@ def reload_rules(path: str | os.PathLike[str] | None = None) -> Rules:
     return fresh
 
 
-def classify(exc: BaseException, *, rules: Rules | None = None,
-             remote_engine: bool = False) -> Verdict:
+def classify(
+    exc: BaseException, *, rules: Rules | None = None, remote_engine: bool = False
+) -> Classification:
     """Classifies ``exc`` and its whole chain (causes, contexts, group members).
 
     ``remote_engine``: the task's engine is remote (an ``*-http-client``
@@ -251,11 +277,18 @@ def classify(exc: BaseException, *, rules: Rules | None = None,
     task-local with category ``remote_engine``.
     """
     return (rules if rules is not None else default_rules()).classify(
-        exc, remote_engine=remote_engine)
+        exc, remote_engine=remote_engine
+    )
 
 
-def classify_frames(frames: Sequence[Frame], *, rules: Rules | None = None,
-                    remote_engine: bool = False, trust_unknown_origin: bool = True) -> Verdict:
+def classify_frames(
+    frames: Sequence[Frame],
+    *,
+    rules: Rules | None = None,
+    remote_engine: bool = False,
+    trust_unknown_origin: bool = True,
+) -> Classification:
     """Classifies frames built by hand, by :mod:`mineru_health.frames` or :mod:`.tracebacks`."""
     return (rules if rules is not None else default_rules()).classify_frames(
-        frames, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin)
+        frames, remote_engine=remote_engine, trust_unknown_origin=trust_unknown_origin
+    )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from .errors import ConfigError, MineruHealthError, PatchError
 
 if TYPE_CHECKING:
-    from .settings import HealthSettings
+    from .runtime.settings import HealthSettings
 
 __all__ = ["main", "probe_urls"]
 
@@ -42,8 +42,9 @@ def _cmd_patch(args: argparse.Namespace) -> int:
         if not args.target or not args.patch_file:
             raise PatchError("make-entry needs --target and --patch-file", exit_code=EXIT_ERROR)
         if args.mineru_path is None:
-            raise PatchError("make-entry needs --mineru-path (a pristine tree)",
-                             exit_code=EXIT_ERROR)
+            raise PatchError(
+                "make-entry needs --mineru-path (a pristine tree)", exit_code=EXIT_ERROR
+            )
         try:
             entry = patching.make_variant(args.mineru_path, args.target, args.patch_file)
         except OSError as error:
@@ -96,7 +97,9 @@ def _verdict_json(verdict: Any, frame: Any) -> dict[str, Any]:
         "category": verdict.category,
         "strength": verdict.strength,
         "frame_index": verdict.frame_index,
-        "frame": None if frame is None else {
+        "frame": None
+        if frame is None
+        else {
             "module": frame.module,
             "type_name": frame.type_name,
             "bases": list(frame.bases),
@@ -116,8 +119,12 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     text = _read_input(args.file)
     rules = load_rules(args.rules) if args.rules else None
     frames = frames_from_text(text)
-    verdict = classify_frames(frames, rules=rules, remote_engine=args.remote_engine,
-                              trust_unknown_origin=not args.untrusted)
+    verdict = classify_frames(
+        frames,
+        rules=rules,
+        remote_engine=args.remote_engine,
+        trust_unknown_origin=not args.untrusted,
+    )
     frame = frames[verdict.frame_index] if 0 <= verdict.frame_index < len(frames) else None
     if args.json:
         _print_json(_verdict_json(verdict, frame))
@@ -139,9 +146,16 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 
 def _rule_json(rule: Any) -> dict[str, Any]:
-    return {"id": rule.id, "kind": rule.kind_name, "strength": rule.strength,
-            "category": rule.category, "target": rule.target_name, "origin": rule.scope_name,
-            "operator": rule.from_operator, "pattern": rule.pattern}
+    return {
+        "id": rule.id,
+        "kind": rule.kind_name,
+        "strength": rule.strength,
+        "category": rule.category,
+        "target": rule.target_name,
+        "origin": rule.scope_name,
+        "operator": rule.from_operator,
+        "pattern": rule.pattern,
+    }
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
@@ -152,21 +166,30 @@ def _cmd_rules(args: argparse.Namespace) -> int:
         merged = load_rules(args.check)  # also compiles the merged set
         warnings = parsed.warnings()
         if args.json:
-            _print_json({"file": args.check, "ok": True, "rules": len(parsed.rules),
-                         "disabled": list(parsed.disabled), "warnings": warnings,
-                         "total_after_merge": len(merged), "exit_code": EXIT_OK})
+            _print_json(
+                {
+                    "file": args.check,
+                    "ok": True,
+                    "rules": len(parsed.rules),
+                    "disabled": list(parsed.disabled),
+                    "warnings": warnings,
+                    "total_after_merge": len(merged),
+                    "exit_code": EXIT_OK,
+                }
+            )
         else:
             off = f", {len(parsed.disabled)} built-in(s) off" if parsed.disabled else ""
-            print(f"{args.check}: OK, {len(parsed.rules)} rule(s){off}; {len(merged)} after "
-                  "merging with the built-in rules")
+            print(
+                f"{args.check}: OK, {len(parsed.rules)} rule(s){off}; {len(merged)} after "
+                "merging with the built-in rules"
+            )
             for warning in warnings:
                 print(f"{args.check}: warning: {warning}", file=sys.stderr)
         return EXIT_OK
 
     rules = load_rules(args.rules)
     if args.json:
-        _print_json({"sources": list(rules.sources),
-                     "rules": [_rule_json(r) for r in rules.rules]})
+        _print_json({"sources": list(rules.sources), "rules": [_rule_json(r) for r in rules.rules]})
     else:
         print(f"# {len(rules)} rules from {', '.join(rules.sources)}")
         print("# <id> <kind> <category> target=<type|message|frame> origin=<engine|any> <pattern>")
@@ -201,7 +224,7 @@ def probe_urls(
     from . import _native
     from ._names import enum_name
     from .runtime.router.fleet import base_url_of, expectations
-    from .settings import HealthSettings
+    from .runtime.settings import HealthSettings
 
     out = out or sys.stdout
     base = settings or HealthSettings.from_env()
@@ -287,8 +310,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from . import settings
     from ._names import enum_name
+    from .runtime import settings
 
     if args.check:
         # The start-up checks of the router and of the worker, in that order:
@@ -364,10 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
         "backup is refused, exit 2); refuses files modified by someone else (exit 4) and "
         "releases whose files it does not know (exit 3).",
     )
-    patch.add_argument("action", choices=("apply", "check", "revert", "make-entry"),
-                       help="what to do (make-entry: print a manifest variant, for maintainers)")
-    patch.add_argument("--mineru-path", metavar="DIR",
-                       help="the mineru package directory (default: the importable one)")
+    patch.add_argument(
+        "action",
+        choices=("apply", "check", "revert", "make-entry"),
+        help="what to do (make-entry: print a manifest variant, for maintainers)",
+    )
+    patch.add_argument(
+        "--mineru-path",
+        metavar="DIR",
+        help="the mineru package directory (default: the importable one)",
+    )
     patch.add_argument("--target", help="make-entry: file relative to the mineru package dir")
     patch.add_argument("--patch-file", help="make-entry: the unified diff")
     patch.add_argument("--json", action="store_true", help="machine-readable output")
@@ -381,15 +410,23 @@ def build_parser() -> argparse.ArgumentParser:
         "also for an ambiguous device error such as out of memory); exit 2 on any error.",
     )
     classify.add_argument("file", nargs="?", default="-", help="file to read (default: stdin)")
-    classify.add_argument("--rules", metavar="FILE",
-                          help="rules file to merge (default: $MINERU_HEALTH_RULES)")
-    classify.add_argument("--remote-engine", action="store_true",
-                          help="the failing task's engine was remote (an *-http-client backend)")
-    classify.add_argument("--untrusted", action="store_true",
-                          help="the text comes from an untrusted source: frames without a "
-                          "traceback line do not count as an engine's")
-    classify.add_argument("--json", action="store_true",
-                          help="machine-readable output (always JSON, errors included)")
+    classify.add_argument(
+        "--rules", metavar="FILE", help="rules file to merge (default: $MINERU_HEALTH_RULES)"
+    )
+    classify.add_argument(
+        "--remote-engine",
+        action="store_true",
+        help="the failing task's engine was remote (an *-http-client backend)",
+    )
+    classify.add_argument(
+        "--untrusted",
+        action="store_true",
+        help="the text comes from an untrusted source: frames without a "
+        "traceback line do not count as an engine's",
+    )
+    classify.add_argument(
+        "--json", action="store_true", help="machine-readable output (always JSON, errors included)"
+    )
     classify.set_defaults(func=_cmd_classify)
 
     rules = sub.add_parser(
@@ -410,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.add_argument("urls", nargs="+", metavar="URL", help="worker health URLs")
     probe.add_argument("--timeout", type=float, metavar="S", help="per-probe timeout in seconds")
-    probe.add_argument("--expected-status", metavar="STATUS",
-                       help='healthy JSON "status" value (default: healthy)')
+    probe.add_argument(
+        "--expected-status", metavar="STATUS", help='healthy JSON "status" value (default: healthy)'
+    )
     probe.add_argument("--json", action="store_true", help="machine-readable output")
     probe.set_defaults(func=_cmd_probe)
 
@@ -422,10 +460,17 @@ def build_parser() -> argparse.ArgumentParser:
         "meaning, or, with --check, validate the current environment exactly as "
         "mineru-api and mineru-router do at start-up.",
     )
-    config.add_argument("--check", action="store_true",
-                        help="validate the current environment (exit 2 naming the bad variable)")
-    config.add_argument("--role", choices=("router", "worker", "all"), default="all",
-                        help="--check: whose start-up checks to apply (default: all)")
+    config.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the current environment (exit 2 naming the bad variable)",
+    )
+    config.add_argument(
+        "--role",
+        choices=("router", "worker", "all"),
+        default="all",
+        help="--check: whose start-up checks to apply (default: all)",
+    )
     config.add_argument("--markdown", action="store_true", help="print a Markdown table")
     config.add_argument("--json", action="store_true", help="machine-readable output")
     config.set_defaults(func=_cmd_config)
@@ -441,13 +486,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _report_error(args: argparse.Namespace | None, error: BaseException, exit_code: int,
-                  as_json: bool) -> int:
+def _report_error(
+    args: argparse.Namespace | None, error: BaseException, exit_code: int, as_json: bool
+) -> int:
     """Prints ``error`` (JSON with ``--json``) and returns ``exit_code``."""
     details = [str(detail) for detail in getattr(error, "errors", [])]
     if as_json:
-        _print_json({"error": str(error), "type": type(error).__name__, "errors": details,
-                     "exit_code": exit_code})
+        _print_json(
+            {
+                "error": str(error),
+                "type": type(error).__name__,
+                "errors": details,
+                "exit_code": exit_code,
+            }
+        )
     else:
         print(f"mineru-health: error: {error}", file=sys.stderr)
         for detail in details[1:]:

@@ -27,8 +27,13 @@ class ConfigError(MineruHealthError, ValueError):
 class RulesError(ConfigError):
     """A rules file or pattern could not be used. ``errors`` lists every problem found."""
 
-    def __init__(self, message: str, *, variable: str = "MINERU_HEALTH_RULES",
-                 errors: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        variable: str = "MINERU_HEALTH_RULES",
+        errors: list[str] | None = None,
+    ) -> None:
         super().__init__(message, variable=variable)
         self.errors = list(errors or [])
 

@@ -72,7 +72,7 @@ class Frame:
 
 
 def cap_message(text: str, max_chars: int) -> str:
-    """``text`` itself, or its head and tail around an elision mark when longer than ``max_chars``."""
+    """``text``, or its head and tail around an elision mark when longer than ``max_chars``."""
     if len(text) <= max_chars:
         return text
     half = max(max_chars // 2, 1)
@@ -91,9 +91,7 @@ def _safe_message(exc: BaseException, max_chars: int) -> str:
 def _class_names(cls: type) -> tuple[str, str, tuple[str, ...]]:
     # A class's names never change; failures repeat the same few classes.
     module = getattr(cls, "__module__", None)
-    bases = tuple(
-        getattr(base, "__name__", "?") for base in cls.__mro__[1:] if base is not object
-    )
+    bases = tuple(getattr(base, "__name__", "?") for base in cls.__mro__[1:] if base is not object)
     return (module if isinstance(module, str) else "", cls.__name__, bases)
 
 
@@ -121,8 +119,10 @@ def _group_classes() -> tuple[type, ...]:
     the backport can only exist once its module is loaded, so it is looked up,
     never imported."""
     backport = sys.modules.get("exceptiongroup")
-    found = (getattr(builtins, "BaseExceptionGroup", None),
-             getattr(backport, "BaseExceptionGroup", None))
+    found = (
+        getattr(builtins, "BaseExceptionGroup", None),
+        getattr(backport, "BaseExceptionGroup", None),
+    )
     return tuple(c for c in found if isinstance(c, type))
 
 
@@ -153,8 +153,17 @@ def frames_from_exception(
         seen.add(id(current))
         module, type_name, bases = _class_names(type(current))  # type: ignore[arg-type]
         site = _raise_site(current) or parent_site
-        frames.append(Frame(module, type_name, bases, _safe_message(current, max_message_chars),
-                            site, via, depth))
+        frames.append(
+            Frame(
+                module,
+                type_name,
+                bases,
+                _safe_message(current, max_message_chars),
+                site,
+                via,
+                depth,
+            )
+        )
 
         children: list[tuple[BaseException, Via, int, str]] = []
         cause = current.__cause__

@@ -157,8 +157,12 @@ class FileStatus:
     action: str = ""  # what apply/revert did: "patched", "reverted", "unchanged", ...
 
     def to_json(self) -> dict[str, str]:
-        return {"target": self.target, "path": str(self.path), "state": self.state.value,
-                "action": self.action}
+        return {
+            "target": self.target,
+            "path": str(self.path),
+            "state": self.state.value,
+            "action": self.action,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +212,8 @@ def patches_root() -> Path:
             return candidate
     raise PatchError(
         "cannot find the mineru-health patches (looked in "
-        + ", ".join(str(c) for c in candidates) + ")"
+        + ", ".join(str(c) for c in candidates)
+        + ")"
     )
 
 
@@ -242,8 +247,9 @@ def _load_manifest(manifest_path: Path) -> Manifest:
             )
             for entry in data["files"]
         )
-        return Manifest(str(data["line"]), str(data.get("summary", "")), manifest_path.parent,
-                        files)
+        return Manifest(
+            str(data["line"]), str(data.get("summary", "")), manifest_path.parent, files
+        )
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PatchError(f"broken patch manifest {manifest_path}: {error}") from error
 
@@ -384,8 +390,9 @@ def _refuse_unknown(targets: Sequence[_Target], verb: str) -> None:
                 exit_code=EXIT_MODIFIED,
             )
         if target.state is FileState.MISSING:
-            raise PatchError(f"refusing to {verb}: {target.path} is missing",
-                             exit_code=EXIT_MODIFIED)
+            raise PatchError(
+                f"refusing to {verb}: {target.path} is missing", exit_code=EXIT_MODIFIED
+            )
 
 
 def _run_patch(target: str, patch_file: Path, source: bytes, *, reverse: bool) -> bytes:
@@ -399,8 +406,10 @@ def _run_patch(target: str, patch_file: Path, source: bytes, *, reverse: bool) -
         work = Path(scratch) / target
         work.parent.mkdir(parents=True, exist_ok=True)
         work.write_bytes(source)
-        ok = patch_set.revert(strip=1, root=scratch) if reverse else patch_set.apply(
-            strip=1, root=scratch
+        ok = (
+            patch_set.revert(strip=1, root=scratch)
+            if reverse
+            else patch_set.apply(strip=1, root=scratch)
         )
         if not ok:
             raise PatchError(f"{patch_file} does not apply to {target}")
@@ -461,8 +470,9 @@ def _transaction(verb: str) -> Iterator[safe_files.Transaction]:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
         exit_code = error.exit_code if isinstance(error, PatchError) else EXIT_ERROR
-        raise PatchError(f"{verb} failed: {reason}{where}; {outcome}",
-                         exit_code=exit_code) from error
+        raise PatchError(
+            f"{verb} failed: {reason}{where}; {outcome}", exit_code=exit_code
+        ) from error
 
 
 # --- the three commands --------------------------------------------------------------------
@@ -486,27 +496,37 @@ def check(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
     if _half_applied(targets):
         report = apply(mineru_dir)
         files = tuple(
-            FileStatus(f.target, f.path, f.state,
-                       "completed a half-finished apply" if f.action == "patched" else "")
-            for f in report.files)
-        return PatchReport(report.mineru_dir, report.mineru_version, report.line, files,
-                           report.cleaned)
+            FileStatus(
+                f.target,
+                f.path,
+                f.state,
+                "completed a half-finished apply" if f.action == "patched" else "",
+            )
+            for f in report.files
+        )
+        return PatchReport(
+            report.mineru_dir, report.mineru_version, report.line, files, report.cleaned
+        )
     return PatchReport(
-        mineru_dir, mineru_version(mineru_dir), manifest.line,
+        mineru_dir,
+        mineru_version(mineru_dir),
+        manifest.line,
         tuple(FileStatus(t.entry.target, t.path, t.state) for t in targets),
     )
 
 
-def _prepare(mineru_path: str | os.PathLike[str] | None,
-             verb: str) -> tuple[Path, Manifest, list[_Target], tuple[Path, ...]]:
+def _prepare(
+    mineru_path: str | os.PathLike[str] | None, verb: str
+) -> tuple[Path, Manifest, list[_Target], tuple[Path, ...]]:
     """Finds the line, removes a killed run's leftovers, refuses what must not be touched.
 
     Runs under the directory lock held by the caller.
     """
     mineru_dir = find_mineru(mineru_path)
     manifest, targets = detect(mineru_dir)
-    cleaned = safe_files.clean_temporaries([t.path for t in targets],
-                                           extra_suffixes=(BACKUP_SUFFIX,))
+    cleaned = safe_files.clean_temporaries(
+        [t.path for t in targets], extra_suffixes=(BACKUP_SUFFIX,)
+    )
     _refuse_unknown(targets, verb)
     _refuse_links(targets, verb)
     return mineru_dir, manifest, targets, tuple(cleaned)
@@ -524,11 +544,16 @@ def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
                 planned.append((target, b"", None))
                 continue
             original = safe_files.read_regular(target.path)
-            patched = _run_patch(target.entry.target, manifest.directory / target.variant.patch,
-                                 original, reverse=False)
+            patched = _run_patch(
+                target.entry.target,
+                manifest.directory / target.variant.patch,
+                original,
+                reverse=False,
+            )
             if _sha256_bytes(patched) != target.variant.patched_sha256:
                 raise PatchError(
-                    f"patching {target.path} gave an unexpected result (sha256 mismatch)")
+                    f"patching {target.path} gave an unexpected result (sha256 mismatch)"
+                )
             planned.append((target, original, patched))
 
         results = []
@@ -545,8 +570,9 @@ def apply(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
                     raise PatchError(f"{path} does not have the expected content after patching")
                 results.append(FileStatus(name, path, FileState.PATCHED, "patched"))
             txn.commit()
-    return PatchReport(mineru_dir, mineru_version(mineru_dir), manifest.line, tuple(results),
-                       cleaned)
+    return PatchReport(
+        mineru_dir, mineru_version(mineru_dir), manifest.line, tuple(results), cleaned
+    )
 
 
 def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
@@ -558,8 +584,11 @@ def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
             variant, path = target.variant, target.path
             assert variant is not None  # original or patched, by _refuse_unknown
             backup = _backup_path(path)
-            saved = (safe_files.read_regular(backup)
-                     if safe_files.lstat_or_none(backup) is not None else None)
+            saved = (
+                safe_files.read_regular(backup)
+                if safe_files.lstat_or_none(backup) is not None
+                else None
+            )
             backup_ok = saved is not None and _sha256_bytes(saved) == variant.original_sha256
             if target.state is FileState.ORIGINAL:
                 planned.append((target, None, "unchanged", backup_ok))
@@ -568,8 +597,12 @@ def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
                 original = saved
                 action = "restored from backup"
             else:
-                original = _run_patch(target.entry.target, manifest.directory / variant.patch,
-                                      safe_files.read_regular(path), reverse=True)
+                original = _run_patch(
+                    target.entry.target,
+                    manifest.directory / variant.patch,
+                    safe_files.read_regular(path),
+                    reverse=True,
+                )
                 action = "reverse-applied"
             if _sha256_bytes(original) != variant.original_sha256:
                 raise PatchError(f"reverting {path} gave an unexpected result (sha256 mismatch)")
@@ -586,7 +619,9 @@ def revert(mineru_path: str | os.PathLike[str] | None = None) -> PatchReport:
             stale = set(txn.commit())
     files = tuple(
         FileStatus(
-            target.entry.target, target.path, _state(target.path, target.entry)[0],
+            target.entry.target,
+            target.path,
+            _state(target.path, target.entry)[0],
             action + (" (backup not removed)" if _backup_path(target.path) in stale else ""),
         )
         for target, _restored, action, _backup_ok in planned

@@ -88,9 +88,7 @@ def replace_file(path: Path, data: bytes, mode: int) -> None:
 def _temporaries(path: Path, extra_suffixes: Sequence[str]) -> list[Path]:
     """Temporary files ``replace_file`` may have left for ``path`` (or ``path`` + a suffix)."""
     suffixes = "|".join(re.escape(suffix) for suffix in extra_suffixes)
-    pattern = re.compile(
-        rf"^\.{re.escape(path.name)}(?:{suffixes})?\.[a-z0-9_]{{8}}\.tmp$"
-    )
+    pattern = re.compile(rf"^\.{re.escape(path.name)}(?:{suffixes})?\.[a-z0-9_]{{8}}\.tmp$")
     try:
         names = os.listdir(path.parent)
     except OSError:

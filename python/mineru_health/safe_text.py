@@ -15,8 +15,14 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["MAX_ERROR_CHARS", "describe_exception", "exception_type_name", "logger", "printable",
-           "valid_utf8"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "describe_exception",
+    "exception_type_name",
+    "logger",
+    "printable",
+    "valid_utf8",
+]
 
 #: Cap on the error text kept natively; the full traceback goes to the log.
 MAX_ERROR_CHARS = 2000
@@ -25,8 +31,7 @@ MAX_ERROR_CHARS = 2000
 # overrides and isolates; lone surrogates (undecodable bytes kept by
 # surrogateescape, which a UTF-8 stream cannot even encode).
 _UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-    "\ud800-\udfff]"
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 

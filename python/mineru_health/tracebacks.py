@@ -17,14 +17,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .classifier import Rules, Verdict, default_rules
+from .classifier import Classification, Rules, default_rules
 from .frames import DEFAULT_MAX_FRAMES, DEFAULT_MAX_MESSAGE_CHARS, Frame, Via, cap_message
 
 __all__ = ["classify_text", "frames_from_text"]
 
 
-def classify_text(text: str, *, rules: Rules | None = None, remote_engine: bool = False,
-                  trust_unknown_origin: bool = True) -> Verdict:
+def classify_text(
+    text: str,
+    *,
+    rules: Rules | None = None,
+    remote_engine: bool = False,
+    trust_unknown_origin: bool = True,
+) -> Classification:
     """Classifies a printed traceback or a bare error message.
 
     Text carries no class objects: a frame without a traceback line
@@ -32,19 +37,25 @@ def classify_text(text: str, *, rules: Rules | None = None, remote_engine: bool 
     text. Turn it off for text from untrusted sources.
     """
     return (rules if rules is not None else default_rules()).classify_frames(
-        frames_from_text(text), remote_engine=remote_engine,
-        trust_unknown_origin=trust_unknown_origin)
+        frames_from_text(text),
+        remote_engine=remote_engine,
+        trust_unknown_origin=trust_unknown_origin,
+    )
 
 
 _CAUSE_SEPARATOR = "The above exception was the direct cause of the following exception:"
 _CONTEXT_SEPARATOR = "During handling of the above exception, another exception occurred:"
-_TRACEBACK_HEADER = re.compile(r"^(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
+_TRACEBACK_HEADER = re.compile(
+    r"^(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):"
+)
 _GROUP_SEPARATOR = re.compile(r"^\+(?:-\+)?-+(?: *(\d+|\.\.\.) *-+)?$")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::(?: (.*))?)?$")
 # A bare "Name: text" line is an exception only when Name looks like a class
 # (dotted, or named like one); "Failed: ..." or "EI0009: ..." are just text.
 _DOTTED_CLASS = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\.[A-Z]\w*$")
-_CLASS_LIKE = re.compile(r"(?:^|\.)[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Iteration|Group|Dead)$")
+_CLASS_LIKE = re.compile(
+    r"(?:^|\.)[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Iteration|Group|Dead)$"
+)
 
 
 def _looks_like_class(name: str) -> bool:
@@ -60,10 +71,24 @@ _LOG_PREFIX = re.compile(
 )
 _SITE_DIRS = ("site-packages/", "dist-packages/")
 # Packages whose files may be found outside site-packages (source checkouts).
-_KNOWN_ROOTS = frozenset({
-    "vllm", "vllm_ascend", "lmdeploy", "sglang", "torch", "torch_npu", "mlx", "mlx_vlm",
-    "mlx_lm", "transformers", "ray", "mineru", "mineru_vl_utils", "triton",
-})
+_KNOWN_ROOTS = frozenset(
+    {
+        "vllm",
+        "vllm_ascend",
+        "lmdeploy",
+        "sglang",
+        "torch",
+        "torch_npu",
+        "mlx",
+        "mlx_vlm",
+        "mlx_lm",
+        "transformers",
+        "ray",
+        "mineru",
+        "mineru_vl_utils",
+        "triton",
+    }
+)
 
 
 def _module_of_path(path: str, function: str | None) -> str:
@@ -72,7 +97,7 @@ def _module_of_path(path: str, function: str | None) -> str:
     for marker in _SITE_DIRS:
         index = path.rfind(marker)
         if index >= 0:
-            return _dotted(path[index + len(marker):])
+            return _dotted(path[index + len(marker) :])
     if path.endswith((".pyx", ".pxi")) and function and "." in function:
         # Cython frames name their module in the function ("lxml.etree.XML").
         return function.rpartition(".")[0]
@@ -148,7 +173,7 @@ def _marker_column(line: str) -> int:
 def _strip_marker(line: str, column: int) -> str:
     """``line`` without the "| " (or "+ ") marker at ``column``."""
     if len(line) > column and line[column] in "|+" and not line[:column].strip():
-        rest = line[column + 1:]
+        rest = line[column + 1 :]
         return rest[1:] if rest[:1] == " " else rest
     return line
 
@@ -169,8 +194,9 @@ def _unmarked(lines: list[str]) -> list[str]:
     return [_strip_marker(line, column) for line in lines]
 
 
-def _group_frames(lines: list[str], depth: int, via: Via, max_chars: int,
-                  budget: int) -> list[Frame]:
+def _group_frames(
+    lines: list[str], depth: int, via: Via, max_chars: int, budget: int
+) -> list[Frame]:
     """One exception group's block: the group's own frame, then its members."""
     column = min(column for column in map(_marker_column, lines) if column >= 0)
     own: list[str] = []
@@ -185,7 +211,8 @@ def _group_frames(lines: list[str], depth: int, via: Via, max_chars: int,
         # in; a nested group's first rule ("+-+") one level in is content.
         ours = separator is not None and (
             (at == column and stripped.startswith("+-+"))
-            or (at == column + 2 and not stripped.startswith("+-+")))
+            or (at == column + 2 and not stripped.startswith("+-+"))
+        )
         if ours:
             if separator is not None and separator.group(1) is not None:
                 member = []
@@ -194,24 +221,28 @@ def _group_frames(lines: list[str], depth: int, via: Via, max_chars: int,
                 member = None
             continue
         if member is not None:
-            prefix = line[:column + 2]
-            member.append(line[column + 2:] if not prefix.strip() else line.lstrip())
+            prefix = line[: column + 2]
+            member.append(line[column + 2 :] if not prefix.strip() else line.lstrip())
         else:
             own.append(_strip_marker(line, column))
-    frames = [replace(frame, via=via if index == 0 else Via.CAUSE, depth=depth + index)
-              for index, frame in enumerate(_block_frames(own, max_chars)[:1])]
+    frames = [
+        replace(frame, via=via if index == 0 else Via.CAUSE, depth=depth + index)
+        for index, frame in enumerate(_block_frames(own, max_chars)[:1])
+    ]
     if not frames:
         frames = [Frame("", "", (), "", "", via, depth)]
     for lines_of_member in members:
         if len(frames) >= budget:
             break
-        frames.extend(_text_frames(lines_of_member, depth + 1, Via.GROUP, max_chars,
-                                   budget - len(frames)))
+        frames.extend(
+            _text_frames(lines_of_member, depth + 1, Via.GROUP, max_chars, budget - len(frames))
+        )
     return frames
 
 
-def _text_frames(lines: list[str], depth: int, via: Via, max_chars: int,
-                 budget: int) -> list[Frame]:
+def _text_frames(
+    lines: list[str], depth: int, via: Via, max_chars: int, budget: int
+) -> list[Frame]:
     """Frames of printed traceback lines in pre-order, exception groups included."""
     if not _is_group_layout(lines):
         lines = _unmarked(lines)  # a group member's own chain
@@ -236,8 +267,10 @@ def _text_frames(lines: list[str], depth: int, via: Via, max_chars: int,
             part = _group_frames(block, level, how, max_chars, budget - len(frames))
             step = 1
         else:
-            part = [replace(frame, via=how if offset == 0 else Via.CAUSE, depth=level + offset)
-                    for offset, frame in enumerate(_block_frames(_unmarked(block), max_chars))]
+            part = [
+                replace(frame, via=how if offset == 0 else Via.CAUSE, depth=level + offset)
+                for offset, frame in enumerate(_block_frames(_unmarked(block), max_chars))
+            ]
             step = len(part)
         frames.extend(part)
         level += step
@@ -267,7 +300,8 @@ def frames_from_text(
         return []
     lines = [_LOG_PREFIX.sub("", raw, count=1) for raw in text.splitlines()]
     has_traceback = _is_group_layout(lines) or any(
-        _TRACEBACK_HEADER.match(line.strip()) for line in lines)
+        _TRACEBACK_HEADER.match(line.strip()) for line in lines
+    )
     if not has_traceback:
         stripped = "\n".join(lines).strip()
         first, _, rest = stripped.partition("\n")

@@ -27,8 +27,15 @@ from typing import Any
 
 from mineru_health.demo.fault_plugin import CHILDREN_ENV  # one name: the plugin reads it
 
-__all__ = ["CHILDREN_ENV", "LIFE_S", "cgroups_here", "family", "read_children", "start_from_env",
-           "survivors"]
+__all__ = [
+    "CHILDREN_ENV",
+    "LIFE_S",
+    "cgroups_here",
+    "family",
+    "read_children",
+    "start_from_env",
+    "survivors",
+]
 
 #: How long a test child lives if nothing ends it.
 LIFE_S = 600
@@ -63,13 +70,20 @@ def start_from_env() -> None:
     with _lock:
         if _started:
             return
-        group_child = subprocess.Popen([sys.executable, "-c", _SLEEPER],
-                                       stdin=subprocess.DEVNULL)
+        group_child = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdin=subprocess.DEVNULL)
         _started.append(group_child)
-        done = subprocess.run([sys.executable, "-c", _DAEMON], capture_output=True,
-                              timeout=60, check=True, stdin=subprocess.DEVNULL)
-        record = {"worker": os.getpid(), "group_child": group_child.pid,
-                  "daemon": int(done.stdout.decode("ascii").strip())}
+        done = subprocess.run(
+            [sys.executable, "-c", _DAEMON],
+            capture_output=True,
+            timeout=60,
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+        record = {
+            "worker": os.getpid(),
+            "group_child": group_child.pid,
+            "daemon": int(done.stdout.decode("ascii").strip()),
+        }
         path = Path(directory) / f"{os.getpid()}.json"
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(record), encoding="utf-8")
@@ -112,8 +126,9 @@ def cgroups_here() -> str:
 
     processes = WorkerProcesses(cgroups=True, grace_s=1.0)
     launch = processes.prepare("cgroup-probe")
-    probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             stdin=subprocess.DEVNULL)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.DEVNULL
+    )
     try:
         processes.adopt(launch, probe.pid)
         return "" if launch.cgroup else launch.no_cgroup or processes.no_cgroup
@@ -128,5 +143,8 @@ def survivors(members: dict[str, Any]) -> dict[str, int]:
     """Those of ``members`` (a :func:`family`) still running: name -> pid."""
     from mineru_health import _native
 
-    return {name: process.pid for name, process in members.items()
-            if _native.process_id(process.pid) == process}
+    return {
+        name: process.pid
+        for name, process in members.items()
+        if _native.process_id(process.pid) == process
+    }

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mineru_health.classifier import Rules, Verdict, default_rules
+from mineru_health.classifier import Classification, Rules, default_rules
 from mineru_health.frames import Frame, Via
 from mineru_health.tracebacks import frames_from_text
 
@@ -58,11 +58,19 @@ def load(directory: str | Path) -> list[Record]:
                     continue
                 raw = json.loads(line)
                 try:
-                    records.append(Record(
-                        id=raw["id"], split=raw["split"], engine=raw["engine"],
-                        device=raw["device"], label=raw["label"], source=raw["source"],
-                        reason=raw["reason"], lang=raw.get("lang", "en"),
-                        chain=tuple(raw["chain"])))
+                    records.append(
+                        Record(
+                            id=raw["id"],
+                            split=raw["split"],
+                            engine=raw["engine"],
+                            device=raw["device"],
+                            label=raw["label"],
+                            source=raw["source"],
+                            reason=raw["reason"],
+                            lang=raw.get("lang", "en"),
+                            chain=tuple(raw["chain"]),
+                        )
+                    )
                 except KeyError as exc:
                     raise ValueError(f"{path}:{number}: missing field {exc}") from None
     return records
@@ -75,11 +83,17 @@ def frames(record: Record) -> list[Frame]:
     out: list[Frame] = []
     for index, link in enumerate(record.chain):
         via = _VIA[link.get("via", "cause")] if index else Via.ROOT
-        out.append(Frame(
-            module=link.get("module", ""), type_name=link.get("type", ""),
-            bases=tuple(link.get("bases", ())), message=link.get("message", ""),
-            raised_in=link.get("raised_in", ""), via=via,
-            depth=int(link.get("depth", index))))
+        out.append(
+            Frame(
+                module=link.get("module", ""),
+                type_name=link.get("type", ""),
+                bases=tuple(link.get("bases", ())),
+                message=link.get("message", ""),
+                raised_in=link.get("raised_in", ""),
+                via=via,
+                depth=int(link.get("depth", index)),
+            )
+        )
     return out
 
 
@@ -110,7 +124,9 @@ class Score:
             self.ambiguous_flagged += ambiguous
             self.ambiguous_fatal += fatal
             if not ambiguous:
-                self.misses.append(f"{record_id}: ambiguous -> {'fatal' if fatal else 'task_local'}")
+                self.misses.append(
+                    f"{record_id}: ambiguous -> {'fatal' if fatal else 'task_local'}"
+                )
             return
         truth = label == "fatal"
         if truth and fatal:
@@ -144,14 +160,15 @@ def native_judge(rules: Rules | None = None) -> Judge:
     rules = rules or default_rules()
 
     def judge(record: Record) -> tuple[bool, bool]:
-        verdict: Verdict = rules.classify_frames(frames(record))
+        verdict: Classification = rules.classify_frames(frames(record))
         return verdict.fatal, verdict.ambiguous
 
     return judge
 
 
-def score(records: Iterable[Record], judge: Judge,
-          key: Callable[[Record], str] | None = None) -> dict[str, Score]:
+def score(
+    records: Iterable[Record], judge: Judge, key: Callable[[Record], str] | None = None
+) -> dict[str, Score]:
     """Scores per ``key(record)`` (one bucket "all" without a key)."""
     out: dict[str, Score] = {}
     for record in records:

@@ -78,7 +78,7 @@ class _EngineCore:
 
 
 class FakeAsyncLLM:
-    """vLLM v1 ``AsyncLLM``: ``errored`` reads the core's flag; ``check_health`` raises when dead."""
+    """vLLM v1 ``AsyncLLM``: ``errored`` reads the core's flag; ``check_health`` raises if dead."""
 
     def __init__(self, mode: Mode = "alive", hang: Hang | None = None) -> None:
         self.mode = mode
@@ -182,14 +182,18 @@ def fake_llama_cpp(mode: Mode = "alive", hang: Hang | None = None) -> dict[str, 
         self._core = object()
         self.calls = 0
 
-    engine_class = type("Engine", (), {"__module__": engine_module.__name__, "__init__": init,
-                                       "generate": generate})
+    engine_class = type(
+        "Engine", (), {"__module__": engine_module.__name__, "__init__": init, "generate": generate}
+    )
     engine_module.Engine = engine_class  # type: ignore[attr-defined]
     package.Engine = engine_class  # type: ignore[attr-defined]
     package.SamplingParams = SamplingParams  # type: ignore[attr-defined]
     package.EngineError = engine_error  # type: ignore[attr-defined]
-    return {package.__name__: package, exceptions.__name__: exceptions,
-            engine_module.__name__: engine_module}
+    return {
+        package.__name__: package,
+        exceptions.__name__: exceptions,
+        engine_module.__name__: engine_module,
+    }
 
 
 class _Thread:
@@ -203,7 +207,9 @@ class _Thread:
 class FakeAsyncVlmPredictor:
     """MinerU 4.0's ``AsyncVlmPredictor``: a runtime thread, its loop, a sticky fatal error."""
 
-    def __init__(self, mode: Mode = "alive", predictor: Any = None, backend: str = "vllm-async-engine") -> None:
+    def __init__(
+        self, mode: Mode = "alive", predictor: Any = None, backend: str = "vllm-async-engine"
+    ) -> None:
         self.backend = backend
         self._closing = False
         self._fatal_error: BaseException | None = None
@@ -214,13 +220,18 @@ class FakeAsyncVlmPredictor:
 def predictor_with(backend: str, **handles: Any) -> Any:
     """A MinerU predictor (``MinerUClient``) holding ``_mineru_runtime_handles``."""
     predictor = types.SimpleNamespace()
-    predictor._mineru_runtime_handles = {"backend": backend, "model": None, "processor": None,
-                                         **handles}
+    predictor._mineru_runtime_handles = {
+        "backend": backend,
+        "model": None,
+        "processor": None,
+        **handles,
+    }
     return predictor
 
 
-def fake_torch(mode: Mode = "alive", *, backend: str = "cuda", hip: bool = False,
-               hang: Hang | None = None) -> types.ModuleType:
+def fake_torch(
+    mode: Mode = "alive", *, backend: str = "cuda", hip: bool = False, hang: Hang | None = None
+) -> types.ModuleType:
     """A ``torch`` with one initialised ``backend`` device (index 0) that is ``mode``."""
     blocker = hang or Hang()
     torch = types.ModuleType("torch")

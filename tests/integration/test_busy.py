@@ -27,8 +27,14 @@ LOAD_TIMEOUT_S = 900.0
 # More than one 64-page processing window: MinerU blocks its loop after each.
 PAGES = 70
 TASKS = 6  # three per worker: MinerU runs three at once by default
-DISRUPTIONS = ("ejected", "health_failed", "auto_restart_scheduled", "auto_restart_success",
-               "auto_restart_failed", "auto_restart_gave_up")
+DISRUPTIONS = (
+    "ejected",
+    "health_failed",
+    "auto_restart_scheduled",
+    "auto_restart_success",
+    "auto_restart_failed",
+    "auto_restart_gave_up",
+)
 
 
 def _run_all(router: Router, pdf: bytes, vlm: str, count: int, timeout_s: float) -> list[Outcome]:
@@ -83,8 +89,13 @@ def test_a_loop_blocked_below_the_hang_limit_is_busy_not_broken(
             router.write_plan("hang 8", servers[victim]["base_url"])
             assert wait_until(lambda: not plan.exists(), 30.0, 0.1)
             assert wait_until(
-                lambda: (r := http_get(f"{servers[victim]['base_url']}/health", 2.0)) is not None
-                and r.status_code == 200, 60.0, 0.2)
+                lambda: (
+                    (r := http_get(f"{servers[victim]['base_url']}/health", 2.0)) is not None
+                    and r.status_code == 200
+                ),
+                60.0,
+                0.2,
+            )
         finals = _run_all(router, tiny_pdf, fake_vlm_url, 4, 120.0)
 
     assert [f.status for f in finals] == ["completed"] * 4, finals

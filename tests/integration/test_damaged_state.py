@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_worker_on_a_damaged_store_starts_and_keeps_it(
-    mineru_api_factory: Callable[..., ManagedProcess], patched_mineru_site: Path,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
@@ -41,8 +42,7 @@ def test_a_store_its_worker_set_aside_is_in_the_routers_audit_log(
     worker_dir = tmp_path / "state" / "local-gpu-0"
     worker_dir.mkdir(parents=True)
     (worker_dir / DB_NAME).write_bytes(b"overwritten with garbage\n" * 64)
-    router = launch_router({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")},
-                           local_gpus="0")
+    router = launch_router({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")}, local_gpus="0")
     router.wait_in_rotation()
 
     def audited() -> list[dict[str, Any]]:
@@ -59,8 +59,9 @@ def test_a_second_router_on_a_claimed_state_directory_is_refused(
 ) -> None:
     shared = {"MINERU_HEALTH_STATE_DIR": str(tmp_path / "shared-state")}
     first = launch_router(shared, local_gpus="0").proc
-    assert wait_until(lambda: (tmp_path / "shared-state" / ".mineru-health.lock").is_file(),
-                      120.0, 0.2), first.log_tail()
+    assert wait_until(
+        lambda: (tmp_path / "shared-state" / ".mineru-health.lock").is_file(), 120.0, 0.2
+    ), first.log_tail()
     second = launch_router(shared, local_gpus="0").proc
     assert wait_until(lambda: second.poll() is not None, 120.0, 0.2), second.log_tail()
     assert second.returncode != 0

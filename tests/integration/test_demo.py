@@ -1,4 +1,4 @@
-"""``mineru-health demo``: the end-to-end run, as a user starts it; its summary, marks and outcomes."""
+"""``mineru-health demo``: the end-to-end run as a user starts it; summary, marks, outcomes."""
 
 from __future__ import annotations
 
@@ -121,10 +121,14 @@ def test_summary_table_lists_the_measurements() -> None:
     assert "time to recovery" in table and "9.50s" in table
     assert "38 (12 while the victim was out)" in table
     assert re.search(r"^tasks failed +2 \(#7 failed: corrupt PDF\)$", table, re.MULTILINE), table
-    assert re.search(r"^documents in flight +at most 8 \(the most at once: 8\)$", table,
-                     re.MULTILINE), table
-    for row in ("tasks queued at the end (waiting for a slot)", "tasks running at the end",
-                "tasks hung (started, no result in 60s)"):
+    assert re.search(
+        r"^documents in flight +at most 8 \(the most at once: 8\)$", table, re.MULTILINE
+    ), table
+    for row in (
+        "tasks queued at the end (waiting for a slot)",
+        "tasks running at the end",
+        "tasks hung (started, no result in 60s)",
+    ):
         assert re.search(rf"^{re.escape(row)}.* 0$", table, re.MULTILINE), (row, table)
     assert "PASS: restarted and back in rotation" in table
     assert 'mineru_router_restarts_total{outcome="succeeded"}' in table
@@ -152,7 +156,10 @@ def test_every_scenario_has_a_known_expectation() -> None:
         assert scenario.observe_s > 0
         assert "3" in scenario.plans  # every scenario runs on 3.x; crash-loop only there
     assert {n for n, s in demo.SCENARIOS.items() if "4.0" in s.plans} == {
-        "engine-death", "hung-worker", "task-local"}
+        "engine-death",
+        "hung-worker",
+        "task-local",
+    }
 
 
 def test_summary_table_says_inconclusive() -> None:
@@ -169,16 +176,30 @@ def test_bad_rate_or_in_flight_is_refused_without_starting_anything() -> None:
 
 
 def _demo(scenario: str, tmp_path: Path) -> demo.Demo:
-    run = demo.Demo(demo.SCENARIOS[scenario], LINE3, scratch=tmp_path, rate=2.0, timeout_s=60.0,
-                    out=io.StringIO(), err=io.StringIO())
+    run = demo.Demo(
+        demo.SCENARIOS[scenario],
+        LINE3,
+        scratch=tmp_path,
+        rate=2.0,
+        timeout_s=60.0,
+        out=io.StringIO(),
+        err=io.StringIO(),
+    )
     run.victim = "local-gpu-1"
     return run
 
 
 def _audit_line(run: demo.Demo, t: float, action: str, worker: str = "local-gpu-1") -> str:
     when = datetime.fromtimestamp(run.wall0 + t, tz=timezone.utc).isoformat()
-    record = {"time": when, "worker_id": worker, "action": action, "attempt": 0,
-              "reason": "r", "from": "healthy", "to": "unhealthy"}
+    record = {
+        "time": when,
+        "worker_id": worker,
+        "action": action,
+        "attempt": 0,
+        "reason": "r",
+        "from": "healthy",
+        "to": "unhealthy",
+    }
     return json.dumps(record)
 
 
@@ -186,8 +207,12 @@ def test_audit_lines_mark_the_victim_s_story(tmp_path: Path) -> None:
     run = _demo("engine-death", tmp_path)
     run.on_audit_line(_audit_line(run, 0.5, "ejected"))  # before the fault: shown, not marked
     run.marks["fault_injected"] = 1.0
-    for t, action in ((2.0, "ejected"), (2.0, "health_failed"), (2.1, "auto_restart_scheduled"),
-                      (9.0, "admitted")):
+    for t, action in (
+        (2.0, "ejected"),
+        (2.0, "health_failed"),
+        (2.1, "auto_restart_scheduled"),
+        (9.0, "admitted"),
+    ):
         run.on_audit_line(_audit_line(run, t, action))
     run.on_audit_line(_audit_line(run, 3.0, "ejected", worker="local-gpu-0"))
     run.on_audit_line("not json")
@@ -211,8 +236,12 @@ def test_a_shared_fault_plan_makes_the_first_ejected_worker_the_victim(tmp_path:
 
 def test_each_scenario_expects_its_own_outcome() -> None:
     kinds = {name: s.expect for name, s in demo.SCENARIOS.items()}
-    assert kinds == {"engine-death": "recovered", "hung-worker": "recovered",
-                     "crash-loop": "gave_up", "task-local": "no_restart"}
+    assert kinds == {
+        "engine-death": "recovered",
+        "hung-worker": "recovered",
+        "crash-loop": "gave_up",
+        "task-local": "no_restart",
+    }
 
 
 def test_outcomes_judge_from_what_the_watcher_saw(tmp_path: Path) -> None:
@@ -282,6 +311,41 @@ def test_a_real_engine_asked_for_and_not_had_is_a_setup_error(
         demo.choose_engine("llama", line, demo.SCENARIOS[scenario], lambda: lacking)
 
 
+@pytest.mark.parametrize(
+    ("choice", "line", "scenario", "vllm_lacking", "engine"),
+    [
+        ("auto", LINE3, "engine-death", [], demo.VLLM),  # vLLM first, wherever it is found
+        ("auto", LINE4, "engine-death", [], demo.VLLM),
+        ("vllm", LINE3, "engine-death", [], demo.VLLM),
+        ("auto", LINE4, "engine-death", ["vllm"], demo.LLAMA),
+        ("auto", LINE3, "engine-death", ["vllm", "torch"], demo.INJECTED),
+        ("auto", LINE3, "task-local", [], demo.INJECTED),
+        ("injected", LINE3, "engine-death", [], demo.INJECTED),
+    ],
+)
+def test_a_real_vllm_engine_dies_where_mineru_has_vllm(
+    choice: str, line: Line, scenario: str, vllm_lacking: list[str], engine: str
+) -> None:
+    chosen, note = demo.choose_engine(
+        choice, line, demo.SCENARIOS[scenario], list, lambda: vllm_lacking
+    )
+    assert (chosen, note) == (engine, "")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "vllm_lacking", "said"),
+    [
+        ("engine-death", ["vllm"], "lacks vllm .pip install vllm"),
+        ("task-local", [], "dies in the engine-death scenario"),
+    ],
+)
+def test_a_vllm_engine_asked_for_and_not_had_is_a_setup_error(
+    scenario: str, vllm_lacking: list[str], said: str
+) -> None:
+    with pytest.raises(demo.SetupError, match=said):
+        demo.choose_engine("vllm", LINE3, demo.SCENARIOS[scenario], list, lambda: vllm_lacking)
+
+
 class _Router:
     fault_plan = "plan"
 
@@ -294,9 +358,16 @@ class _Router:
 
 def test_the_injected_engine_death_writes_llama_s_fault_plan(tmp_path: Path) -> None:
     """The fallback's fault (the end-to-end demo on 4.0 runs the real engine)."""
-    run = demo.Demo(demo.SCENARIOS["engine-death"], LINE4, scratch=tmp_path, rate=1.0,
-                    timeout_s=60.0, out=io.StringIO(), err=io.StringIO(),
-                    note="no real engine: ...")
+    run = demo.Demo(
+        demo.SCENARIOS["engine-death"],
+        LINE4,
+        scratch=tmp_path,
+        rate=1.0,
+        timeout_s=60.0,
+        out=io.StringIO(),
+        err=io.StringIO(),
+        note="no real engine: ...",
+    )
     run.router = _Router()
     run._inject()
     assert run.router.plans == [("llama_engine_dead", "")]
@@ -305,8 +376,16 @@ def test_the_injected_engine_death_writes_llama_s_fault_plan(tmp_path: Path) -> 
 
 
 def test_the_real_engine_death_arms_the_switch(tmp_path: Path) -> None:
-    run = demo.Demo(demo.SCENARIOS["engine-death"], LINE4, scratch=tmp_path, rate=1.0,
-                    timeout_s=60.0, out=io.StringIO(), err=io.StringIO(), engine=demo.LLAMA)
+    run = demo.Demo(
+        demo.SCENARIOS["engine-death"],
+        LINE4,
+        scratch=tmp_path,
+        rate=1.0,
+        timeout_s=60.0,
+        out=io.StringIO(),
+        err=io.StringIO(),
+        engine=demo.LLAMA,
+    )
     run.real = demo_engine.RealEngine(tmp_path / "home", tmp_path / "close-engine", {})
     run.router = _Router()
     run._inject()
@@ -347,8 +426,14 @@ class _Slots:
 def test_a_paced_stream_sends_the_next_document_only_when_one_ends() -> None:
     jobs = _Slots()
     client: Any = jobs
-    with Stream(client, lambda n: (f"d{n}", b"%PDF-"), every_s=0.001, task_timeout_s=None,
-                poll_s=0.01, in_flight=2) as stream:
+    with Stream(
+        client,
+        lambda n: (f"d{n}", b"%PDF-"),
+        every_s=0.001,
+        task_timeout_s=None,
+        poll_s=0.01,
+        in_flight=2,
+    ) as stream:
         jobs.states["d0"] = "processing"
         seen = ["processing", "pending"]
         assert wait_until(lambda: [d.status for d in stream.unfinished()] == seen, 10, 0.01)
@@ -373,23 +458,44 @@ def _outcome(number: int, status: str, elapsed_s: float = 2.0, **detail: Any) ->
 
 
 def _left(number: int, running_s: float | None) -> Unfinished:
-    return Unfinished(number, f"d{number}", "pending" if running_s is None else "processing",
-                      waited_s=(running_s or 0) + 5, running_s=running_s)
+    return Unfinished(
+        number,
+        f"d{number}",
+        "pending" if running_s is None else "processing",
+        waited_s=(running_s or 0) + 5,
+        running_s=running_s,
+    )
 
 
 def test_each_document_is_in_exactly_one_place() -> None:
-    ended = [_outcome(0, "completed", 30.0), _outcome(1, "failed", error="corrupt PDF"),
-             _outcome(2, "rejected", body="no healthy worker"),
-             _outcome(3, "partial", files=[{"error": {"type": "engine_error",
-                                                      "code": "parse_failed",
-                                                      "message": "page 2: engine dead"}}])]
+    ended = [
+        _outcome(0, "completed", 30.0),
+        _outcome(1, "failed", error="corrupt PDF"),
+        _outcome(2, "rejected", body="no healthy worker"),
+        _outcome(
+            3,
+            "partial",
+            files=[
+                {
+                    "error": {
+                        "type": "engine_error",
+                        "code": "parse_failed",
+                        "message": "page 2: engine dead",
+                    }
+                }
+            ],
+        ),
+    ]
     tally = accounting.account(ended, [_left(4, None), _left(5, 10.0), _left(6, 200.0)])
     assert tally.bound_s == 90.0  # three times the slowest completed document (above 60 s)
     assert (tally.completed, tally.failed, tally.rejected) == (1, 2, 1)
     assert (tally.queued, tally.running, tally.hung, tally.unexplained) == (1, 1, 1, 0)
     assert tally.submitted == tally.ended + tally.unfinished == 7
-    assert [f["reason"] for f in tally.failures] == ["corrupt PDF", "no healthy worker",
-                                                     "parse_failed: page 2: engine dead"]
+    assert [f["reason"] for f in tally.failures] == [
+        "corrupt PDF",
+        "no healthy worker",
+        "parse_failed: page 2: engine dead",
+    ]
     assert [d["where"] for d in tally.stuck] == ["queued", "running", "hung"]
     assert accounting.result_bound([_outcome(0, "completed", 1.0)]) == accounting.RESULT_BOUND_S
 
@@ -400,32 +506,71 @@ STORY = (True, "restarted and back in rotation")
 @pytest.mark.parametrize(
     ("story", "ended", "left", "outcome", "said"),
     [
-        (STORY, [_outcome(0, "completed"), _outcome(1, "failed", error="bad")], [],
-         accounting.PASS, "restarted and back in rotation"),
+        (
+            STORY,
+            [_outcome(0, "completed"), _outcome(1, "failed", error="bad")],
+            [],
+            accounting.PASS,
+            "restarted and back in rotation",
+        ),
         # Unfinished documents never pass: a slow machine is inconclusive ...
-        (STORY, [_outcome(0, "completed")], [_left(1, None), _left(2, 5.0)],
-         accounting.INCONCLUSIVE, ("this machine completed 1 documents in 50s, too slow for "
-                                   "the scenario (1 still queued, 1 still running); nothing "
-                                   "failed")),
-        (STORY, [_outcome(0, "completed"), _outcome(1, "failed", error="bad")],
-         [_left(2, None)], accounting.INCONCLUSIVE,
-         "1 failed or refused, each for a stated reason"),
-        ((None, "only 1 document(s) completed in 120s: no fault"), [_outcome(0, "completed")],
-         [_left(1, None)], accounting.INCONCLUSIVE, "too slow for the scenario"),
+        (
+            STORY,
+            [_outcome(0, "completed")],
+            [_left(1, None), _left(2, 5.0)],
+            accounting.INCONCLUSIVE,
+            (
+                "this machine completed 1 documents in 50s, too slow for "
+                "the scenario (1 still queued, 1 still running); nothing "
+                "failed"
+            ),
+        ),
+        (
+            STORY,
+            [_outcome(0, "completed"), _outcome(1, "failed", error="bad")],
+            [_left(2, None)],
+            accounting.INCONCLUSIVE,
+            "1 failed or refused, each for a stated reason",
+        ),
+        (
+            (None, "only 1 document(s) completed in 120s: no fault"),
+            [_outcome(0, "completed")],
+            [_left(1, None)],
+            accounting.INCONCLUSIVE,
+            "too slow for the scenario",
+        ),
         # ... a document started and never finished, or one failed for no stated reason, fails.
-        (STORY, [_outcome(0, "completed")], [_left(1, 61.0), _left(2, None)], accounting.FAIL,
-         "1 document(s) hung: started, no result within 60s"),
-        (STORY, [_outcome(0, "completed"), _outcome(1, "failed")], [], accounting.FAIL,
-         "1 document(s) failed without a stated reason"),
-        ((False, "local-gpu-1 did not come back within 120s"), [_outcome(0, "completed")], [],
-         accounting.FAIL, "did not come back"),
+        (
+            STORY,
+            [_outcome(0, "completed")],
+            [_left(1, 61.0), _left(2, None)],
+            accounting.FAIL,
+            "1 document(s) hung: started, no result within 60s",
+        ),
+        (
+            STORY,
+            [_outcome(0, "completed"), _outcome(1, "failed")],
+            [],
+            accounting.FAIL,
+            "1 document(s) failed without a stated reason",
+        ),
+        (
+            (False, "local-gpu-1 did not come back within 120s"),
+            [_outcome(0, "completed")],
+            [],
+            accounting.FAIL,
+            "did not come back",
+        ),
     ],
 )
 def test_no_pass_unless_every_document_ended(
-    story: tuple[bool | None, str], ended: list[Outcome], left: list[Unfinished], outcome: str,
+    story: tuple[bool | None, str],
+    ended: list[Outcome],
+    left: list[Unfinished],
+    outcome: str,
     said: str,
 ) -> None:
-    got, reason = accounting.verdict(story, accounting.account(ended, left), 50.0)
+    got, reason = accounting.run_outcome(story, accounting.account(ended, left), 50.0)
     assert got == outcome and said in reason, (got, reason)
 
 
@@ -433,7 +578,7 @@ def test_a_stalled_fleet_is_not_a_slow_one() -> None:
     """Documents waiting while nothing ran or ended for a bound: FAIL, not INCONCLUSIVE."""
     ended, left = [_outcome(0, "completed")], [_left(1, None), _left(2, None)]
     stalled = accounting.account(ended, left, idle_s=61.0)
-    got, reason = accounting.verdict(STORY, stalled, 50.0)
+    got, reason = accounting.run_outcome(STORY, stalled, 50.0)
     assert got == accounting.FAIL and "the fleet stalled: 2 document(s) queued" in reason
     moving = accounting.account(ended, [*left, _left(3, 5.0)], idle_s=61.0)  # one runs
-    assert accounting.verdict(STORY, moving, 50.0)[0] == accounting.INCONCLUSIVE
+    assert accounting.run_outcome(STORY, moving, 50.0)[0] == accounting.INCONCLUSIVE

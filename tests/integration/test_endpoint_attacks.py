@@ -88,8 +88,10 @@ def _attack(port: int, attack: str) -> tuple[list[threading.Thread], Callable[[]
     if attack == "slow-clients":
         attackers = [threading.Thread(target=_slowloris, args=(port, stop, opened))]
     else:
-        attackers = [threading.Thread(target=_flood, args=(port, stop, budget, lock))
-                     for _ in range(FLOOD_THREADS)]
+        attackers = [
+            threading.Thread(target=_flood, args=(port, stop, budget, lock))
+            for _ in range(FLOOD_THREADS)
+        ]
     for thread in attackers:
         thread.start()
 

@@ -28,8 +28,12 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_full_disk_refuses_with_507_and_loses_nothing_accepted(
-    processes: Processes, mineru_api_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path, mineru_python: str, fake_vlm_url: str, tmp_path: Path,
+    processes: Processes,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    fake_vlm_url: str,
+    tmp_path: Path,
 ) -> None:
     pytest.importorskip("reportlab")
     worker = mineru_api_factory(patched_mineru_site)
@@ -44,11 +48,18 @@ def test_a_full_disk_refuses_with_507_and_loses_nothing_accepted(
             scratch = tmp_path / f"router-{count}"
             scratch.mkdir()
             port = free_port()
-            argv = [*LINE3.router_argv(mineru_python, port, "none"),
-                    "--upstream-url", worker.base_url]
-            proc = processes.start("mineru-router", argv,
-                                   env=LINE3.env(patched_mineru_site, scratch, mineru_python, env),
-                                   log_path=scratch / "router.log", cwd=scratch)
+            argv = [
+                *LINE3.router_argv(mineru_python, port, "none"),
+                "--upstream-url",
+                worker.base_url,
+            ]
+            proc = processes.start(
+                "mineru-router",
+                argv,
+                env=LINE3.env(patched_mineru_site, scratch, mineru_python, env),
+                log_path=scratch / "router.log",
+                cwd=scratch,
+            )
             proc.base_url = f"http://{HOST}:{port}"
             router = Router(LINE3, proc, scratch, 1)
             router.wait_in_rotation()

@@ -45,8 +45,14 @@ ENV = {
     "MINERU_ROUTER_HEALTH_MAX_RESULT_MB": "64",
     "MINERU_ROUTER_HEALTH_MAX_RESULT_S": "4",
 }
-HOSTILE = ("huge-status", "endless-status", "trickle-status", "endless-result",
-           "trickle-result", "endless-error-result")
+HOSTILE = (
+    "huge-status",
+    "endless-status",
+    "trickle-status",
+    "endless-result",
+    "trickle-result",
+    "endless-error-result",
+)
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -65,16 +71,21 @@ def fakes() -> Iterator[HostileWorkers]:
 
 
 @pytest.fixture
-def router(fakes: HostileWorkers, patched_mineru_site: Path, mineru_python: str,
-           tmp_path: Path) -> Iterator[Router]:
+def router(
+    fakes: HostileWorkers, patched_mineru_site: Path, mineru_python: str, tmp_path: Path
+) -> Iterator[Router]:
     with Processes() as processes:
         port = free_port()
         argv = [*LINE3.router_argv(mineru_python, port, "none")]
         for url in fakes.urls:
             argv += ["--upstream-url", url]
-        proc = processes.start("mineru-router", argv,
-                               env=LINE3.env(patched_mineru_site, tmp_path, mineru_python, ENV),
-                               log_path=tmp_path / "router.log", cwd=tmp_path)
+        proc = processes.start(
+            "mineru-router",
+            argv,
+            env=LINE3.env(patched_mineru_site, tmp_path, mineru_python, ENV),
+            log_path=tmp_path / "router.log",
+            cwd=tmp_path,
+        )
         proc.base_url = f"http://{HOST}:{port}"
         router = Router(LINE3, proc, tmp_path, 2)
         router.wait_in_rotation(120.0)
@@ -99,9 +110,11 @@ def place(router: Router, tiny_pdf: bytes) -> tuple[dict[str, str], list[str]]:
             if not missing and len(honest) >= 3:
                 break
             name = missing[0] if missing else "honest"
-            answer = client.post("/tasks", files={"files": (f"{name}.pdf", tiny_pdf,
-                                                            "application/pdf")},
-                                 data={"backend": "pipeline"})
+            answer = client.post(
+                "/tasks",
+                files={"files": (f"{name}.pdf", tiny_pdf, "application/pdf")},
+                data={"backend": "pipeline"},
+            )
             assert answer.status_code == 202, answer.text
             body = answer.json()
             if body["workers_tried"] != [hostile_id]:
@@ -141,8 +154,9 @@ def during(router: Router, honest: list[str], hostile: Callable[[], Any]) -> tup
     return value, max(took)
 
 
-def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWorkers,
-                                                tiny_pdf: bytes) -> None:
+def test_hostile_answers_leave_the_router_whole(
+    router: Router, fakes: HostileWorkers, tiny_pdf: bytes
+) -> None:
     placed, honest = place(router, tiny_pdf)
     pid = router.proc.pid
     before = memory_mb(pid)
@@ -152,9 +166,11 @@ def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWo
     # then sent to the honest worker (MinerU's failover), and accepted.
     with httpx.Client(base_url=router.base, timeout=60) as client:
         for _ in range(12):
-            answer = client.post("/tasks", files={"files": ("endless-submit.pdf", tiny_pdf,
-                                                            "application/pdf")},
-                                 data={"backend": "pipeline"})
+            answer = client.post(
+                "/tasks",
+                files={"files": ("endless-submit.pdf", tiny_pdf, "application/pdf")},
+                data={"backend": "pipeline"},
+            )
             assert answer.status_code == 202, answer.text
             if ("hostile", "endless-submit.pdf") in fakes.received:
                 assert answer.json()["workers_tried"] == ["remote-2"], answer.text
@@ -165,8 +181,10 @@ def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWo
     def statuses() -> list[httpx.Response]:
         # Each hostile status asked about twice at once, as impatient clients do.
         names = [n for n in HOSTILE if n.endswith("-status")] * 2
-        with ThreadPoolExecutor(len(names)) as pool, httpx.Client(base_url=router.base,
-                                                                  timeout=60) as client:
+        with (
+            ThreadPoolExecutor(len(names)) as pool,
+            httpx.Client(base_url=router.base, timeout=60) as client,
+        ):
             return list(pool.map(lambda n: client.get(f"/tasks/{placed[n]}"), names))
 
     answers, slowest = during(router, honest, statuses)
@@ -203,6 +221,8 @@ def test_hostile_answers_leave_the_router_whole(router: Router, fakes: HostileWo
     assert code == 502 and "worker remote-1" in detail and "MAX_STATUS_MB" in detail, report
     peak = memory_mb(pid)["VmHWM"]
     assert peak - before["VmRSS"] < GROWTH_BOUND_MB, report
-    broken = {bound: router.metric("mineru_router_upstream_bounds_broken_total", bound=bound)
-              for bound in ("size", "time")}
+    broken = {
+        bound: router.metric("mineru_router_upstream_bounds_broken_total", bound=bound)
+        for bound in ("size", "time")
+    }
     assert broken["size"] >= 5 and broken["time"] >= 2, (broken, report)

@@ -30,6 +30,8 @@ def test_workers_die_with_a_killed_router(
     assert router.proc.wait(30.0) == -signal.SIGKILL
 
     assert wait_until(lambda: not router.worker_pids(ports), WORKER_EXIT_BOUND_S, 0.5), (
-        "workers outlived their router", router.worker_pids(ports))
+        "workers outlived their router",
+        router.worker_pids(ports),
+    )
     for worker_port in ports:
         assert http_get(f"http://127.0.0.1:{worker_port}/health", 2.0) is None

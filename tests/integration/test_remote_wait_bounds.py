@@ -46,24 +46,28 @@ SLACK_S = 45.0
 
 def _seconds(payload: dict[str, Any], start: str, end: str) -> float | None:
     try:
-        return (datetime.fromisoformat(str(payload[end]))
-                - datetime.fromisoformat(str(payload[start]))).total_seconds()
+        return (
+            datetime.fromisoformat(str(payload[end])) - datetime.fromisoformat(str(payload[start]))
+        ).total_seconds()
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def test_silent_and_trickling_servers_fail_alone_and_never_starve_honest_tasks(
-    launch_router: Callable[..., Router], fake_vlm_url: str,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
 ) -> None:
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="mineru-health remote waits")
-    router = launch_router({
-        "MINERU_ROUTER_HEALTH_PRESET": "fast",
-        "MINERU_HEALTH_TASK_HANG_S": str(HANG_S),
-        "MINERU_HEALTH_REMOTE_WAIT_S": str(REMOTE_WAIT_S),
-        "MINERU_API_MAX_CONCURRENT_REQUESTS": "6",
-        "MINERU_HEALTH_REMOTE_SERVER_SHARE": "0.34",  # 2 of a worker's 6 slots
-    })
+    router = launch_router(
+        {
+            "MINERU_ROUTER_HEALTH_PRESET": "fast",
+            "MINERU_HEALTH_TASK_HANG_S": str(HANG_S),
+            "MINERU_HEALTH_REMOTE_WAIT_S": str(REMOTE_WAIT_S),
+            "MINERU_API_MAX_CONCURRENT_REQUESTS": "6",
+            "MINERU_HEALTH_REMOTE_SERVER_SHARE": "0.34",  # 2 of a worker's 6 slots
+        }
+    )
     began = time.monotonic()
     router.wait_in_rotation()
     booted_s = time.monotonic() - began
@@ -74,32 +78,50 @@ def test_silent_and_trickling_servers_fail_alone_and_never_starve_honest_tasks(
     warm_s = time.monotonic() - began - booted_s
 
     with hostile_server("silent") as silent, hostile_server("trickle", every_s=2.0) as trickle:
-        hostile = {url: Client(router.base, router.line, engine_url=url, timeout_s=90.0)
-                   for url in (silent, trickle)}
+        hostile = {
+            url: Client(router.base, router.line, engine_url=url, timeout_s=90.0)
+            for url in (silent, trickle)
+        }
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=8) as pool:
-            submitted = {url: list(pool.map(lambda n, c=client: c.submit(f"bait-{n}.pdf", pdf)[0],
-                                            range(HOSTILE_TASKS)))
-                         for url, client in hostile.items()}
+            submitted = {
+                url: list(
+                    pool.map(
+                        lambda n, c=client: c.submit(f"bait-{n}.pdf", pdf)[0], range(HOSTILE_TASKS)
+                    )
+                )
+                for url, client in hostile.items()
+            }
         assert all(all(ids) for ids in submitted.values()), submitted
         submit_s = time.monotonic() - started
         with ThreadPoolExecutor(max_workers=2) as pool:
-            honest_runs = list(pool.map(lambda n: honest.run(f"honest-{n}.pdf", pdf),
-                                        range(HONEST_TASKS)))
+            honest_runs = list(
+                pool.map(lambda n: honest.run(f"honest-{n}.pdf", pdf), range(HONEST_TASKS))
+            )
         honest_s = time.monotonic() - started
-        ends = {url: [client.wait(task_id, timeout_s=90.0) for task_id in submitted[url]]
-                for url, client in hostile.items()}
+        ends = {
+            url: [client.wait(task_id, timeout_s=90.0) for task_id in submitted[url]]
+            for url, client in hostile.items()
+        }
         hostile_s = time.monotonic() - started
 
     closed_s = time.monotonic() - began
-    waits = sorted(w for outcomes in ends.values() for o in outcomes
-                   if (w := _seconds(o.detail, "started_at", "completed_at")) is not None)
-    print(f"booted {booted_s:.1f} s, warm {warm_s:.1f} s, hostile submitted in {submit_s:.1f} s; "
-          f"honest stream: {HONEST_TASKS} tasks "
-          f"in {honest_s:.1f} s; hostile tasks all ended after {hostile_s:.1f} s; their "
-          f"start-to-end: {waits[:1]}..{waits[-1:]} s; servers closed at {closed_s:.1f} s")
+    waits = sorted(
+        w
+        for outcomes in ends.values()
+        for o in outcomes
+        if (w := _seconds(o.detail, "started_at", "completed_at")) is not None
+    )
+    print(
+        f"booted {booted_s:.1f} s, warm {warm_s:.1f} s, hostile submitted in {submit_s:.1f} s; "
+        f"honest stream: {HONEST_TASKS} tasks "
+        f"in {honest_s:.1f} s; hostile tasks all ended after {hostile_s:.1f} s; their "
+        f"start-to-end: {waits[:1]}..{waits[-1:]} s; servers closed at {closed_s:.1f} s"
+    )
     assert all(o.status == "completed" for o in honest_runs), (
-        [o.detail for o in honest_runs], router.proc.log_tail(6000))
+        [o.detail for o in honest_runs],
+        router.proc.log_tail(6000),
+    )
     for url, outcomes in ends.items():
         server = url.removeprefix("http://")
         bound = REMOTE_WAIT_S

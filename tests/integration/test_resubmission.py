@@ -64,11 +64,17 @@ def start_healing_router(launch_router: Callable[..., Router]) -> Callable[..., 
     return start
 
 
-def _stream(client: Client, pdf: bytes, *, count: int = STREAM_TASKS,
-            file_parse_every: int = 0) -> Stream:
+def _stream(
+    client: Client, pdf: bytes, *, count: int = STREAM_TASKS, file_parse_every: int = 0
+) -> Stream:
     """``count`` tasks, one every STREAM_PERIOD_S, each followed to its end."""
-    return Stream(client, lambda n: (f"stream-{n:03d}.pdf", pdf), every_s=STREAM_PERIOD_S,
-                  count=count, file_parse_every=file_parse_every)
+    return Stream(
+        client,
+        lambda n: (f"stream-{n:03d}.pdf", pdf),
+        every_s=STREAM_PERIOD_S,
+        count=count,
+        file_parse_every=file_parse_every,
+    )
 
 
 def _urls(router: Router) -> dict[str, str]:
@@ -108,7 +114,9 @@ def pdf() -> bytes:
 
 
 def test_engine_death_mid_stream_loses_nothing_and_results_survive_restart(
-    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+    start_healing_router: Callable[..., Router],
+    fake_vlm_url: str,
+    pdf: bytes,
 ) -> None:
     router = start_healing_router({}, fault_plan="plan-{port}")
     client = Client(router.base, router.line, engine_url=fake_vlm_url)
@@ -142,7 +150,9 @@ def test_engine_death_mid_stream_loses_nothing_and_results_survive_restart(
 
 
 def test_engine_stall_tasks_are_resubmitted(
-    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+    start_healing_router: Callable[..., Router],
+    fake_vlm_url: str,
+    pdf: bytes,
 ) -> None:
     # Passed to the workers through the router's environment; a tiny task
     # makes progress well within it on this machine.
@@ -159,13 +169,16 @@ def test_engine_stall_tasks_are_resubmitted(
 
     _assert_none_lost(outcomes, router)
     stalled = [o for o in outcomes if o.attempts > 1]
-    assert stalled and all(o.detail["workers_tried"][0] == victim for o in stalled), (
-        [o.detail for o in outcomes])
+    assert stalled and all(o.detail["workers_tried"][0] == victim for o in stalled), [
+        o.detail for o in outcomes
+    ]
     assert router.metric("mineru_router_task_resubmissions_total", reason="engine_dead") >= 1
 
 
 def test_poison_document_is_quarantined_after_two_engine_deaths(
-    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+    start_healing_router: Callable[..., Router],
+    fake_vlm_url: str,
+    pdf: bytes,
 ) -> None:
     router = start_healing_router({}, fault_plan="fault-plan")
     client = Client(router.base, router.line, engine_url=fake_vlm_url)
@@ -197,7 +210,9 @@ def test_poison_document_is_quarantined_after_two_engine_deaths(
 
 
 def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothing(
-    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+    start_healing_router: Callable[..., Router],
+    fake_vlm_url: str,
+    pdf: bytes,
 ) -> None:
     """Issue 24: a user whose tasks name a server that answers nothing, with the task
     watchdog's bound (MINERU_HEALTH_TASK_HANG_S) far below MinerU's client timeout.
@@ -208,8 +223,9 @@ def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothin
     Issue 32: past TASK_HANG_S of their server's silence they fail, alone.
     """
     hang_s = 8.0  # past it a task of the worker's own engine would be hung
-    router = start_healing_router({"MINERU_HEALTH_TASK_HANG_S": str(hang_s),
-                                   "MINERU_HEALTH_STALL_S": str(hang_s)})
+    router = start_healing_router(
+        {"MINERU_HEALTH_TASK_HANG_S": str(hang_s), "MINERU_HEALTH_STALL_S": str(hang_s)}
+    )
     honest = Client(router.base, router.line, engine_url=fake_vlm_url)
     _warm(honest, pdf)
     public = make_pdf(text="a public document anyone may send")
@@ -221,7 +237,9 @@ def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothin
     while time.monotonic() < deadline:
         statuses = [hostile.status(task_id).get("status") for task_id in waiting]
         assert all(status in ("pending", "processing", "failed") for status in statuses), (
-            statuses, router.proc.log_tail(6000))
+            statuses,
+            router.proc.log_tail(6000),
+        )
         assert all(s["in_rotation"] for s in router.servers().values()), router.servers()
         time.sleep(0.5)
     parsed = honest.run("public.pdf", public)
@@ -237,7 +255,9 @@ def test_a_server_url_that_never_answers_restarts_nothing_and_quarantines_nothin
 
 
 def test_kill_9_of_a_worker_mid_stream_loses_nothing(
-    start_healing_router: Callable[..., Router], fake_vlm_url: str, pdf: bytes,
+    start_healing_router: Callable[..., Router],
+    fake_vlm_url: str,
+    pdf: bytes,
 ) -> None:
     router = start_healing_router({})
     _warm(Client(router.base, router.line, engine_url=fake_vlm_url), pdf)
@@ -253,9 +273,11 @@ def test_kill_9_of_a_worker_mid_stream_loses_nothing(
         # The task's own status, fresh from the worker (the router refreshes it on
         # each request): a task the victim is parsing now is lost to the kill.
         # (The load figures of the router's /health are one probe old.)
-        return any(status.get("status") == "processing"
-                   and (status.get("workers_tried") or [""])[-1] == victim
-                   for status in map(client.status, list(client.task_ids)))
+        return any(
+            status.get("status") == "processing"
+            and (status.get("workers_tried") or [""])[-1] == victim
+            for status in map(client.status, list(client.task_ids))
+        )
 
     with _stream(client, pdf, file_parse_every=4) as stream:
         stream.wait_submitted(4)

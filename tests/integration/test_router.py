@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from conftest import Router, http_get, wait_until
 from mineru_health.demo.fleet import START_TIMEOUT_S, Client
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.settings import HealthSettings
 
 pytestmark = pytest.mark.integration
 
@@ -234,9 +234,10 @@ def test_hung_loop_is_ejected_by_its_native_endpoint_and_restarted(
 ) -> None:
     # The event loop stops for good: the main port answers nothing, the native
     # endpoint says loop_hung once the loop has been blocked past the limit.
-    router = launch_router({"MINERU_ROUTER_HEALTH_PRESET": "fast",
-                            "MINERU_HEALTH_LOOP_HANG_S": str(LOOP_HANG_S)},
-                           fault_plan="plan-{port}")
+    router = launch_router(
+        {"MINERU_ROUTER_HEALTH_PRESET": "fast", "MINERU_HEALTH_LOOP_HANG_S": str(LOOP_HANG_S)},
+        fault_plan="plan-{port}",
+    )
 
     servers = router.wait_in_rotation()
     victim = min(servers)

@@ -7,13 +7,16 @@ The patched ``mineru-router`` (MinerU 3.x) with two real local workers and
 router on the same state directory. Every task the first router accepted
 answers through the new one (no 404), the ones in flight are finished
 (sent again under the same id), every result is downloadable, none lost.
-A task on a remote worker (``--upstream-url``) that outlives the router is
-followed there, not sent again. A router killed while its worker restarts
+The same with the router's rows in PostgreSQL (``MINERU_ROUTER_HEALTH_STORE_URL``, a real
+server: ``conftest.postgres``). A task on a remote worker (``--upstream-url``)
+that outlives the router is followed there, not sent again. A router killed
+while its worker restarts
 after an engine death leaves a next router that restarts nothing: the new
 worker instance restored the task as its previous instance failed it, and
 that verdict is not the new instance's (issue 32). A router started on a
-store of 1,000 unfinished tasks serves while it reconciles them in the
-background (issue 32; its timings are bench/resume's). A damaged router store is set aside with an
+store of 1,000 unfinished tasks answers before its local worker is up and
+serves while it reconciles them in the background (issue 32; its timings
+are bench/resume's). A damaged router store is set aside with an
 audit record, and the router runs.
 """
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +45,20 @@ ENV = {
 }
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_a_router_killed_mid_stream_resumes_every_task(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    store: str,
 ) -> None:
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="mineru-health router restart page")
     env = {**ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
+    if store == "postgresql":  # its rows in a real PostgreSQL, its kept uploads on its volume
+        env["MINERU_ROUTER_HEALTH_STORE_URL"] = request.getfixturevalue("postgres").new_database()
+        env["MINERU_ROUTER_HEALTH_ROUTER_ID"] = "mineru-router-0"
     first = launch_router(env)
     first.wait_in_rotation()
 
@@ -57,8 +70,7 @@ def test_a_router_killed_mid_stream_resumes_every_task(
     def client(router: Router) -> Client:
         return Client(router.base, router.line, engine_url=f"{fake_vlm_url}/delay/700/")
 
-    run = kill_and_restart(first, second, client,
-                           lambda n: (f"restart-{n:03d}.pdf", pdf))
+    run = kill_and_restart(first, second, client, lambda n: (f"restart-{n:03d}.pdf", pdf))
     log = run.second.proc.log_tail(8000)
     assert run.completed_before and run.in_flight, (run.completed_before, run.in_flight)
     assert run.not_found == [], (run.not_found, log)
@@ -70,21 +82,37 @@ def test_a_router_killed_mid_stream_resumes_every_task(
         assert response.json().get("results"), response.text[:300]
     resent = [run.outcomes[t] for t in run.in_flight if run.outcomes[t]["attempts"] > 1]
     assert resent, [run.outcomes[t] for t in run.in_flight]
-    assert run.second.metric("mineru_router_task_resubmissions_total",
-                             reason="router_restart") >= len(resent)
+    assert run.second.metric(
+        "mineru_router_task_resubmissions_total", reason="router_restart"
+    ) >= len(resent)
     # Each worker's outputs live in its state directory, not in a temporary one.
     outputs = [p for p in (tmp_path / "router-state").glob("*/outputs/*") if p.is_dir()]
     assert len(outputs) >= len(run.accepted), outputs
+    if store == "postgresql":  # every row was the database's, none in a file
+        import psycopg
+
+        assert not list((tmp_path / "router-state").rglob(DB_NAME))
+        with psycopg.connect(env["MINERU_ROUTER_HEALTH_STORE_URL"]) as conn:
+            owners = conn.execute("SELECT owner, count(*) FROM submissions GROUP BY owner")
+            assert owners.fetchall() == [("mineru-router-0", len(run.accepted))]
 
 
 def test_a_router_killed_during_an_engine_death_restart_restarts_nothing_healthy(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
+    tiny_pdf: bytes,
 ) -> None:
     env = {**ENV, "MINERU_HEALTH_STATE_DIR": str(tmp_path / "router-state")}
     # No retry budget: the task the engine death failed waits for the kill unsent.
-    first = launch_router({**env, "MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN": "0",
-                           "MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT": "0"},
-                          fault_plan="fault-plan")
+    first = launch_router(
+        {
+            **env,
+            "MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN": "0",
+            "MINERU_ROUTER_HEALTH_RETRY_BUDGET_PERCENT": "0",
+        },
+        fault_plan="fault-plan",
+    )
     first.wait_in_rotation()
 
     def second() -> Router:
@@ -93,30 +121,54 @@ def test_a_router_killed_during_an_engine_death_restart_restarts_nothing_healthy
         return router
 
     slow = Client(first.base, first.line, engine_url=f"{fake_vlm_url}/delay/1500/")
-    new, ids = kill_during_a_restart(first, second, slow,
-                                     [(f"doc{n}.pdf", tiny_pdf) for n in range(3)])
+    new, ids = kill_during_a_restart(
+        first, second, slow, [(f"doc{n}.pdf", tiny_pdf) for n in range(8)]
+    )
     client = Client(new.base, new.line, engine_url=fake_vlm_url)
     outcomes = [client.wait(task_id) for task_id in ids]
     log = new.proc.log_tail(8000)
-    assert [o.status for o in outcomes] == ["completed"] * 3, ([o.detail for o in outcomes], log)
+    assert [o.status for o in outcomes] == ["completed"] * len(ids), (
+        [o.detail for o in outcomes],
+        log,
+    )
     assert client.run("after.pdf", tiny_pdf).status == "completed", log
     assert [r for r in new.audit_records() if r["action"] in DISRUPTIONS] == [], log
 
 
 def test_a_router_on_a_thousand_stored_tasks_serves_while_it_reconciles_them(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
+    tiny_pdf: bytes,
 ) -> None:
     state = tmp_path / "router-state"
     keys = fill_store3(state, 1000, tiny_pdf, fake_vlm_url, "local-gpu-0")
-    router = launch_router({**ENV, "MINERU_HEALTH_STATE_DIR": str(state),
-                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000"}, local_gpus="0")
-    router.wait_in_rotation()
+    router = launch_router(
+        {
+            **ENV,
+            "MINERU_HEALTH_STATE_DIR": str(state),
+            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000",
+        },
+        local_gpus="0",
+    )
     client = Client(router.base, router.line, engine_url=fake_vlm_url)
+    # It answers before its worker is up: it does not wait for the boot (the figures
+    # are bench/resume's).
+    assert wait_until(lambda: bool(client.status(keys[-1])), 120.0, 0.1), router.proc.log_tail()
+    answered = time.time()
+    router.wait_in_rotation()
+    admitted = [
+        datetime.fromisoformat(r["time"]).timestamp()
+        for r in router.audit_records()
+        if r["action"] == "admitted"
+    ]
+    assert admitted and min(admitted) > answered, (admitted, answered)
     # Asked about before its turn (the pass goes newest first): checked, sent again, at once.
     oldest = client.status(keys[0])
     assert oldest.get("status") in ("pending", "processing", "completed"), oldest
-    assert wait_until(lambda: client.status(keys[0]).get("attempts") == 2, 60.0, 0.2), \
+    assert wait_until(lambda: client.status(keys[0]).get("attempts") == 2, 60.0, 0.2), (
         router.proc.log_tail()
+    )
     assert client.status(keys[-1]).get("status") in ("pending", "processing", "completed")
     task_id, refusal = client.submit("new.pdf", tiny_pdf)
     assert task_id, refusal
@@ -130,13 +182,22 @@ def test_a_router_on_a_thousand_stored_tasks_serves_while_it_reconciles_them(
 
 
 def test_a_damaged_router_store_is_set_aside_and_audited(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path, tiny_pdf: bytes,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
+    tiny_pdf: bytes,
 ) -> None:
     state = tmp_path / "router-state"
     state.mkdir()
     (state / DB_NAME).write_bytes(b"overwritten with garbage\n" * 64)
-    router = launch_router({**ENV, "MINERU_HEALTH_STATE_DIR": str(state),
-                            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000"}, local_gpus="0")
+    router = launch_router(
+        {
+            **ENV,
+            "MINERU_HEALTH_STATE_DIR": str(state),
+            "MINERU_ROUTER_HEALTH_MAX_KEPT_TASKS": "2000",
+        },
+        local_gpus="0",
+    )
     router.wait_in_rotation()
 
     def audited() -> list[dict[str, Any]]:
@@ -152,8 +213,12 @@ def test_a_damaged_router_store_is_set_aside_and_audited(
 
 
 def test_a_task_on_a_remote_worker_that_outlived_the_router_is_followed_there(
-    processes: Processes, mineru_api_factory: Callable[..., ManagedProcess],
-    patched_mineru_site: Path, mineru_python: str, fake_vlm_url: str, tmp_path: Path,
+    processes: Processes,
+    mineru_api_factory: Callable[..., ManagedProcess],
+    patched_mineru_site: Path,
+    mineru_python: str,
+    fake_vlm_url: str,
+    tmp_path: Path,
     tiny_pdf: bytes,
 ) -> None:
     worker = mineru_api_factory(patched_mineru_site)  # not the router's: it stays up
@@ -163,11 +228,14 @@ def test_a_task_on_a_remote_worker_that_outlived_the_router_is_followed_there(
         scratch = tmp_path / name
         scratch.mkdir()
         port = free_port()
-        argv = [*LINE3.router_argv(mineru_python, port, "none"),
-                "--upstream-url", worker.base_url]
-        proc = processes.start("mineru-router", argv,
-                               env=LINE3.env(patched_mineru_site, scratch, mineru_python, env),
-                               log_path=scratch / "router.log", cwd=scratch)
+        argv = [*LINE3.router_argv(mineru_python, port, "none"), "--upstream-url", worker.base_url]
+        proc = processes.start(
+            "mineru-router",
+            argv,
+            env=LINE3.env(patched_mineru_site, scratch, mineru_python, env),
+            log_path=scratch / "router.log",
+            cwd=scratch,
+        )
         proc.base_url = f"http://{HOST}:{port}"
         router = Router(LINE3, proc, scratch, 1)
         router.wait_in_rotation()

@@ -25,7 +25,9 @@ ENV = {"MINERU_ROUTER_HEALTH_PRESET": "fast", "MINERU_ROUTER_HEALTH_RETRY_BUDGET
 
 
 def test_a_store_deleted_then_truncated_under_a_live_router_loses_no_task(
-    launch_router: Callable[..., Router], fake_vlm_url: str, tmp_path: Path,
+    launch_router: Callable[..., Router],
+    fake_vlm_url: str,
+    tmp_path: Path,
 ) -> None:
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="mineru-health vanished store page")
@@ -38,6 +40,10 @@ def test_a_store_deleted_then_truncated_under_a_live_router_loses_no_task(
         return router
 
     run = vanish_and_restart(
-        start(), start, lambda r: Client(r.base, r.line, engine_url=fake_vlm_url),
-        lambda n: (f"vanish-{n:03d}.pdf", pdf), state)
+        start(),
+        start,
+        lambda r: Client(r.base, r.line, engine_url=fake_vlm_url),
+        lambda n: (f"vanish-{n:03d}.pdf", pdf),
+        state,
+    )
     nothing_lost(run, state)

@@ -71,8 +71,15 @@ class _DeadEngineHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/v1/models"):
-            self._send(200, {"object": "list", "data": [
-                {"id": "dead-engine", "object": "model", "created": 0, "owned_by": "test"}]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": "dead-engine", "object": "model", "created": 0, "owned_by": "test"}
+                    ],
+                },
+            )
         else:
             self._send(404, {"detail": "not found"})
 
@@ -80,13 +87,16 @@ class _DeadEngineHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.server.calls += 1  # type: ignore[attr-defined]
-        self._send(500, {
-            "object": "error",
-            "message": f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEATH}",
-            "type": "InternalServerError",
-            "param": None,
-            "code": 500,
-        })
+        self._send(
+            500,
+            {
+                "object": "error",
+                "message": f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEATH}",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            },
+        )
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -132,8 +142,9 @@ def test_docx_with_engine_dead_tag_keeps_worker_healthy(
     _assert_healthy(proc)
 
     # Another task in flight on a slow engine while the document fails.
-    slow = _submit(proc.base_url, "slow.pdf", tiny_pdf, "application/pdf",
-                   f"{fake_vlm_url}/delay/1500/")
+    slow = _submit(
+        proc.base_url, "slow.pdf", tiny_pdf, "application/pdf", f"{fake_vlm_url}/delay/1500/"
+    )
     evil = _submit(proc.base_url, "evil.docx", docx, DOCX_TYPE, fake_vlm_url)
 
     failed = wait_task(proc, evil)
@@ -178,8 +189,10 @@ def test_control_an_operator_rule_trusting_documents_would_restart(
 ) -> None:
     """The same .docx does reach the classifier: a rule that trusts any text turns it fatal."""
     rules = tmp_path / "rules.txt"
-    rules.write_text("site.trust_any fatal engine_dead target=frame origin=any EngineDeadError\n",
-                     encoding="utf-8")
+    rules.write_text(
+        "site.trust_any fatal engine_dead target=frame origin=any EngineDeadError\n",
+        encoding="utf-8",
+    )
     proc = mineru_api_factory(patched_mineru_site, env={"MINERU_HEALTH_RULES": str(rules)})
     _assert_healthy(proc)
     evil = _submit(proc.base_url, "evil.docx", engine_dead_docx(), DOCX_TYPE, fake_vlm_url)

@@ -22,8 +22,10 @@ from mineru_health.demo.faults import UNKNOWN_ERROR_MESSAGE, write_plan
 
 pytestmark = pytest.mark.integration
 
-def _fail_one_task(proc: ManagedProcess, plan: Path, word: str, pdf: bytes,
-                   server_url: str) -> dict[str, Any]:
+
+def _fail_one_task(
+    proc: ManagedProcess, plan: Path, word: str, pdf: bytes, server_url: str
+) -> dict[str, Any]:
     write_plan(plan, word)
     submitted = submit_task(proc.base_url, pdf, server_url)
     assert submitted.status_code == 202, submitted.text
@@ -45,7 +47,10 @@ def test_unknown_error_with_a_broken_engine_turns_the_worker_503(
     failed = _fail_one_task(proc, plan, "unknown_error_dead", tiny_pdf, fake_vlm_url)
     verdict = failed["verdict"]
     assert (verdict["rule"], verdict["category"], verdict["role"]) == (
-        "verify.lmdeploy", "engine_check_failed", "trigger")
+        "verify.lmdeploy",
+        "engine_check_failed",
+        "trigger",
+    )
     assert failed["engine_dead"] is True
     checked = verdict["verification"]
     assert checked["outcome"] == "dead" and "main loop" in checked["detail"]
@@ -71,8 +76,10 @@ def test_unknown_error_with_a_healthy_engine_stays_200(
     verdict = failed["verdict"]
     assert verdict["fatal"] is False and failed["engine_dead"] is False
     assert verdict["verification"]["outcome"] == "alive", verdict
-    assert any(check["verifier"] == "lmdeploy" and check["state"] == "alive"
-               for check in verdict["verification"]["checks"])
+    assert any(
+        check["verifier"] == "lmdeploy" and check["state"] == "alive"
+        for check in verdict["verification"]["checks"]
+    )
     assert worker_health(proc).status_code == 200
 
     later = wait_task(proc, submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"])
@@ -85,7 +92,7 @@ _MINERU4_SCRIPT = r"""
 import json, sys, threading, types
 import mineru_llama_cpp
 from mineru.model.vlm import async_runtime, runtime
-from mineru_health import verification
+from mineru_health.runtime.worker import verification
 
 llama = mineru_llama_cpp.Engine.__new__(mineru_llama_cpp.Engine)  # no model: never loaded
 llama._closed, llama._close_lock = True, threading.Lock()
@@ -119,7 +126,7 @@ print(json.dumps(out))
 
 
 def test_mineru4_runtime_and_llama_cpp_shapes(tmp_path: Path) -> None:
-    """MinerU 4.0.12's real AsyncVlmPredictor and ModelSingleton, mineru_llama_cpp's real classes."""
+    """MinerU 4.0.12's real AsyncVlmPredictor and ModelSingleton, mineru_llama_cpp's classes."""
     import json
     import os
     import subprocess
@@ -134,9 +141,18 @@ def test_mineru4_runtime_and_llama_cpp_shapes(tmp_path: Path) -> None:
     site.mkdir()
     (site / "mineru_health").symlink_to(Path(mineru_health_path()) / "mineru_health")
     done = subprocess.run(
-        [python, "-c", _MINERU4_SCRIPT], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(site), "HOME": str(tmp_path),
-             "MINERU_HOME": str(tmp_path)}, check=False)
+        [python, "-c", _MINERU4_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(site),
+            "HOME": str(tmp_path),
+            "MINERU_HOME": str(tmp_path),
+        },
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     verifiers = [verifier for verifier, _ in out["handles"]]

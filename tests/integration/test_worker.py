@@ -65,8 +65,11 @@ def test_engine_death_end_to_end(
     health_port = free_port()
     proc = mineru_api_factory(
         patched_mineru_site,
-        env={"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_API_MAX_CONCURRENT_REQUESTS": "1",
-             "MINERU_HEALTH_PORT": str(health_port)},
+        env={
+            "MINERU_HEALTH_FAULT_PLAN": str(plan),
+            "MINERU_API_MAX_CONCURRENT_REQUESTS": "1",
+            "MINERU_HEALTH_PORT": str(health_port),
+        },
     )
     health = worker_health(proc)
     assert health.status_code == 200
@@ -90,8 +93,9 @@ def test_engine_death_end_to_end(
         submitted = submit_task(proc.base_url, tiny_pdf, slow_url)
         assert submitted.status_code == 202, submitted.text
         ids.append(submitted.json()["task_id"])
-    assert wait_until(lambda: task_status(proc.base_url, ids[0])["status"] == "processing",
-                      TASK_TIMEOUT_S), proc.log_tail()
+    assert wait_until(
+        lambda: task_status(proc.base_url, ids[0])["status"] == "processing", TASK_TIMEOUT_S
+    ), proc.log_tail()
     write_plan(plan, "engine_dead")
 
     finals = [wait_task(proc, task_id) for task_id in ids]
@@ -218,12 +222,18 @@ def test_hang_stops_answering(
     )
     write_plan(plan, "hang")
     assert wait_until(lambda: http_get(f"{proc.base_url}/health", 1.0) is None, 20.0, 0.1)
-    assert wait_until(lambda: (r := http_get(f"{proc.base_url}/health", 2.0)) is not None
-                      and r.status_code == 200, 60.0, 0.2), proc.log_tail()
+    assert wait_until(
+        lambda: (
+            (r := http_get(f"{proc.base_url}/health", 2.0)) is not None and r.status_code == 200
+        ),
+        60.0,
+        0.2,
+    ), proc.log_tail()
 
 
-def _native_worker(factory: Callable[..., ManagedProcess], site: Path, tmp_path: Path,
-                   **env: str) -> tuple[ManagedProcess, Path, int]:
+def _native_worker(
+    factory: Callable[..., ManagedProcess], site: Path, tmp_path: Path, **env: str
+) -> tuple[ManagedProcess, Path, int]:
     """A worker with a fault plan and its native endpoint on a port of its own."""
     plan, port = tmp_path / "fault-plan", free_port()
     env = {"MINERU_HEALTH_FAULT_PLAN": str(plan), "MINERU_HEALTH_PORT": str(port), **env}
@@ -236,8 +246,11 @@ def _native_health(port: int) -> httpx.Response | None:
 
 def _native_503(proc: ManagedProcess, port: int, timeout_s: float) -> dict[str, Any]:
     """The native endpoint's body once it answers 503 (asserted within ``timeout_s``)."""
-    answer = wait_until(lambda: (r := _native_health(port)) is not None and r.status_code == 503
-                        and r, timeout_s, 0.1)
+    answer = wait_until(
+        lambda: (r := _native_health(port)) is not None and r.status_code == 503 and r,
+        timeout_s,
+        0.1,
+    )
     assert answer, proc.log_tail()
     return answer.json()
 
@@ -247,8 +260,9 @@ def test_native_endpoint_tells_busy_from_hung(
     mineru_api_factory: Callable[..., ManagedProcess],
     tmp_path: Path,
 ) -> None:
-    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
-                                      MINERU_HEALTH_LOOP_HANG_S="4")
+    proc, plan, port = _native_worker(
+        mineru_api_factory, patched_mineru_site, tmp_path, MINERU_HEALTH_LOOP_HANG_S="4"
+    )
     assert worker_health(proc).json()["native_health_port"] == port
     native = _native_health(port)
     assert native is not None and native.status_code == 200
@@ -282,8 +296,9 @@ def test_native_endpoint_tells_busy_from_hung(
     assert body and body["loop_hung"] is True and body["engine_dead"] is False, proc.log_tail()
     live = http_get(f"http://127.0.0.1:{port}/livez", 5.0)
     assert live is not None and live.status_code == 503
-    assert wait_until(lambda: (r := _native_health(port)) is not None and r.status_code == 200,
-                      30.0, 0.2), proc.log_tail()
+    assert wait_until(
+        lambda: (r := _native_health(port)) is not None and r.status_code == 200, 30.0, 0.2
+    ), proc.log_tail()
 
 
 def test_engine_stall_is_fatal_and_fails_its_tasks(
@@ -294,12 +309,16 @@ def test_engine_stall_is_fatal_and_fails_its_tasks(
     tmp_path: Path,
 ) -> None:
     stall_s = 4.0
-    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
-                                      MINERU_HEALTH_STALL_S=str(stall_s))
+    proc, plan, port = _native_worker(
+        mineru_api_factory, patched_mineru_site, tmp_path, MINERU_HEALTH_STALL_S=str(stall_s)
+    )
     write_plan(plan, "engine_stall")
     ids = [submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"] for _ in range(3)]
-    assert wait_until(lambda: (r := _native_health(port)) is not None
-                      and r.json()["engine_calls_in_flight"] > 0, 60.0, 0.1), proc.log_tail()
+    assert wait_until(
+        lambda: (r := _native_health(port)) is not None and r.json()["engine_calls_in_flight"] > 0,
+        60.0,
+        0.1,
+    ), proc.log_tail()
     # 503 within the stall time plus the watcher's second, while the HTTP server stays up.
     body = _native_503(proc, port, stall_s + 30.0)
     assert body["category"] == "engine_stalled" and body["engine_dead"] is True
@@ -335,8 +354,11 @@ def test_a_remote_server_that_never_answers_fails_its_task_alone(
     bound_s = 6.0  # a cold first parse shows nothing for up to ~4 s here under load
     proc = mineru_api_factory(
         patched_mineru_site,
-        env={"MINERU_HEALTH_PORT": str(port), "MINERU_HEALTH_STALL_S": str(bound_s),
-             "MINERU_HEALTH_TASK_HANG_S": str(bound_s)},
+        env={
+            "MINERU_HEALTH_PORT": str(port),
+            "MINERU_HEALTH_STALL_S": str(bound_s),
+            "MINERU_HEALTH_TASK_HANG_S": str(bound_s),
+        },
     )
     # A first parse warms MinerU's page-render pool (a cold one can pass the bound
     # before it reaches any call: nothing to show for it meanwhile).
@@ -373,8 +395,9 @@ def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
 ) -> None:
     """Issue 17: a parse that hangs outside any engine call used to stay processing forever."""
     hang_s = 30.0  # a bound no parse reaches on a loaded machine
-    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
-                                      MINERU_HEALTH_TASK_HANG_S=str(hang_s))
+    proc, plan, port = _native_worker(
+        mineru_api_factory, patched_mineru_site, tmp_path, MINERU_HEALTH_TASK_HANG_S=str(hang_s)
+    )
     # A first parse warms MinerU's page-render pool: its cold start alone can
     # take seconds on a loaded machine, with no progress to show meanwhile.
     warm = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
@@ -382,8 +405,9 @@ def test_a_hung_parse_fails_alone_while_the_worker_serves_on(
     write_plan(plan, "parse_hang")
     assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
     hung_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
-    assert wait_until(lambda: task_status(proc.base_url, hung_id)["status"] == "processing",
-                      60.0, 0.1), proc.log_tail()
+    assert wait_until(
+        lambda: task_status(proc.base_url, hung_id)["status"] == "processing", 60.0, 0.1
+    ), proc.log_tail()
     # Another task that keeps making progress past the hung one's bound: a page
     # answered every 5 s, one at a time (8 pages: 40 s, longer than the bound).
     pages = make_pdf(pages=8, seed=3)
@@ -407,8 +431,9 @@ def test_a_worker_whose_every_task_hangs_is_stalled(
     tiny_pdf: bytes,
     tmp_path: Path,
 ) -> None:
-    proc, plan, port = _native_worker(mineru_api_factory, patched_mineru_site, tmp_path,
-                                      MINERU_HEALTH_TASK_HANG_S="3")
+    proc, plan, port = _native_worker(
+        mineru_api_factory, patched_mineru_site, tmp_path, MINERU_HEALTH_TASK_HANG_S="3"
+    )
     write_plan(plan, "parse_hang")
     assert wait_until(lambda: not plan.exists(), 30.0, 0.1), proc.log_tail()
     task_id = submit_task(proc.base_url, tiny_pdf, fake_vlm_url).json()["task_id"]
@@ -418,20 +443,30 @@ def test_a_worker_whose_every_task_hangs_is_stalled(
     assert body["category"] == "engine_stalled"
     # Issue 25: the watchdog's death is in the fatal-errors counter, as a rule's is.
     scraped = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
-    assert ('mineru_worker_fatal_errors_total{category="engine_stalled",'
-            'rule="watchdog.tasks_hung"} 1.0') in scraped, scraped
+    assert (
+        'mineru_worker_fatal_errors_total{category="engine_stalled",rule="watchdog.tasks_hung"} 1.0'
+    ) in scraped, scraped
 
 
 def test_importing_the_patched_server_module_writes_no_file(
-    patched_mineru_site: Path, mineru_python: str, tmp_path: Path,
+    patched_mineru_site: Path,
+    mineru_python: str,
+    tmp_path: Path,
 ) -> None:
     """Issue 25: importing it made ``output/mineru-health-finished.sqlite3`` in the current
     directory; the task store opens when the worker starts serving."""
     from mineru_health.demo import sandbox
 
     env = sandbox.mineru_env(patched_mineru_site)
-    done = subprocess.run([mineru_python, "-c", "import mineru.cli.fast_api"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [mineru_python, "-c", "import mineru.cli.fast_api"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert not [p for p in tmp_path.rglob("*") if p.is_file()], list(tmp_path.rglob("*"))
 

@@ -53,8 +53,12 @@ class Fleet:
 
 
 @pytest.fixture(scope="module", params=["cgroup", "process_group"])
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          patched_mineru_site: Path, mineru_python: str) -> Iterator[Fleet]:
+def fleet(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    patched_mineru_site: Path,
+    mineru_python: str,
+) -> Iterator[Fleet]:
     mode = str(request.param)
     no_cgroup = cgroups_here() if mode == "cgroup" else ""
     if no_cgroup:
@@ -63,18 +67,32 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     children, tmp = scratch / "children", scratch / "tmp"
     children.mkdir()
     tmp.mkdir()
-    env = {**ENV, CHILDREN_ENV: str(children), "TMPDIR": str(tmp),
-           "MINERU_ROUTER_HEALTH_WORKER_CGROUPS": "1" if mode == "cgroup" else "0"}
+    env = {
+        **ENV,
+        CHILDREN_ENV: str(children),
+        "TMPDIR": str(tmp),
+        "MINERU_ROUTER_HEALTH_WORKER_CGROUPS": "1" if mode == "cgroup" else "0",
+    }
     with Processes() as procs:
-        router = start_router(procs, LINE3, patched_mineru_site, mineru_python,
-                              scratch / "router", env=env, fault_plan="plan-{port}")
+        router = start_router(
+            procs,
+            LINE3,
+            patched_mineru_site,
+            mineru_python,
+            scratch / "router",
+            env=env,
+            fault_plan="plan-{port}",
+        )
         router.wait_in_rotation()
         yield Fleet(router, mode, children, tmp, env)
 
 
 def _records(router: Router, action: str, worker_id: str = "") -> list[dict[str, object]]:
-    return [r for r in router.audit_records()
-            if r["action"] == action and (not worker_id or r["worker_id"] == worker_id)]
+    return [
+        r
+        for r in router.audit_records()
+        if r["action"] == action and (not worker_id or r["worker_id"] == worker_id)
+    ]
 
 
 def _victim(fleet: Fleet, server_id: str) -> tuple[str, dict[str, object]]:
@@ -87,8 +105,9 @@ def _victim(fleet: Fleet, server_id: str) -> tuple[str, dict[str, object]]:
     return url, family(fleet.children, pid)
 
 
-def _assert_gone_after(fleet: Fleet, server_id: str, inject: Callable[[str], object],
-                       after: str) -> None:
+def _assert_gone_after(
+    fleet: Fleet, server_id: str, inject: Callable[[str], object], after: str
+) -> None:
     url, members = _victim(fleet, server_id)
     ended_before = len(_records(fleet.router, "worker_processes_ended", server_id))
     inject(url)
@@ -112,9 +131,9 @@ def test_kill_9_of_a_worker_ends_its_children(fleet: Fleet) -> None:
     _assert_gone_after(fleet, "local-gpu-0", kill, "exit")
 
 
-def test_engine_death_ends_the_replaced_workers_children(fleet: Fleet,
-                                                         fake_vlm_url: str, tiny_pdf: bytes
-                                                         ) -> None:
+def test_engine_death_ends_the_replaced_workers_children(
+    fleet: Fleet, fake_vlm_url: str, tiny_pdf: bytes
+) -> None:
     def engine_dies(url: str) -> None:
         fleet.router.write_plan("engine_dead", url)
         # Sent to the worker itself: its engine call raises EngineDeadError.
@@ -123,8 +142,12 @@ def test_engine_death_ends_the_replaced_workers_children(fleet: Fleet,
 
     _assert_gone_after(fleet, "local-gpu-1", engine_dies, "restart")
     records = fleet.router.audit_records()
-    assert any(r["action"] == "health_failed" and r["cause"] == "engine_dead"
-               and r["worker_id"] == "local-gpu-1" for r in records), records
+    assert any(
+        r["action"] == "health_failed"
+        and r["cause"] == "engine_dead"
+        and r["worker_id"] == "local-gpu-1"
+        for r in records
+    ), records
 
 
 def test_hung_worker_is_restarted_without_its_children(fleet: Fleet) -> None:
@@ -135,24 +158,34 @@ def test_hung_worker_is_restarted_without_its_children(fleet: Fleet) -> None:
 
 
 def test_zz_router_kill_9_leaves_no_process_and_the_next_router_sweeps(
-        fleet: Fleet, patched_mineru_site: Path, mineru_python: str) -> None:
+    fleet: Fleet, patched_mineru_site: Path, mineru_python: str
+) -> None:
     """Last of the module: kills the fleet's router."""
     router = fleet.router
     servers = router.wait_in_rotation()
-    families = [family(fleet.children, pid) for pid in router.worker_pids(
-        {str(s["base_url"]).rsplit(":", 1)[1] for s in servers.values()})]
+    families = [
+        family(fleet.children, pid)
+        for pid in router.worker_pids(
+            {str(s["base_url"]).rsplit(":", 1)[1] for s in servers.values()}
+        )
+    ]
     assert len(families) == 2
     scratch_dirs = sorted(fleet.tmp.glob(f"{SCRATCH_PREFIX}*"))
     assert len(scratch_dirs) == 1, scratch_dirs
-    cgroups = {str(r["cgroup"]).rsplit("/", 1)[0] for r in _records(router, "worker_processes")
-               if r.get("cgroup")}
+    cgroups = {
+        str(r["cgroup"]).rsplit("/", 1)[0]
+        for r in _records(router, "worker_processes")
+        if r.get("cgroup")
+    }
     assert len(cgroups) == (1 if fleet.mode == "cgroup" else 0), cgroups
 
     os.kill(router.proc.pid, signal.SIGKILL)
     assert router.proc.wait(30.0) == -signal.SIGKILL
     left = [m for f in families for m in f.values()]
     assert wait_until(lambda: not any(survivors(f) for f in families), GONE_WITHIN_S, 0.2), (
-        [survivors(f) for f in families], left)
+        [survivors(f) for f in families],
+        left,
+    )
     # What a killed router cannot remove itself is still there...
     assert scratch_dirs[0].is_dir()
 
@@ -160,8 +193,7 @@ def test_zz_router_kill_9_leaves_no_process_and_the_next_router_sweeps(
     with Processes() as procs:
         scratch = fleet.children.parent / "router-next"
         started = time.time()
-        nxt = start_router(procs, LINE3, patched_mineru_site, mineru_python, scratch,
-                           env=fleet.env)
+        nxt = start_router(procs, LINE3, patched_mineru_site, mineru_python, scratch, env=fleet.env)
         nxt.wait_in_rotation()
         assert not scratch_dirs[0].exists()
         assert all(not Path(c).exists() for c in cgroups), cgroups

@@ -24,7 +24,7 @@ from mineru_health import _native
 from mineru_health._native import AuditAction, PollerEventKind, WorkerPhase
 from mineru_health.runtime.router.fleet import Fleet as HealthFleet
 from mineru_health.runtime.router.fleet import expectations
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.settings import HealthSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -276,8 +276,14 @@ class FakeMember:
     process (a sleeper leading its own session), ended by the fleet.
     """
 
-    def __init__(self, worker_id: str, *urls: str, local: bool = False,
-                 failing_launches: int = 0, spawn: bool = False) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        *urls: str,
+        local: bool = False,
+        failing_launches: int = 0,
+        spawn: bool = False,
+    ) -> None:
         self.spawn = spawn
         self.processes: list[subprocess.Popen[bytes]] = []
         self.id = worker_id
@@ -328,18 +334,25 @@ class FakeMember:
 
 def _sleeper() -> subprocess.Popen[bytes]:
     """A real process for a spawning FakeMember: leads its own session, as a worker does."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            start_new_session=True, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-async def start_fleet(settings: HealthSettings, rec: Any, *members: FakeMember) -> HealthFleet:
-    """The runtime's fleet over ``members``, probing their main ports, events to ``rec``."""
-    fleet = HealthFleet(settings, expectations(settings, protocol_version=2), client=None,
-                        native_probes=False)
+async def start_fleet(
+    settings: HealthSettings, rec: Any, *members: FakeMember, wait_s: float = 0.0
+) -> HealthFleet:
+    """The runtime's fleet over ``members``, probing their main ports, events to ``rec``;
+    its start waits ``wait_s`` at most for the first answers."""
+    fleet = HealthFleet(
+        settings, expectations(settings, protocol_version=2), client=None, native_probes=False
+    )
     for member in members:
         fleet.add(member)
     fleet.listen(rec)
-    await fleet.start(wait_s=0.0)
+    await fleet.start(wait_s=wait_s)
     return fleet
 
 
@@ -357,9 +370,13 @@ def phase(fleet: HealthFleet, worker: str) -> Any:
 async def one_audit_event(fake: Fleet) -> Any:
     """Audit events of one worker ejected by a passive failure."""
     rec = Recorder()
-    fleet = await start_fleet(fast_settings(), rec, FakeMember("w", fake.url("w"), local=True),
-                              # so the guard lets w go
-                              FakeMember("spare", fake.url("spare")))
+    fleet = await start_fleet(
+        fast_settings(),
+        rec,
+        FakeMember("w", fake.url("w"), local=True),
+        # so the guard lets w go
+        FakeMember("spare", fake.url("spare")),
+    )
     try:
         await rec.wait_for(
             lambda: all(phase(fleet, n) == WorkerPhase.HEALTHY for n in ("w", "spare")),

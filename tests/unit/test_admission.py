@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from mineru_health import metrics
+from mineru_health.mineru4.router.endpoints import submit_with_failover, track_submitted
 from mineru_health.mineru4.router.jobs import JobLine
 from mineru_health.runtime.router import admission
 from mineru_health.runtime.router.admission import CAP, STORAGE, UNDESCRIBED, Refused, storage_error
@@ -37,8 +38,12 @@ class Disk:
 
     def __call__(self, path: Any) -> Any:
         self.asked += 1
-        return SimpleNamespace(f_bavail=self.free // 4096, f_frsize=4096, f_fsid=7,
-                               f_flag=os.ST_RDONLY if self.read_only else 0)
+        return SimpleNamespace(
+            f_bavail=self.free // 4096,
+            f_frsize=4096,
+            f_fsid=7,
+            f_flag=os.ST_RDONLY if self.read_only else 0,
+        )
 
 
 @pytest.fixture
@@ -72,8 +77,9 @@ def test_a_burst_is_held_to_both_caps_from_its_admission(disk: Disk) -> None:
         assert supervisor.refusal_counts() == {CAP: 15, STORAGE: 0}
         # Kept: the kept submission counts instead of its reservation.
         item = SimpleNamespace(payload=SimpleNamespace(release=lambda: None))
-        kept = supervisor.keep("t0", item, "w0", "http://w0:1",
-                               size_bytes=19 * MIB, save=False, admission=admitted[0])
+        kept = supervisor.keep(
+            "t0", item, "w0", "http://w0:1", size_bytes=19 * MIB, save=False, admission=admitted[0]
+        )
         assert not admitted[0].open and supervisor.kept_bytes == 19 * MIB
         assert supervisor.admitted_bytes == 76 * MIB
         with pytest.raises(Refused):
@@ -141,8 +147,9 @@ def test_a_disk_without_room_refuses_with_507_before_staging(tmp_path: Path, dis
     run(scenario)
 
 
-def test_a_row_that_cannot_be_written_is_refused_and_undone_on_3x(tmp_path: Path,
-                                                                   disk: Disk) -> None:
+def test_a_row_that_cannot_be_written_is_refused_and_undone_on_3x(
+    tmp_path: Path, disk: Disk
+) -> None:
     async def scenario(fleet: Fleet) -> None:
         line = router(fleet, tmp_path / "state")
         store = line.supervisor.store
@@ -167,10 +174,12 @@ def test_a_row_that_cannot_be_written_is_refused_and_undone_on_3x(tmp_path: Path
 
 
 def test_a_submission_the_line_cannot_describe_is_refused_not_acknowledged(
-        tmp_path: Path, disk: Disk) -> None:
+    tmp_path: Path, disk: Disk
+) -> None:
     """No row, no acceptance: a line that cannot describe a submission for the store (our
     bug) refuses it with 500, undone like a row that cannot be written (it used to be
     answered 202 and lost at the router's next restart)."""
+
     async def scenario(fleet: Fleet) -> None:
         line = router(fleet, tmp_path / "state")
         store = line.supervisor.store
@@ -198,8 +207,9 @@ def test_a_submission_the_line_cannot_describe_is_refused_not_acknowledged(
     run(scenario)
 
 
-def test_a_row_that_cannot_be_written_is_refused_and_undone_on_4_0(tmp_path: Path,
-                                                                   disk: Disk) -> None:
+def test_a_row_that_cannot_be_written_is_refused_and_undone_on_4_0(
+    tmp_path: Path, disk: Disk
+) -> None:
     """4.0's submit_job reduced to its steps: inputs staged and bound, job created on w0,
     route registered, ``job_submitted``, the payload read (``observe`` writes the row)."""
     line, routes, sources = line_on(tmp_path / "state")
@@ -209,10 +219,13 @@ def test_a_row_that_cannot_be_written_is_refused_and_undone_on_4_0(tmp_path: Pat
     async def request_upstream(pool: Any, worker: Any, method: str, path: str) -> None:
         deleted.append(f"{method} {worker.worker_id}{path}")
 
-    line._ns.update(release_job_load=lambda route, pool: released.append(route.public_id),
-                    request_upstream=request_upstream)
-    line._pool.get = lambda worker_id: SimpleNamespace(worker_id=worker_id,
-                                                       base_url=f"http://{worker_id}:1")
+    line._ns.update(
+        release_job_load=lambda route, pool: released.append(route.public_id),
+        request_upstream=request_upstream,
+    )
+    line._pool.get = lambda worker_id: SimpleNamespace(
+        worker_id=worker_id, base_url=f"http://{worker_id}:1"
+    )
     _augment(routes, sources, line)
     data = tmp_path / "state" / "sources" / "uploads" / "task-1"
     data.parent.mkdir(parents=True)
@@ -221,16 +234,28 @@ def test_a_row_that_cannot_be_written_is_refused_and_undone_on_4_0(tmp_path: Pat
     async def submit_job(body: dict[str, Any], request: Any, uploads: Any) -> Any:
         data.write_bytes(b"%PDF-1.4 one")
         stored = StoredSourceFile(data, 3 * MIB, "cd" * 32, "application/pdf")
-        routes.register("file", owner_scope="s", worker_id="w0", upstream_id="up-in",
-                        public_id="file-in", metadata={"payload": {"filename": "a.pdf"}})
+        routes.register(
+            "file",
+            owner_scope="s",
+            worker_id="w0",
+            upstream_id="up-in",
+            public_id="file-in",
+            metadata={"payload": {"filename": "a.pdf"}},
+        )
         sources.bind_source("file-in", stored, owner_scope="s")
-        route = routes.register("job", owner_scope="s", worker_id="w0", upstream_id="up-job",
-                                public_id="job_1")
+        route = routes.register(
+            "job", owner_scope="s", worker_id="w0", upstream_id="up-job", public_id="job_1"
+        )
         route.metadata["input_aliases"] = {"up-in": "file-in"}
         sent = {"files": [{"source": {"type": "file_id", "file_id": "up-in"}}]}
-        line.track(route, sent)
-        return line._ns["rewrite_job_payload"]({"job_id": "job_1", "status": "queued"},
-                                               SimpleNamespace(worker_id="w0"), None, None, "s")
+        track_submitted(line, route, sent)
+        return line._ns["rewrite_job_payload"](
+            {"job_id": "job_1", "status": "queued"},
+            SimpleNamespace(worker_id="w0"),
+            None,
+            None,
+            "s",
+        )
 
     async def scenario() -> None:
         store = line.supervisor.store
@@ -238,7 +263,7 @@ def test_a_row_that_cannot_be_written_is_refused_and_undone_on_4_0(tmp_path: Pat
         store.save = lambda saved: False  # type: ignore[method-assign]
         body = {"files": [{"source": {"type": "file_id", "file_id": "upload-0"}}]}
         with pytest.raises(Refused) as refused:
-            await line.submit_with_failover(submit_job, body, None, {0: upload})
+            await submit_with_failover(line, submit_job, body, None, {0: upload})
         assert refused.value.status == 507
         assert routes.find("job", "job_1") is None and routes.find("file", "file-in") is None
         assert not data.exists() and released == ["job_1"]
@@ -288,12 +313,12 @@ def test_4_0_admits_through_the_same_caps(tmp_path: Path, disk: Disk) -> None:
         calls.append(1)
         second = {"files": []}
         with pytest.raises(Refused) as refused:  # the first one's place is still reserved
-            await line.submit_with_failover(submit_job, second, None, {})
+            await submit_with_failover(line, submit_job, second, None, {})
         assert refused.value.status == 503
         return SimpleNamespace(status_code=202)
 
     async def scenario() -> None:
-        await line.submit_with_failover(submit_job, {"files": []}, None, {})
+        await submit_with_failover(line, submit_job, {"files": []}, None, {})
         assert calls == [1] and line.supervisor.admitted_bytes == 0
 
     asyncio.run(scenario())

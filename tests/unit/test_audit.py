@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 from fake_fleet import Fleet, one_audit_event, run_async
-from mineru_health import _native, audit
+from mineru_health import _native
 from mineru_health._names import enum_names
 from mineru_health._native import AuditAction
-from mineru_health.audit import AuditLog, audit_record
 from mineru_health.errors import ConfigError
+from mineru_health.runtime.router import audit
+from mineru_health.runtime.router.audit import AuditLog, audit_record
 
 AUDIT_PATH = "MINERU_ROUTER_HEALTH_AUDIT_PATH"
 

@@ -12,12 +12,12 @@ import pytest
 from conftest import exception_groups as groups
 from mineru_health import classifier
 from mineru_health.classifier import (
+    Classification,
     Rule,
     RuleKind,
     Rules,
     RuleScope,
     RuleTarget,
-    Verdict,
     classify,
     load_rules,
     reload_rules,
@@ -42,7 +42,7 @@ def _no_rules_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_engine_dead_error_is_fatal() -> None:
     exc = _vllm_class("EngineDeadError")(ENGINE_DEAD_MESSAGE)
     verdict = classify(exc)
-    assert isinstance(verdict, Verdict)
+    assert isinstance(verdict, Classification)
     assert verdict.fatal and verdict.matched and verdict.kind == "fatal"
     assert verdict.category
     assert frames_from_exception(exc)[verdict.frame_index].type_name == "EngineDeadError"
@@ -83,7 +83,9 @@ def test_fatal_cause_deep_in_the_chain() -> None:
 
 
 def test_fatal_member_of_a_group() -> None:
-    group = groups.ExceptionGroup("tasks", [ValueError("x"), _vllm_class("EngineDeadError")("dead")])
+    group = groups.ExceptionGroup(
+        "tasks", [ValueError("x"), _vllm_class("EngineDeadError")("dead")]
+    )
     verdict = classify(group)
     assert verdict.fatal
     assert frames_from_exception(group)[verdict.frame_index].type_name == "EngineDeadError"
@@ -120,19 +122,18 @@ def test_raising_str_and_huge_and_surrogate_messages() -> None:
 
 
 def test_classify_text() -> None:
-    assert classify_text(
-        "vllm.v1.engine.exceptions.EngineDeadError: " + ENGINE_DEAD_MESSAGE).fatal
+    assert classify_text("vllm.v1.engine.exceptions.EngineDeadError: " + ENGINE_DEAD_MESSAGE).fatal
     assert not classify_text("ValueError: not a pdf").fatal
 
 
-def test_default_rules_are_shared_and_reloadable(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_rules_are_shared_and_reloadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = classifier.default_rules()
     assert classifier.default_rules() is first
     assert first.sources == ("<builtin>",)
     rules_file = tmp_path / "rules.txt"
-    rules_file.write_text("site.corrupt task_local bad_input corrupt\\s+widget\n",
-                          encoding="utf-8")
+    rules_file.write_text("site.corrupt task_local bad_input corrupt\\s+widget\n", encoding="utf-8")
     monkeypatch.setenv("MINERU_HEALTH_RULES", str(rules_file))
     try:
         fresh = reload_rules()
@@ -149,8 +150,9 @@ def test_rules_file_overrides_builtin_by_id(tmp_path: Path) -> None:
     builtin = {r.id: r for r in load_rules().rules}
     some_fatal = next(r for r in builtin.values() if r.kind == RuleKind.FATAL)
     rules_file = tmp_path / "override.rules"
-    rules_file.write_text(f"# carve out\n{some_fatal.id} task_local relaxed zzzz-never\n",
-                          encoding="utf-8")
+    rules_file.write_text(
+        f"# carve out\n{some_fatal.id} task_local relaxed zzzz-never\n", encoding="utf-8"
+    )
     merged = load_rules(rules_file)
     assert len(merged) == len(builtin)
     replaced = next(r for r in merged.rules if r.id == some_fatal.id)
@@ -159,18 +161,19 @@ def test_rules_file_overrides_builtin_by_id(tmp_path: Path) -> None:
 
 def test_task_local_rule_wins(tmp_path: Path) -> None:
     rules_file = tmp_path / "r.rules"
-    rules_file.write_text("ops.known task_local known_issue known\\s+harmless\n",
-                          encoding="utf-8")
+    rules_file.write_text("ops.known task_local known_issue known\\s+harmless\n", encoding="utf-8")
     rules = load_rules(rules_file)
     exc = _vllm_class("EngineDeadError")("known harmless " + ENGINE_DEAD_MESSAGE)
     assert not classify(exc, rules=rules).fatal
 
 
-def test_bad_rules_file_names_file_line_rule_and_error(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_rules_file_names_file_line_rule_and_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rules_file = tmp_path / "bad.rules"
-    rules_file.write_text("# ok\ngood.one fatal c fine\nbroken.rule fatal c unclosed(\n",
-                          encoding="utf-8")
+    rules_file.write_text(
+        "# ok\ngood.one fatal c fine\nbroken.rule fatal c unclosed(\n", encoding="utf-8"
+    )
     monkeypatch.setenv("MINERU_HEALTH_RULES", str(rules_file))
     with pytest.raises(RulesError) as info:
         load_rules()
@@ -259,7 +262,9 @@ def test_v1_abort_engine_dead_while_handling_cancelled() -> None:
 
 
 def test_v0_engine_death_raised_from_the_timeout_that_killed_the_loop() -> None:
-    cls = type("AsyncEngineDeadError", (RuntimeError,), {"__module__": "vllm.engine.async_llm_engine"})
+    cls = type(
+        "AsyncEngineDeadError", (RuntimeError,), {"__module__": "vllm.engine.async_llm_engine"}
+    )
     try:
         try:
             raise TimeoutError()
@@ -272,8 +277,10 @@ def test_v0_engine_death_raised_from_the_timeout_that_killed_the_loop() -> None:
 
 def test_task_group_of_engine_deaths_and_cancelled_siblings() -> None:
     dead = _vllm_class("EngineDeadError")
-    group = groups.BaseExceptionGroup("unhandled errors in a TaskGroup", [
-        asyncio.CancelledError(), dead(ENGINE_DEAD_MESSAGE), asyncio.CancelledError()])
+    group = groups.BaseExceptionGroup(
+        "unhandled errors in a TaskGroup",
+        [asyncio.CancelledError(), dead(ENGINE_DEAD_MESSAGE), asyncio.CancelledError()],
+    )
     verdict = classify(group)
     frame = frames_from_exception(group)[verdict.frame_index]
     assert verdict.fatal
@@ -334,7 +341,8 @@ def test_crafted_docx_tag_named_engine_dead_error() -> None:
     with pytest.raises(Exception) as info:
         lxml_etree.fromstring(
             b'<w:document xmlns:w="urn:w"><EngineDeadError>EngineCore encountered an issue. '
-            b"CUDA error: an illegal memory access was encountered</w:body></w:document>")
+            b"CUDA error: an illegal memory access was encountered</w:body></w:document>"
+        )
     verdict = classify(info.value)
     assert not verdict.fatal
     assert verdict.category == "bad_input"
@@ -354,8 +362,9 @@ def test_crafted_docx_tag_named_engine_dead_error() -> None:
     ],
 )
 def test_message_rules_decide_only_for_runtime_raise_sites(module: str, fatal: bool) -> None:
-    exc = _raise_in(module, "raise RuntimeError('CUDA error: an illegal memory access was "
-                            "encountered')")
+    exc = _raise_in(
+        module, "raise RuntimeError('CUDA error: an illegal memory access was encountered')"
+    )
     frames = frames_from_exception(exc)
     assert frames[0].raised_in == module
     assert classify(exc).fatal is fatal
@@ -370,15 +379,22 @@ def test_message_naming_engine_dead_error_is_not_one() -> None:
 
 
 def _server_error(message: str) -> BaseException:
-    cls = type("ServerError", (RuntimeError,),
-               {"__module__": "mineru_vl_utils.vlm_client.base_client"})
-    return _raise_in("mineru_vl_utils.vlm_client.http_client", "raise ServerError(text)",
-                     ServerError=cls, text=message)
+    cls = type(
+        "ServerError", (RuntimeError,), {"__module__": "mineru_vl_utils.vlm_client.base_client"}
+    )
+    return _raise_in(
+        "mineru_vl_utils.vlm_client.http_client",
+        "raise ServerError(text)",
+        ServerError=cls,
+        text=message,
+    )
 
 
 def test_remote_engine_death_text_is_task_local() -> None:
-    exc = _server_error('Unexpected status code: [500], response body: {"message": '
-                        '"EngineCore encountered an issue. See stack trace (above)"}')
+    exc = _server_error(
+        'Unexpected status code: [500], response body: {"message": '
+        '"EngineCore encountered an issue. See stack trace (above)"}'
+    )
     verdict = classify(exc, remote_engine=True)
     assert not verdict.fatal and verdict.remote_engine and verdict.category == "remote_engine"
     assert not classify(exc).fatal  # an HTTP client never speaks for a local engine either
@@ -397,13 +413,17 @@ def test_remote_engine_downgrades_text_without_origin() -> None:
 
 def test_standalone_out_of_memory_is_ambiguous() -> None:
     oom = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
-    exc = _raise_in("torch.nn.modules.conv", "raise OutOfMemoryError('CUDA out of memory. "
-                    "Tried to allocate 2.00 GiB')", OutOfMemoryError=oom)
+    exc = _raise_in(
+        "torch.nn.modules.conv",
+        "raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+        OutOfMemoryError=oom,
+    )
     verdict = classify(exc)
     assert verdict.ambiguous and not verdict.fatal and verdict.kind == "ambiguous"
     assert verdict.strength == "ambiguous" and verdict.category == "out_of_memory"
-    inside_engine = _raise_in("vllm.v1.worker.gpu_model_runner", "raise OutOfMemoryError('x')",
-                              OutOfMemoryError=oom)
+    inside_engine = _raise_in(
+        "vllm.v1.worker.gpu_model_runner", "raise OutOfMemoryError('x')", OutOfMemoryError=oom
+    )
     assert classify(inside_engine).fatal
 
 
@@ -414,7 +434,9 @@ def test_operator_rule_beats_builtins_and_off_disables(tmp_path: Path) -> None:
     rules_file = tmp_path / "ops.rules"
     rules_file.write_text(
         "site.oom fatal device target=message origin=engine out of memory\n"
-        "cuda.launch_failure off\n", encoding="utf-8")
+        "cuda.launch_failure off\n",
+        encoding="utf-8",
+    )
     rules = load_rules(rules_file)
     assert "cuda.launch_failure" not in {r.id for r in rules.rules}
     site = next(r for r in rules.rules if r.id == "site.oom")
@@ -435,16 +457,23 @@ def test_rules_file_that_is_not_a_small_regular_file(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     big = tmp_path / "big.rules"
     big.write_bytes(b"#" * (classifier.MAX_RULES_FILE_BYTES + 1))
-    for path, words in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"),
-                        (tmp_path, "a directory"), (big, "larger than the limit")):
+    for path, words in (
+        (fifo, "a FIFO"),
+        (Path("/dev/zero"), "a character device"),
+        (tmp_path, "a directory"),
+        (big, "larger than the limit"),
+    ):
         with pytest.raises(RulesError, match=words):
             load_rules(path)
 
 
 def test_rules_file_with_too_many_or_too_costly_rules(tmp_path: Path) -> None:
     many = tmp_path / "many.rules"
-    many.write_text("".join(f"site.r{i} fatal x literal{i}\n"
-                            for i in range(classifier.MAX_RULES_FILE_RULES + 1)))
+    many.write_text(
+        "".join(
+            f"site.r{i} fatal x literal{i}\n" for i in range(classifier.MAX_RULES_FILE_RULES + 1)
+        )
+    )
     with pytest.raises(RulesError, match="more than 2000 rules"):
         load_rules(many)
     evil = tmp_path / "evil.rules"
@@ -456,7 +485,7 @@ def test_rules_file_with_too_many_or_too_costly_rules(tmp_path: Path) -> None:
 
 
 def test_adversarial_inputs_stay_bounded(tmp_path: Path) -> None:
-    """Issue 10's cases: a 100,000-rule file, and the heaviest accepted rules on a 64 x 1 MB chain."""
+    """Issue 10: a 100,000-rule file, and the heaviest accepted rules on a 64 x 1 MB chain."""
     import time
 
     huge = tmp_path / "huge.rules"
@@ -489,7 +518,7 @@ def test_adversarial_inputs_stay_bounded(tmp_path: Path) -> None:
 # MinerU 4.0's llama.cpp client (mineru_vl_utils' LlamaCppEngineVlmClient) catches the binding's
 # EngineError and raises its own ServerError while handling it: the engine's error is the
 # ServerError's __context__, raised in mineru_llama_cpp.engine.
-_LLAMA_ENGINE = '''
+_LLAMA_ENGINE = """
 class MineruLlamaCppError(Exception):
     pass
 
@@ -498,8 +527,8 @@ class EngineError(MineruLlamaCppError):
 
 def generate(message):
     raise EngineError(message)
-'''
-_LLAMA_CLIENT = '''
+"""
+_LLAMA_CLIENT = """
 class ServerError(RuntimeError):
     pass
 
@@ -508,7 +537,7 @@ def predict(generate, message):
         generate(message)
     except Exception as e:
         raise ServerError(str(e))
-'''
+"""
 
 
 def _module_namespace(name: str, source: str, class_module: str) -> dict[str, object]:
@@ -521,10 +550,14 @@ def _module_namespace(name: str, source: str, class_module: str) -> dict[str, ob
 
 
 def _llama_client_failure(message: str) -> BaseException:
-    engine = _module_namespace("mineru_llama_cpp.engine", _LLAMA_ENGINE,
-                               "mineru_llama_cpp.exceptions")
-    client = _module_namespace("mineru_vl_utils.vlm_client.llama_cpp_engine_client",
-                               _LLAMA_CLIENT, "mineru_vl_utils.vlm_client.base_client")
+    engine = _module_namespace(
+        "mineru_llama_cpp.engine", _LLAMA_ENGINE, "mineru_llama_cpp.exceptions"
+    )
+    client = _module_namespace(
+        "mineru_vl_utils.vlm_client.llama_cpp_engine_client",
+        _LLAMA_CLIENT,
+        "mineru_vl_utils.vlm_client.base_client",
+    )
     try:
         client["predict"](engine["generate"], message)  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - the exception under test
@@ -555,8 +588,11 @@ def test_llama_cpp_error_behind_minerus_server_error(message: str, kind: str, ru
 
 
 def test_llama_cpp_text_in_minerus_own_error_never_decides() -> None:
-    client = _module_namespace("mineru_vl_utils.vlm_client.llama_cpp_engine_client",
-                               _LLAMA_CLIENT, "mineru_vl_utils.vlm_client.base_client")
+    client = _module_namespace(
+        "mineru_vl_utils.vlm_client.llama_cpp_engine_client",
+        _LLAMA_CLIENT,
+        "mineru_vl_utils.vlm_client.base_client",
+    )
     server_error = client["ServerError"]
     assert isinstance(server_error, type)
     verdict = classify(server_error("no result (stopped); Compute error."))

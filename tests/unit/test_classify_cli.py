@@ -58,11 +58,13 @@ def test_rules_file_changes_the_verdict(tmp_path: Path) -> None:
     rules = tmp_path / "r.rules"
     rules.write_text("site.gpu fatal gpu widget\\s+fell\\s+off\n", encoding="utf-8")
     assert run_cli("classify", input_text="widget fell off the shelf", env=_env()).returncode == 0
-    via_flag = run_cli("classify", "--rules", str(rules), input_text="widget fell off the shelf",
-                       env=_env())
+    via_flag = run_cli(
+        "classify", "--rules", str(rules), input_text="widget fell off the shelf", env=_env()
+    )
     assert via_flag.returncode == 1
-    via_env = run_cli("classify", input_text="widget fell off the shelf",
-                      env=_env(MINERU_HEALTH_RULES=str(rules)))
+    via_env = run_cli(
+        "classify", input_text="widget fell off the shelf", env=_env(MINERU_HEALTH_RULES=str(rules))
+    )
     assert via_env.returncode == 1
 
 
@@ -80,7 +82,12 @@ def test_rules_listing_and_check(tmp_path: Path) -> None:
     body = json.loads(listing.stdout)
     assert body["sources"] == ["<builtin>"]
     assert {r["kind"] for r in body["rules"]} == {
-        "fatal", "heuristic", "task_local", "generic", "ambiguous"}
+        "fatal",
+        "heuristic",
+        "task_local",
+        "generic",
+        "ambiguous",
+    }
     plain = run_cli("rules", env=_env())
     assert plain.returncode == 0 and plain.stdout.startswith("#")
 
@@ -92,9 +99,11 @@ def test_rules_listing_and_check(tmp_path: Path) -> None:
     assert json.loads(checked.stdout)["warnings"] == []  # origin=engine by default
 
     reach = tmp_path / "reach.rules"
-    reach.write_text("mine.any fatal mine target=message origin=any hello\n"
-                     "mine.type fatal mine target=type origin=any ^acme\\.Gone\\b\n",
-                     encoding="utf-8")
+    reach.write_text(
+        "mine.any fatal mine target=message origin=any hello\n"
+        "mine.type fatal mine target=type origin=any ^acme\\.Gone\\b\n",
+        encoding="utf-8",
+    )
     warned = run_cli("rules", "--check", str(reach), env=_env())
     assert warned.returncode == 0
     assert "rule 'mine.any': origin=any on message text" in warned.stderr
@@ -108,8 +117,14 @@ def test_rules_listing_and_check(tmp_path: Path) -> None:
 
 
 def _run_bytes(*args: str, data: bytes, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "mineru_health", *args], input=data,
-                          capture_output=True, timeout=120, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "mineru_health", *args],
+        input=data,
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "ascii", ""])
@@ -149,16 +164,22 @@ def test_plain_errors_exit_2_without_traceback(tmp_path: Path) -> None:
 
 
 def test_ambiguous_and_remote_engine_in_json() -> None:
-    oom = run_cli("classify", "--json", input_text="torch.OutOfMemoryError: CUDA out of memory.\n",
-                  env=_env())
+    oom = run_cli(
+        "classify", "--json", input_text="torch.OutOfMemoryError: CUDA out of memory.\n", env=_env()
+    )
     assert oom.returncode == 0
     body = json.loads(oom.stdout)
     assert body["ambiguous"] is True and body["kind"] == "ambiguous" and body["fatal"] is False
     assert body["strength"] == "ambiguous"
     remote = run_cli("classify", "--json", "--remote-engine", input_text=FATAL_TEXT, env=_env())
     assert remote.returncode == 1  # a vLLM EngineDeadError class: this process's own engine
-    remote_text = run_cli("classify", "--json", "--remote-engine",
-                          input_text="EngineCore encountered an issue.\n", env=_env())
+    remote_text = run_cli(
+        "classify",
+        "--json",
+        "--remote-engine",
+        input_text="EngineCore encountered an issue.\n",
+        env=_env(),
+    )
     assert remote_text.returncode == 0
     assert json.loads(remote_text.stdout)["remote_engine"] is True
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from mineru_health.settings import markdown_tables, variables
+from mineru_health.runtime.settings import markdown_tables, variables
 
 
 def _env(**changes: str) -> dict[str, str]:
@@ -31,9 +31,14 @@ def test_lists_every_variable_as_json() -> None:
     rows = json.loads(result.stdout)
     assert [row["name"] for row in rows] == [v.name for v in variables()]
     by_name = {row["name"]: row for row in rows}
-    assert {"MINERU_ROUTER_HEALTH_INTERVAL_S", "MINERU_ROUTER_HEALTH_TIMEOUT_S",
-            "MINERU_ROUTER_HEALTH_PRESET", "MINERU_ROUTER_HEALTH_AUDIT_PATH",
-            "MINERU_HEALTH_EXIT_GRACE_S", "MINERU_HEALTH_PORT"} <= set(by_name)
+    assert {
+        "MINERU_ROUTER_HEALTH_INTERVAL_S",
+        "MINERU_ROUTER_HEALTH_TIMEOUT_S",
+        "MINERU_ROUTER_HEALTH_PRESET",
+        "MINERU_ROUTER_HEALTH_AUDIT_PATH",
+        "MINERU_HEALTH_EXIT_GRACE_S",
+        "MINERU_HEALTH_PORT",
+    } <= set(by_name)
     grace = by_name["MINERU_HEALTH_EXIT_GRACE_S"]
     assert (grace["component"], grace["type"], grace["default"]) == ("worker", "seconds", "5")
     assert (grace["min"], grace["max"]) == (0, 3600)
@@ -57,10 +62,16 @@ def test_plain_listing_names_every_variable() -> None:
 
 
 def test_check_accepts_a_preset_and_reports_both_sides() -> None:
-    result = run_cli("config", "--check", "--json",
-                     env=_env(MINERU_ROUTER_HEALTH_PRESET="fast",
-                              MINERU_HEALTH_RETRY_AFTER_S="10",
-                              MINERU_HEALTH_MINERU_PYTHON="/usr/bin/python3"))
+    result = run_cli(
+        "config",
+        "--check",
+        "--json",
+        env=_env(
+            MINERU_ROUTER_HEALTH_PRESET="fast",
+            MINERU_HEALTH_RETRY_AFTER_S="10",
+            MINERU_HEALTH_MINERU_PYTHON="/usr/bin/python3",
+        ),
+    )
     assert result.returncode == 0, result.stderr
     checked = json.loads(result.stdout)
     assert checked["router"]["interval_s"] == 1.0
@@ -68,8 +79,9 @@ def test_check_accepts_a_preset_and_reports_both_sides() -> None:
     assert checked["rules"] > 0
 
 
-@pytest.mark.parametrize(("role", "present", "absent"),
-                         [("router", "router", "worker"), ("worker", "worker", "router")])
+@pytest.mark.parametrize(
+    ("role", "present", "absent"), [("router", "router", "worker"), ("worker", "worker", "router")]
+)
 def test_check_one_role(role: str, present: str, absent: str) -> None:
     result = run_cli("config", "--check", "--json", "--role", role, env=_env())
     assert result.returncode == 0, result.stderr
@@ -78,8 +90,11 @@ def test_check_one_role(role: str, present: str, absent: str) -> None:
 
 
 def test_check_names_the_bad_variable() -> None:
-    result = run_cli("config", "--check",
-                     env=_env(MINERU_ROUTER_HEALTH_TIMEOUT_S="5", MINERU_ROUTER_HEALTH_INTERVAL_S="2"))
+    result = run_cli(
+        "config",
+        "--check",
+        env=_env(MINERU_ROUTER_HEALTH_TIMEOUT_S="5", MINERU_ROUTER_HEALTH_INTERVAL_S="2"),
+    )
     assert result.returncode == 2
     assert "MINERU_ROUTER_HEALTH_TIMEOUT_S" in result.stderr
 
@@ -124,7 +139,8 @@ def test_check_refuses_what_start_up_refuses(variable: str, value: str) -> None:
 def test_check_runs_the_rules_file_check(tmp_path: Path) -> None:
     rules = tmp_path / "rules.txt"
     rules.write_text("this is not a rule\n", encoding="utf-8")
-    result = run_cli("config", "--check", "--role", "worker",
-                     env=_env(MINERU_HEALTH_RULES=str(rules)))
+    result = run_cli(
+        "config", "--check", "--role", "worker", env=_env(MINERU_HEALTH_RULES=str(rules))
+    )
     assert result.returncode == 2
     assert str(rules) in result.stderr

@@ -32,7 +32,8 @@ def _summary(scores: dict[str, corpus.Score]) -> str:
     return "; ".join(
         f"{name}: P={s.precision:.3f} R={s.recall:.3f} (tp={s.tp} fp={s.fp} fn={s.fn} tn={s.tn}, "
         f"ambiguous {s.ambiguous_flagged}/{s.ambiguous_total})"
-        for name, s in sorted(scores.items()))
+        for name, s in sorted(scores.items())
+    )
 
 
 def test_corpus_shape(records: list[corpus.Record]) -> None:
@@ -45,8 +46,16 @@ def test_corpus_shape(records: list[corpus.Record]) -> None:
     assert any(r.lang == "zh" for r in records)
     assert any(len(r.chain) > 1 for r in records)
     engines = {r.engine for r in records}
-    for family in ("vllm-v1", "vllm-v0", "lmdeploy-turbomind", "lmdeploy-pytorch", "mlx",
-                   "transformers", "http-client", "document"):
+    for family in (
+        "vllm-v1",
+        "vllm-v0",
+        "lmdeploy-turbomind",
+        "lmdeploy-pytorch",
+        "mlx",
+        "transformers",
+        "http-client",
+        "document",
+    ):
         assert family in engines, family
     devices = {r.device for r in records}
     for family in ("cuda", "rocm", "mps", "npu", "musa", "gcu", "maca"):
@@ -56,8 +65,15 @@ def test_corpus_shape(records: list[corpus.Record]) -> None:
         assert record.source.startswith("https://github.com/"), record.id
         assert record.reason and "\n" not in record.reason, record.id
         for link in record.chain:
-            assert set(link) <= {"module", "type", "bases", "message", "raised_in", "via",
-                                 "depth"}, record.id
+            assert set(link) <= {
+                "module",
+                "type",
+                "bases",
+                "message",
+                "raised_in",
+                "via",
+                "depth",
+            }, record.id
             assert link.get("via", "cause") in ("cause", "context", "group_member"), record.id
 
 

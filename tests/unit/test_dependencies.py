@@ -96,9 +96,13 @@ def test_no_test_scaffolding_is_installed() -> None:
     importers = [
         str(path.relative_to(package))
         for path in package.rglob("*.py")
-        if "demo" not in path.relative_to(package).parts and path.name != "cli.py"
-        and ("from .demo" in (text := path.read_text(encoding="utf-8"))
-             or "mineru_health.demo" in text or "from ..demo" in text)
+        if "demo" not in path.relative_to(package).parts
+        and path.name != "cli.py"
+        and (
+            "from .demo" in (text := path.read_text(encoding="utf-8"))
+            or "mineru_health.demo" in text
+            or "from ..demo" in text
+        )
     ]
     assert importers == []
 
@@ -120,7 +124,7 @@ def _imports(package: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 base = name.split(".") if is_package else name.split(".")[:-1]
                 if node.level:
-                    base = base[:len(base) - node.level + 1]
+                    base = base[: len(base) - node.level + 1]
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
@@ -129,8 +133,9 @@ def _imports(package: Path) -> dict[str, set[str]]:
                     found.add(full if full in modules else target)
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
-        edges[name] = {t for t in found
-                       if t in modules and t != name and not name.startswith(t + ".")}
+        edges[name] = {
+            t for t in found if t in modules and t != name and not name.startswith(t + ".")
+        }
     return edges
 
 

@@ -1,4 +1,4 @@
-"""deploy/: Kubernetes manifests (schema + probe timing), compose example, alert rules."""
+"""deploy/: Kubernetes manifests (schema + probe timing), compose examples, alert rules."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,10 +32,23 @@ def manifests() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def by_kind_name(kind: str, name: str) -> dict[str, Any]:
-    for _, doc in manifests():
+    return find([doc for _, doc in manifests()], kind, name)
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for doc in docs:
         if doc["kind"] == kind and doc["metadata"]["name"] == name:
             return doc
     raise AssertionError(f"no {kind}/{name} in deploy/k8s")
+
+
+def several_routers() -> list[dict[str, Any]]:
+    """What README's "Several routers" applies: the shared config, the worker pool, the
+    routers, the plain PostgreSQL and the pool's HPA."""
+    paths = [K8S / "00-config.yaml", K8S / "20-mineru-api-pool.yaml"]
+    for folder in ("several-routers", "postgres", "autoscaling"):
+        paths += sorted((K8S / folder).glob("*.yaml"))
+    return [doc for path in paths for doc in load_all(path)]
 
 
 def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,12 +79,21 @@ def test_there_are_manifests() -> None:
     assert ("ConfigMap", "mineru-health-env") in kinds
 
 
+#: Operators' kinds, whose schemas kubernetes-validate does not have: checked by
+#: test_cloudnative_pg_cluster_makes_what_the_routers_read instead.
+CUSTOM_API_VERSIONS = {"postgresql.cnpg.io/v1"}
+
+
 @pytest.mark.parametrize(
-    "path", sorted(K8S.glob("*.yaml")), ids=lambda p: p.name if isinstance(p, Path) else str(p)
+    "path",
+    sorted(K8S.rglob("*.yaml")),
+    ids=lambda p: str(p.relative_to(K8S)) if isinstance(p, Path) else str(p),
 )
 def test_manifest_validates_against_kubernetes_schema(path: Path) -> None:
     kv = pytest.importorskip("kubernetes_validate")
     for doc in load_all(path):
+        if doc["apiVersion"] in CUSTOM_API_VERSIONS:
+            continue
         # Bundled schemas, strict: unknown fields (typos) are errors. Offline.
         kv.validate(doc, kv.latest_version(), strict=True)
 
@@ -110,13 +133,23 @@ def test_worker_probes_follow_the_documented_semantics(workload: dict[str, Any])
 
 def test_both_worker_layouts_share_one_pod_spec() -> None:
     api, pool = (containers(doc)[0] for doc in worker_workloads())
-    for key in ("image", "command", "args", "ports", "env", "startupProbe", "readinessProbe",
-                "livenessProbe"):
+    for key in (
+        "image",
+        "command",
+        "args",
+        "ports",
+        "env",
+        "startupProbe",
+        "readinessProbe",
+        "livenessProbe",
+    ):
         assert api[key] == pool[key], key
 
 
-def test_router_is_not_restarted_for_unhealthy_workers() -> None:
-    (router,) = containers(by_kind_name("Deployment", "mineru-router"))
+@pytest.mark.parametrize("layout", ["one router", "several routers"])
+def test_router_is_not_restarted_for_unhealthy_workers(layout: str) -> None:
+    docs = [doc for _, doc in manifests()] if layout == "one router" else several_routers()
+    (router,) = containers(find(docs, "Deployment", "mineru-router"))
     # The router's /health is 503 whenever no worker is healthy; restarting or
     # unlisting the router for that would not help.
     for key in ("livenessProbe", "readinessProbe"):
@@ -125,21 +158,132 @@ def test_router_is_not_restarted_for_unhealthy_workers() -> None:
         assert probe["timeoutSeconds"] < probe["periodSeconds"]
 
 
-def test_router_lists_one_upstream_per_pool_pod() -> None:
+def test_router_finds_the_pool_pods_by_dns_on_its_headless_service() -> None:
     pool = by_kind_name("StatefulSet", "mineru-api-pool")
     service = by_kind_name("Service", pool["spec"]["serviceName"])
-    assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["clusterIP"] == "None"  # one A record per pod
+    assert service["spec"]["publishNotReadyAddresses"] is True  # the router probes them
     port = service["spec"]["ports"][0]["port"]
     (router,) = containers(by_kind_name("Deployment", "mineru-router"))
     args = router["args"]
-    upstreams = [args[i + 1] for i, arg in enumerate(args) if arg == "--upstream-url"]
-    expected = [
-        f"http://{pool['metadata']['name']}-{i}.{service['metadata']['name']}:{port}"
-        for i in range(pool["spec"]["replicas"])
-    ]
-    assert upstreams == expected
+    assert "--upstream-url" not in args  # no list to keep in step with the replicas
+    env = {e["name"]: e.get("value") for e in router.get("env", [])}
+    assert env["MINERU_ROUTER_HEALTH_UPSTREAM_DNS"] == f"{service['metadata']['name']}:{port}"
     assert args[args.index("--local-gpus") + 1] == "none"
+
+
+# --- several routers -------------------------------------------------------------
+
+#: The database's Secret and its key: made by hand for the plain StatefulSet (README),
+#: by CloudNativePG for a Cluster of that name (<cluster>-app, key `uri`).
+STORE_SECRET = ("mineru-postgres-app", "uri")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def test_several_routers_are_three_replicas_one_disruption_at_a_time() -> None:
+    docs = several_routers()
+    router = find(docs, "Deployment", "mineru-router")
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    assert router["spec"]["replicas"] == 3
+    # A new router is ready before an old one goes (no state directory to hand over).
+    assert router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = find(docs, "PodDisruptionBudget", "mineru-router")
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    service = find(docs, "Service", "mineru-router")
+    assert service["spec"]["selector"].items() <= labels.items()
+    # A task is answered by the router that accepted it: a client keeps to one.
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+
+
+def test_several_routers_share_the_store_and_find_the_pool_by_dns() -> None:
+    docs = several_routers()
+    router = find(docs, "Deployment", "mineru-router")
+    (container,) = containers(router)
+    env = env_of(container)
+    secret = env["MINERU_ROUTER_HEALTH_STORE_URL"]["valueFrom"]["secretKeyRef"]
+    assert (secret["name"], secret["key"]) == STORE_SECRET
+    # Each router owns its rows under its pod's name.
+    owner = env["MINERU_ROUTER_HEALTH_ROUTER_ID"]["valueFrom"]["fieldRef"]
+    assert owner["fieldPath"] == "metadata.name"
+    pool = find(docs, "StatefulSet", "mineru-api-pool")
+    service = find(docs, "Service", pool["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    port = service["spec"]["ports"][0]["port"]
+    upstream = env["MINERU_ROUTER_HEALTH_UPSTREAM_DNS"]["value"]
+    assert upstream == f"{service['metadata']['name']}:{port}"
+    assert "--upstream-url" not in container["args"]
+    assert container["args"][container["args"].index("--local-gpus") + 1] == "none"
+    # The state directory (kept uploads) is the pod's own, mounted where the variable says.
+    pod = router["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume_name = mounts[env["MINERU_HEALTH_STATE_DIR"]["value"]]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == volume_name]
+    assert "emptyDir" in volume
+    # The HPA example scales that pool, on a metric the workers export.
+    from mineru_health import metrics
+
+    hpa = find(docs, "HorizontalPodAutoscaler", "mineru-api-pool")
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == pool["metadata"]["name"]
+    for metric in hpa["spec"]["metrics"]:
+        assert metric["pods"]["metric"]["name"] in metrics.METRIC_NAMES["worker"]
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+
+
+def test_plain_postgres_serves_the_url_in_the_secret() -> None:
+    docs = several_routers()
+    postgres = find(docs, "StatefulSet", "mineru-postgres")
+    (container,) = containers(postgres)
+    env = env_of(container)
+    for variable, key in (("POSTGRES_USER", "username"), ("POSTGRES_PASSWORD", "password")):
+        ref = env[variable]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (STORE_SECRET[0], key)
+    (claim,) = postgres["spec"]["volumeClaimTemplates"]
+    (mount,) = container["volumeMounts"]
+    assert mount["name"] == claim["metadata"]["name"]
+    # PGDATA below the mount point: a fresh volume's lost+found would stop initdb.
+    assert Path(env["PGDATA"]["value"]).parent == Path(mount["mountPath"])
+    assert find(docs, "Service", postgres["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    url = readme_store_url()
+    served = find(docs, "Service", url.hostname or "")
+    assert served["spec"]["selector"].items() <= postgres["spec"]["selector"]["matchLabels"].items()
+    assert served["spec"]["ports"][0]["port"] == url.port
+    assert url.path.lstrip("/") == env["POSTGRES_DB"]["value"]
+
+
+def test_cloudnative_pg_cluster_makes_what_the_routers_read() -> None:
+    (cluster,) = load_all(K8S / "cloudnative-pg" / "40-postgres-cluster.yaml")
+    assert cluster["apiVersion"] in CUSTOM_API_VERSIONS and cluster["kind"] == "Cluster"
+    name = cluster["metadata"]["name"]
+    # CloudNativePG names the application's Secret <cluster>-app (its `uri` key) and the
+    # primary's Service <cluster>-rw: the same as the plain StatefulSet's.
+    assert f"{name}-app" == STORE_SECRET[0]
+    url = readme_store_url()
+    assert url.hostname == f"{name}-rw"
+    spec = cluster["spec"]
+    assert spec["bootstrap"]["initdb"]["database"] == url.path.lstrip("/")
+    assert spec["bootstrap"]["initdb"]["owner"] == url.username
+    # An accepted task is committed on a standby too: a failover loses none.
+    assert spec["instances"] >= 2
+    assert spec["postgresql"]["synchronous"]["number"] >= 1
+    assert spec["postgresql"]["synchronous"]["dataDurability"] == "required"
+
+
+def readme_store_url() -> Any:
+    """The routers' URL that README's `kubectl create secret` writes, parsed."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"kubectl create secret generic (\S+) (.*?)\n(?!\s)", text, re.DOTALL)
+    assert command, "README.md has lost its `kubectl create secret` command"
+    assert command.group(1) == STORE_SECRET[0]
+    literals = dict(re.findall(r'--from-literal=(\w+)="?([^"\s]+)"?', command.group(2)))
+    assert set(literals) == {"username", "password", STORE_SECRET[1]}
+    url = urlsplit(re.sub(r"\$\w+", "secret", literals[STORE_SECRET[1]]))  # the password
+    assert url.scheme == "postgresql" and url.username == literals["username"]
+    return url
 
 
 # --- configuration ------------------------------------------------------------
@@ -182,7 +326,7 @@ def test_config_map_names_only_known_router_variables() -> None:
 
 def test_config_map_is_accepted_by_the_native_config() -> None:
     monitor = pytest.importorskip(
-        "mineru_health.settings", reason="native extension not built", exc_type=ImportError
+        "mineru_health.runtime.settings", reason="native extension not built", exc_type=ImportError
     )
     data = {k: v for k, v in env_config().items() if k.startswith("MINERU_ROUTER_HEALTH_")}
     settings = monitor.HealthSettings.from_env(data)
@@ -193,8 +337,11 @@ def test_rules_file_is_mounted_where_the_variable_points() -> None:
     rules_path = Path(env_config()["MINERU_HEALTH_RULES"])
     rules = by_kind_name("ConfigMap", "mineru-health-rules")["data"]
     assert rules_path.name in rules
-    router = by_kind_name("Deployment", "mineru-router")
-    for workload in [*worker_workloads(), router]:
+    routers = [
+        find(docs, "Deployment", "mineru-router")
+        for docs in ([d for _, d in manifests()], several_routers())
+    ]
+    for workload in [*worker_workloads(), *routers]:
         pod = workload["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -221,14 +368,42 @@ def test_rules_lines_have_the_documented_shape() -> None:
 # --- compose ------------------------------------------------------------------
 
 
-def compose() -> dict[str, Any]:
-    doc = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+#: compose.yaml: one router, its SQLite store on a volume; several-routers.yaml: two
+#: routers on one PostgreSQL.
+COMPOSE_FILES = ["compose.yaml", "several-routers.yaml"]
+
+
+def compose(name: str = "compose.yaml") -> dict[str, Any]:
+    doc = yaml.safe_load((DEPLOY / "compose" / name).read_text())
     assert isinstance(doc, dict)
     return doc
 
 
-def test_compose_workers_exit_on_fatal_and_restart_on_exit() -> None:
-    services = compose()["services"]
+def interpolated(value: str) -> str:
+    """``value`` with Compose's ``${NAME:?message}`` and ``${NAME}`` replaced, as an
+    operator's .env would."""
+    return re.sub(r"\$\{(\w+)(:?[?-][^}]*)?\}", lambda m: f"<{m.group(1)}>", value)
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_file_validates_against_the_compose_spec(name: str) -> None:
+    pytest.importorskip("check_jsonschema")
+    import importlib.resources
+    import json
+
+    import jsonschema
+
+    # The Compose specification's schema as check-jsonschema vendors it: offline.
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads((vendored / "compose-spec.json").read_text(encoding="utf-8"))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(compose(name))]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("file", COMPOSE_FILES)
+def test_compose_workers_exit_on_fatal_and_restart_on_exit(file: str) -> None:
+    services = compose(file)["services"]
     workers = {name: svc for name, svc in services.items() if svc.get("entrypoint") == "mineru-api"}
     assert len(workers) >= 2
     for name, svc in workers.items():
@@ -246,8 +421,9 @@ def test_compose_workers_exit_on_fatal_and_restart_on_exit() -> None:
             assert (DEPLOY / "compose" / host_path).exists(), host_path
 
 
-def test_compose_rules_file_reaches_every_process_that_names_it() -> None:
-    for name, svc in compose()["services"].items():
+@pytest.mark.parametrize("file", COMPOSE_FILES)
+def test_compose_rules_file_reaches_every_process_that_names_it(file: str) -> None:
+    for name, svc in compose(file)["services"].items():
         rules = svc.get("environment", {}).get("MINERU_HEALTH_RULES")
         if rules is None:
             continue
@@ -265,6 +441,57 @@ def test_compose_router_points_at_every_worker() -> None:
     assert upstreams == [f"http://{name}:8000" for name in workers]
     assert command[command.index("--local-gpus") + 1] == "none"
     assert set(router["depends_on"]) == set(workers)
+
+
+def test_compose_several_routers_share_postgres_and_find_the_workers_by_dns() -> None:
+    services = compose("several-routers.yaml")["services"]
+    workers = {n: s for n, s in services.items() if s.get("entrypoint") == "mineru-api"}
+    routers = {n: s for n, s in services.items() if s.get("entrypoint") == "mineru-router"}
+    assert len(routers) == 2
+    # The same workers as compose.yaml's, answering to one DNS name besides their own.
+    single = compose("compose.yaml")["services"]
+    aliases = []
+    for name, worker in workers.items():
+        assert {k: v for k, v in worker.items() if k != "networks"} == single[name], name
+        aliases.append(set(worker["networks"]["default"]["aliases"]))
+    postgres = services["postgres"]
+    db = postgres["environment"]
+    ids, ports, volumes = set(), set(), set()
+    for name, router in routers.items():
+        env = router["environment"]
+        host, _, port = env["MINERU_ROUTER_HEALTH_UPSTREAM_DNS"].rpartition(":")
+        assert all(host in names for names in aliases) and port == "8000", name
+        command = router["command"]
+        assert "--upstream-url" not in command
+        assert command[command.index("--local-gpus") + 1] == "none"
+        assert router["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert set(workers) <= set(router["depends_on"])
+        url = urlsplit(interpolated(env["MINERU_ROUTER_HEALTH_STORE_URL"]))
+        assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", 5432)
+        assert (url.username, url.password) == (db["POSTGRES_USER"], "<POSTGRES_PASSWORD>")
+        assert url.path == f"/{db['POSTGRES_DB']}"
+        # A container's host name is its id, new when Compose recreates it: named instead.
+        ids.add(env["MINERU_ROUTER_HEALTH_ROUTER_ID"])
+        ports.update(mapping.split(":")[0] for mapping in router["ports"])
+        state = env["MINERU_HEALTH_STATE_DIR"]
+        volumes.update(v.split(":")[0] for v in router["volumes"] if v.split(":")[1] == state)
+    assert len(ids) == len(ports) == len(volumes) == len(routers)
+    assert interpolated(db["POSTGRES_PASSWORD"]) == "<POSTGRES_PASSWORD>"
+    assert any("pg_isready" in part for part in postgres["healthcheck"]["test"])
+
+
+def test_compose_several_routers_pass_the_start_up_checks() -> None:
+    settings = pytest.importorskip(
+        "mineru_health.runtime.settings", reason="native extension not built", exc_type=ImportError
+    )
+    for name, service in compose("several-routers.yaml")["services"].items():
+        env = {k: interpolated(str(v)) for k, v in service.get("environment", {}).items()}
+        env = {k: v for k, v in env.items() if k.startswith("MINERU_ROUTER_HEALTH_")}
+        if not env:
+            continue
+        checked = settings.HealthSettings.from_env(env)
+        assert checked.store_url.startswith("postgresql://"), name
+        assert checked.upstream_dns == env["MINERU_ROUTER_HEALTH_UPSTREAM_DNS"], name
 
 
 # --- alert rules ----------------------------------------------------------------

@@ -86,8 +86,9 @@ def test_engine_calls_are_counted_and_the_fault_plugin_raises_in_one(tmp_path: P
     health = _Health()
     plan = tmp_path / "plan"
     injector = FaultInjector(plan)
-    plugin = lambda fn: fault_plugin.faulted(fn, parse=False, engine=True,
-                                             plan=lambda: injector, health=lambda: health)
+    plugin = lambda fn: fault_plugin.faulted(
+        fn, parse=False, engine=True, plan=lambda: injector, health=lambda: health
+    )
     make = lambda fn: engine_calls._engine_call(fn, lambda: health)
     methods = ("aio_batch_two_step_extract", "batch_two_step_extract", "missing")
     # The sandbox loads the plugin first: its wrapper is the inner one.
@@ -119,8 +120,12 @@ def test_a_failure_escaping_a_local_engine_call_is_the_engines() -> None:
     module = type(sys)("fake_mineru_client_failing")
     module.MinerUClient = Client  # type: ignore[attr-defined]
     health = _Health()
-    engine_calls._wrap_class(module, "MinerUClient", ("batch_two_step_extract",),
-                             lambda fn: engine_calls._engine_call(fn, lambda: health))
+    engine_calls._wrap_class(
+        module,
+        "MinerUClient",
+        ("batch_two_step_extract",),
+        lambda fn: engine_calls._engine_call(fn, lambda: health),
+    )
     with pytest.raises(RuntimeError) as local:
         Client("vllm-async-engine").batch_two_step_extract([])
     with pytest.raises(RuntimeError) as remote:
@@ -138,23 +143,23 @@ def test_a_local_engine_failure_is_judged_where_it_escapes_off_the_loop() -> Non
     """4.0 asks on its loop; the judge gets the failure first on the parse thread, not on a loop."""
     judged: list[BaseException] = []
     health = _Health()
-    engine_calls.judge_failures_off_loop(judged.append)
-    try:
-        with (pytest.raises(RuntimeError) as off_loop,
-              engine_calls.local_engine_call(health)):  # type: ignore[arg-type]
-            raise RuntimeError("engine released")
+    with (
+        pytest.raises(RuntimeError) as off_loop,
+        engine_calls.local_engine_call(health, judged.append),
+    ):  # type: ignore[arg-type]
+        raise RuntimeError("engine released")
 
-        async def on_loop() -> None:
-            with engine_calls.local_engine_call(health):  # type: ignore[arg-type]
-                raise RuntimeError("on the loop")
+    async def on_loop() -> None:
+        with engine_calls.local_engine_call(health, judged.append):  # type: ignore[arg-type]
+            raise RuntimeError("on the loop")
 
-        with pytest.raises(RuntimeError):
-            asyncio.run(on_loop())
-        with (pytest.raises(asyncio.CancelledError),
-              engine_calls.local_engine_call(health)):  # type: ignore[arg-type]
-            raise asyncio.CancelledError
-    finally:
-        engine_calls.judge_failures_off_loop(None)
+    with pytest.raises(RuntimeError):
+        asyncio.run(on_loop())
+    with (
+        pytest.raises(asyncio.CancelledError),
+        engine_calls.local_engine_call(health, judged.append),
+    ):  # type: ignore[arg-type]
+        raise asyncio.CancelledError
     assert judged == [off_loop.value]
 
 
@@ -175,8 +180,9 @@ def test_calls_to_a_remote_server_are_never_in_flight() -> None:
     module.MinerUClient = Client  # type: ignore[attr-defined]
     health = _Health()
     make = lambda fn: engine_calls._engine_call(fn, lambda: health)
-    engine_calls._wrap_class(module, "MinerUClient",
-                             ("aio_batch_two_step_extract", "batch_two_step_extract"), make)
+    engine_calls._wrap_class(
+        module, "MinerUClient", ("aio_batch_two_step_extract", "batch_two_step_extract"), make
+    )
     remote, local = Client("http-client"), Client("vllm-async-engine")
     with engine_calls.task_context("task-remote"):
         assert asyncio.run(remote.aio_batch_two_step_extract([1])) == ["ok"]
@@ -201,8 +207,9 @@ def test_the_http_clients_construction_is_a_remote_wait() -> None:
     module.HttpVlmClient = HttpVlmClient  # type: ignore[attr-defined]
     health = _Health()
     site = next(s for s in engine_calls.REMOTE_SITES if s[1] == "HttpVlmClient")
-    engine_calls._wrap_class(module, "HttpVlmClient", site[2],
-                             lambda fn: engine_calls._remote_wait(fn, lambda: health))
+    engine_calls._wrap_class(
+        module, "HttpVlmClient", site[2], lambda fn: engine_calls._remote_wait(fn, lambda: health)
+    )
     with engine_calls.task_context("task-1"):
         assert HttpVlmClient("http://127.0.0.1:1").server_url == "http://127.0.0.1:1"
     assert health.remote_waits == ["task-1"]
@@ -219,8 +226,12 @@ def test_requests_are_progress_only() -> None:
     module = type(sys)("fake_vlm_client")
     module.HttpVlmClient = VlmClient  # type: ignore[attr-defined]
     health = _Health()
-    engine_calls._wrap_class(module, "HttpVlmClient", ("predict", "aio_predict"),
-                             lambda fn: engine_calls._engine_request(fn, lambda: health))
+    engine_calls._wrap_class(
+        module,
+        "HttpVlmClient",
+        ("predict", "aio_predict"),
+        lambda fn: engine_calls._engine_request(fn, lambda: health),
+    )
     client = VlmClient()
     assert asyncio.run(client.aio_predict(None)) == "text"
     with pytest.raises(RuntimeError):
@@ -240,8 +251,12 @@ def test_progress_is_attributed_to_the_task_in_context() -> None:
     module = type(sys)("fake_mineru_client_tasks")
     module.MinerUClient = Client  # type: ignore[attr-defined]
     health = _Health()
-    engine_calls._wrap_class(module, "MinerUClient", ("aio_batch_two_step_extract",),
-                             lambda fn: engine_calls._engine_call(fn, lambda: health))
+    engine_calls._wrap_class(
+        module,
+        "MinerUClient",
+        ("aio_batch_two_step_extract",),
+        lambda fn: engine_calls._engine_call(fn, lambda: health),
+    )
 
     class Manager:
         async def _run_task(self, task: Any) -> Any:

@@ -66,8 +66,9 @@ def test_unknown_word_is_ignored(tmp_path: Path) -> None:
     injector.before_engine_call()
 
 
-def test_hang_sleeps_for_the_configured_time(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hang_sleeps_for_the_configured_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     plan = tmp_path / "plan"
@@ -77,8 +78,9 @@ def test_hang_sleeps_for_the_configured_time(tmp_path: Path,
     assert slept == [12.5]
 
 
-def test_engine_dead_idle_adds_an_errored_handle(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_dead_idle_adds_an_errored_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import threading
 
     module = types.ModuleType("mineru.backend.vlm.vlm_analyze")
@@ -93,7 +95,7 @@ def test_engine_dead_idle_adds_an_errored_handle(tmp_path: Path,
     assert handle.errored is True
     assert type(handle.dead_error).__name__ == "EngineDeadError"
 
-    from mineru_health import verification
+    from mineru_health.runtime.worker import verification
 
     assert verification.errored_engine() is not None  # what the liveness thread reads
 
@@ -115,8 +117,9 @@ def test_plan_words_and_arguments() -> None:
         assert faults.parse_plan(bad) is None, bad
 
 
-def test_timed_hang_sleeps_for_its_own_time(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timed_hang_sleeps_for_its_own_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     plan = tmp_path / "plan"
@@ -150,8 +153,9 @@ def test_engine_stall_never_returns_until_its_bound(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["-1", "inf", "nan", "86401", "soon"])
-def test_a_bad_hang_time_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                    value: str) -> None:
+def test_a_bad_hang_time_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
     from mineru_health.demo import fault_plugin
 
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(tmp_path / "p"))
@@ -183,8 +187,9 @@ class _Health:
         self.finished += 1
 
 
-def test_plugin_wraps_3x_parse_functions_wherever_bound(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_wraps_3x_parse_functions_wherever_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mineru_health.demo import fault_plugin
 
     def do_parse(name: str) -> str:
@@ -222,8 +227,9 @@ def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
     module.MinerUParser = MinerUParser  # type: ignore[attr-defined]
     plan, health = tmp_path / "plan", _Health()
     injector = FaultInjector(plan)
-    make = lambda fn: fault_plugin.faulted(fn, parse=True, engine=True, plan=lambda: injector,
-                                           health=lambda: health)  # type: ignore[arg-type,return-value]
+    make = lambda fn: fault_plugin.faulted(
+        fn, parse=True, engine=True, plan=lambda: injector, health=lambda: health
+    )  # type: ignore[arg-type,return-value]
     fault_plugin._wrap_methods(module, "MinerUParser", fault_plugin.PARSER_CALLS, make)
     assert asyncio.run(MinerUParser()._arun_analysis()) == "parsed"
     write_plan(plan, "engine_dead")
@@ -234,7 +240,8 @@ def test_plugin_makes_4x_parse_call_an_engine_call(tmp_path: Path) -> None:
 
 
 def test_plugin_reads_the_plan_on_the_loop_while_the_watcher_runs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mineru_health.demo import fault_plugin
 
     plan = tmp_path / "plan"

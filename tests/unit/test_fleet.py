@@ -26,13 +26,14 @@ from fake_fleet import phase as _phase
 from mineru_health import _native
 from mineru_health._native import AuditAction, PollerEventKind, ProbeStatus, WorkerPhase
 from mineru_health.runtime.router.fleet import base_url_of, expectations
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.settings import HealthSettings
 
 
 @pytest.fixture
 def fleet() -> Iterator[Fleet]:
     with Fleet() as running:
         yield running
+
 
 EXPECTED_STATUS = {
     "healthy": ProbeStatus.HEALTHY,
@@ -80,8 +81,9 @@ def test_sweep_classifies_every_failure_mode(fleet: Fleet) -> None:
 async def test_fleet_dispatches_probe_events_on_the_loop(fleet: Fleet) -> None:
     rec = Recorder()
     members = [FakeMember(name, fleet.url(name)) for name in Fleet.BEHAVIOURS]
-    monitor = await start_fleet(fast_settings(), rec, *members,
-                                FakeMember("refused", fleet.refused_url))
+    monitor = await start_fleet(
+        fast_settings(), rec, *members, FakeMember("refused", fleet.refused_url)
+    )
     try:
         names = [*Fleet.BEHAVIOURS, "refused"]
         await rec.wait_for(
@@ -123,13 +125,15 @@ async def test_healthy_worker_ejected_then_recovers(fleet: Fleet) -> None:
     fleet.set("spare", "healthy")
     # The mass-ejection guard never takes the last worker in rotation out
     # for an ordinary failure: a second one keeps the fleet whole.
-    monitor = await start_fleet(fast_settings(), rec, FakeMember("w", fleet.url("w")),
-                                FakeMember("spare", fleet.url("spare")))
+    monitor = await start_fleet(
+        fast_settings(),
+        rec,
+        FakeMember("w", fleet.url("w")),
+        FakeMember("spare", fleet.url("spare")),
+    )
     try:
         await rec.wait_for(lambda: _phase(monitor, "w") == WorkerPhase.HEALTHY, "w healthy")
-        await rec.wait_for(
-            lambda: _phase(monitor, "spare") == WorkerPhase.HEALTHY, "spare healthy"
-        )
+        await rec.wait_for(lambda: _phase(monitor, "spare") == WorkerPhase.HEALTHY, "spare healthy")
         fleet.set("w", "http_503")
         await rec.wait_for(lambda: "health_failed" in rec.actions("w"), "w failed")
         assert rec.actions("w")[:2] == ["ejected", "health_failed"]
@@ -158,8 +162,9 @@ async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fl
         assert rec.actions("local")[:3] == ["ejected", "health_failed", "auto_restart_scheduled"]
         # The fleet restarts it at once (its relaunch is immediate here), so the
         # phase the request led to is read from its audit record.
-        requested = [e.audit for e in rec.audits("local")
-                     if e.audit.action == AuditAction.RESTART_REQUESTED]
+        requested = [
+            e.audit for e in rec.audits("local") if e.audit.action == AuditAction.RESTART_REQUESTED
+        ]
         assert [a.to_phase for a in requested] == [WorkerPhase.RESTARTING]
         # Back in rotation; the restart counts as a success only after the
         # stability window (600 s by default).
@@ -176,20 +181,21 @@ async def test_local_worker_engine_dead_requests_restart_then_succeeds(fleet: Fl
 
 @run_async
 async def test_a_dead_engines_worker_is_killed_at_once_a_shutdown_gets_the_grace(
-        fleet: Fleet) -> None:
+    fleet: Fleet,
+) -> None:
     rec = Recorder()
     fleet.set("old", "healthy")
     fleet.set("new", "healthy")
     local = FakeMember("local", fleet.url("old"), fleet.url("new"), local=True, spawn=True)
     monitor = await start_fleet(fast_settings(), rec, local)
     ends: list[tuple[int, bool]] = []
-    end = monitor.processes.end
+    end = monitor.local.processes.end
 
     def recorded(launch: Any, *, condemned: bool = False) -> Any:
         ends.append((launch.pid, condemned))
         return end(launch, condemned=condemned)
 
-    monitor.processes.end = recorded  # type: ignore[method-assign]
+    monitor.local.processes.end = recorded  # type: ignore[method-assign]
     try:
         await rec.wait_for(lambda: _phase(monitor, "local") == WorkerPhase.HEALTHY, "healthy")
         first = local.processes[0]
@@ -212,9 +218,12 @@ async def test_passive_failure_and_process_exit_eject_at_once(fleet: Fleet) -> N
     fleet.set("a", "healthy")
     fleet.set("b", "healthy")
     # The replacement of b cannot even start.
-    monitor = await start_fleet(fast_settings(), rec,
-                                FakeMember("a", fleet.url("a"), local=True),
-                                FakeMember("b", fleet.url("b"), local=True, failing_launches=9))
+    monitor = await start_fleet(
+        fast_settings(),
+        rec,
+        FakeMember("a", fleet.url("a"), local=True),
+        FakeMember("b", fleet.url("b"), local=True, failing_launches=9),
+    )
     try:
         await rec.wait_for(
             lambda: all(_phase(monitor, w) == WorkerPhase.HEALTHY for w in "ab"), "both healthy"
@@ -245,8 +254,11 @@ async def test_passive_failure_and_process_exit_eject_at_once(fleet: Fleet) -> N
 async def test_gives_up_after_max_attempts(fleet: Fleet) -> None:
     rec = Recorder()
     fleet.set("x", "healthy")
-    monitor = await start_fleet(fast_settings(max_attempts=1), rec,
-                                FakeMember("x", fleet.url("x"), local=True, failing_launches=9))
+    monitor = await start_fleet(
+        fast_settings(max_attempts=1),
+        rec,
+        FakeMember("x", fleet.url("x"), local=True, failing_launches=9),
+    )
     try:
         await rec.wait_for(lambda: _phase(monitor, "x") == WorkerPhase.HEALTHY, "healthy")
         monitor.report_exit("x", "killed")
@@ -332,6 +344,32 @@ def test_a_refused_start_up_is_reported_without_a_traceback() -> None:
     assert message.getMessage().startswith("mineru_health.errors.ConfigError: MINERU_HEALTH")
     logged = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "startup failed", (), info)
     assert logger.filters[-1].filter(logged) and logged.exc_info is None
-    other = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "Traceback\nKeyError: 1",
-                              (), None)
+    other = logging.LogRecord(
+        "uvicorn.error", logging.ERROR, "", 0, "Traceback\nKeyError: 1", (), None
+    )
     assert logger.filters[-1].filter(other) and other.getMessage() == "Traceback\nKeyError: 1"
+
+
+@run_async
+async def test_start_waits_for_remote_workers_answers_not_for_local_workers_boot(
+    fleet: Fleet,
+) -> None:
+    """Issue 32: a router serves before its local workers are up (their boot takes 5-30 s),
+    so the fleet's start returns once the remote workers answered; the local one boots on."""
+    fleet.set("booting", "bad_status")  # answers "starting": never healthy here
+    fleet.set("remote", "healthy")
+    monitor = await asyncio.wait_for(
+        start_fleet(
+            fast_settings(boot_timeout_s=600.0),
+            Recorder(),
+            FakeMember("booting", fleet.url("booting"), local=True),
+            FakeMember("remote", fleet.url("remote")),
+            wait_s=WAIT_S * 4,
+        ),
+        timeout=WAIT_S,
+    )
+    try:
+        assert _phase(monitor, "remote") == WorkerPhase.HEALTHY
+        assert _phase(monitor, "booting") == WorkerPhase.STARTING
+    finally:
+        await stop_fleet(monitor)

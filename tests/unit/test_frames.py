@@ -53,7 +53,8 @@ def test_context_followed_unless_suppressed() -> None:
 
 def test_exception_group_members() -> None:
     group = groups.ExceptionGroup(
-        "many", [ValueError("a"), groups.BaseExceptionGroup("inner", [KeyError("b")])])
+        "many", [ValueError("a"), groups.BaseExceptionGroup("inner", [KeyError("b")])]
+    )
     names = [f.type_name for f in frames_from_exception(group)]
     # BaseExceptionGroup of plain Exceptions is constructed as an ExceptionGroup.
     assert names == ["ExceptionGroup", "ValueError", "ExceptionGroup", "KeyError"]
@@ -113,7 +114,9 @@ def test_raise_site_via_and_depth_from_objects() -> None:
     exc = _raise_in("torch.cuda", "raise RuntimeError('outer') from ValueError('made here')")
     frames = frames_from_exception(exc)
     assert [(f.raised_in, f.via, f.depth) for f in frames] == [
-        ("torch.cuda", Via.ROOT, 0), ("torch.cuda", Via.CAUSE, 1)]  # never raised: inherits
+        ("torch.cuda", Via.ROOT, 0),
+        ("torch.cuda", Via.CAUSE, 1),
+    ]  # never raised: inherits
     try:
         try:
             raise _raise_in("lxml.etree", "raise ValueError('doc')")
@@ -122,4 +125,6 @@ def test_raise_site_via_and_depth_from_objects() -> None:
     except KeyError as outer:
         frames = frames_from_exception(outer)
     assert [(f.type_name, f.via, f.raised_in) for f in frames] == [
-        ("KeyError", Via.ROOT, __name__), ("ValueError", Via.CONTEXT, "lxml.etree")]
+        ("KeyError", Via.ROOT, __name__),
+        ("ValueError", Via.CONTEXT, "lxml.etree"),
+    ]

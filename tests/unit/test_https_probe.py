@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from mineru_health.cli import probe_urls
 from mineru_health.errors import ConfigError
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.settings import HealthSettings
 
 HEALTHY = {
     "status": "healthy",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +13,7 @@ from fake_fleet import FakeMember
 from mineru_health import _native, metrics
 from mineru_health.metrics import router, worker
 from mineru_health.runtime.router.fleet import Fleet, expectations
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.settings import HealthSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,11 +81,16 @@ def test_worker_side_exposes_only_worker_families() -> None:
 
 
 def test_router_side_exposes_only_router_families() -> None:
-    router.bind_worker_statuses(lambda: [status("local-gpu-0", _native.WorkerPhase.STARTING)])
-    router.observe_probe("local-gpu-0", 0.01, "healthy")
-    router.record_audit("local-gpu-0", "ejected", reason_kind="timeout")
-    router.record_audit("local-gpu-0", "auto_restart_success")
-    router.record_audit("local-gpu-0", "auto_restart_gave_up")
+    router.bind_worker_statuses(
+        lambda: [
+            counted(
+                "local-gpu-0",
+                latencies=[0.01],
+                audits={"ejected": 1, "auto_restart_success": 1, "auto_restart_gave_up": 1},
+                ejections={"timeout": 1},
+            )
+        ]
+    )
     names = family_names()
     for name in metrics.METRIC_NAMES["router"]:
         assert exposed_name(name) in names, name
@@ -95,7 +101,7 @@ def test_router_side_exposes_only_router_families() -> None:
 
 
 def _bound_health() -> Any:
-    from mineru_health.worker import WorkerHealth
+    from mineru_health.runtime.worker.health import WorkerHealth
 
     health = WorkerHealth()
     metrics.bind_worker_healthy(lambda: health.healthy)
@@ -112,41 +118,55 @@ def test_worker_starts_healthy_and_every_fatal_record_is_counted() -> None:
     assert value("mineru_worker_healthy") == 1
     assert health.record(make_engine_dead_error()).fatal
     assert health.record(make_engine_dead_error()).fatal
-    health.record_fatal("the engine check failed", rule="verify.vllm",
-                        category="engine_check_failed")
+    health.record_fatal(
+        "the engine check failed", rule="verify.vllm", category="engine_check_failed"
+    )
     assert value("mineru_worker_healthy") == 0
-    assert value("mineru_worker_fatal_errors_total", rule="vllm.engine_dead",
-                 category="engine_dead") == 2
-    assert value("mineru_worker_fatal_errors_total", rule="verify.vllm",
-                 category="engine_check_failed") == 1
+    assert (
+        value("mineru_worker_fatal_errors_total", rule="vllm.engine_dead", category="engine_dead")
+        == 2
+    )
+    assert (
+        value(
+            "mineru_worker_fatal_errors_total", rule="verify.vllm", category="engine_check_failed"
+        )
+        == 1
+    )
 
 
 def test_a_stall_is_counted_as_a_fatal_error() -> None:
     """The watchdogs' own records (a stall here; every task hung, the error budget: the
     native tests) are counted as any other: the counter reads the native state."""
-    from mineru_health.worker import WorkerHealth
+    from mineru_health.runtime.worker.health import WorkerHealth
 
     stalled = WorkerHealth(stall_s=0.001)
     metrics.bind_worker_snapshot(stalled.snapshot)
     stalled.engine_call_started()
     assert stalled.wait_until_unhealthy(5.0)  # a native wait, not a poll
-    assert value("mineru_worker_fatal_errors_total", rule="watchdog.engine_stalled",
-                 category="engine_stalled") == 1
+    assert (
+        value(
+            "mineru_worker_fatal_errors_total",
+            rule="watchdog.engine_stalled",
+            category="engine_stalled",
+        )
+        == 1
+    )
 
 
 def test_task_local_and_remote_engine_failures_do_not_touch_health() -> None:
     health = _bound_health()
     health.record(ValueError("corrupt page"))
     # A remote engine's death, as its server reports it: task-local here, counted apart.
-    health.record(RuntimeError("EngineCore encountered an issue. See stack trace (above)"),
-                  remote_engine=True)
+    health.record(
+        RuntimeError("EngineCore encountered an issue. See stack trace (above)"), remote_engine=True
+    )
     assert value("mineru_worker_task_local_failures_total") == 2
     assert value("mineru_worker_remote_engine_failures_total") == 1
     assert value("mineru_worker_healthy") == 1
 
 
 def test_engine_and_loop_gauges_read_the_native_state_at_scrape_time() -> None:
-    from mineru_health.worker import WorkerHealth
+    from mineru_health.runtime.worker.health import WorkerHealth
 
     health = WorkerHealth()
     worker.bind_worker_snapshot(health.snapshot)
@@ -189,6 +209,37 @@ def states_of(worker: str) -> dict[str, float]:
 
 def status(worker: str, phase: Any, failures: int = 0) -> SimpleNamespace:
     return SimpleNamespace(id=worker, phase=phase, consecutive_failures=failures)
+
+
+def counted(
+    worker: str,
+    *,
+    latencies: Sequence[float] = (),
+    statuses: Sequence[str] = (),
+    audits: dict[str, int] | None = None,
+    ejections: dict[str, int] | None = None,
+    last: float | None = None,
+) -> SimpleNamespace:
+    """A status whose ``counters`` are what the poller counts (``WorkerCounters``):
+    one probe per latency (its status from ``statuses``, else healthy)."""
+    bounds = _native.WorkerCounters.latency_bounds()
+    buckets = [0] * (len(bounds) + 1)
+    probes: dict[str, int] = {}
+    for n, latency in enumerate(latencies):
+        buckets[bisect.bisect_left(bounds, max(0.0, latency))] += 1
+        name = statuses[n] if n < len(statuses) else "healthy"
+        probes[name] = probes.get(name, 0) + 1
+    counters = SimpleNamespace(
+        probes=probes,
+        audits=audits or {},
+        ejections=ejections or {},
+        latency_counts=buckets,
+        latency_sum_s=sum(max(0.0, x) for x in latencies),
+        last_probe_unix_time=last if last is not None else (1.0 if latencies else None),
+    )
+    return SimpleNamespace(
+        id=worker, phase=_native.WorkerPhase.HEALTHY, consecutive_failures=0, counters=counters
+    )
 
 
 def test_names_come_from_the_native_enums() -> None:
@@ -265,6 +316,13 @@ def test_state_follows_a_real_poller_without_any_push() -> None:
     assert value("mineru_router_worker_consecutive_failures", worker="local-gpu-0") == float(
         native.consecutive_failures
     )
+    # Its policy events, as the poller counted them when it made them (no event drained).
+    audits = dict(native.counters.audits)
+    assert audits, "the exit made no audit event"
+    for action, count in audits.items():
+        assert (
+            value("mineru_router_audit_events_total", worker="local-gpu-0", action=action) == count
+        )
     monitor.close_files()
 
 
@@ -272,9 +330,16 @@ def test_state_follows_a_real_poller_without_any_push() -> None:
 
 
 def test_probe_histogram_and_status_counter() -> None:
-    router.observe_probe("w", 0.004, "healthy", unix_time=1000.0)
-    router.observe_probe("w", 1.5, _native.ProbeStatus.TIMEOUT, unix_time=1002.0)
-    router.observe_probe("w", 0.01, "some free text from a bad caller", unix_time=1004.0)
+    router.bind_worker_statuses(
+        lambda: [
+            counted(
+                "w",
+                latencies=[0.004, 1.5, 0.01],
+                statuses=["healthy", "timeout", "some free text from a bad caller"],
+                last=1004.0,
+            )
+        ]
+    )
     assert value("mineru_router_probe_duration_seconds_count", worker="w") == 3
     assert value("mineru_router_probe_duration_seconds_sum", worker="w") == pytest.approx(1.514)
     assert value("mineru_router_probe_duration_seconds_bucket", worker="w", le="0.005") == 1
@@ -284,23 +349,21 @@ def test_probe_histogram_and_status_counter() -> None:
     assert value("mineru_router_last_probe_timestamp_seconds", worker="w") == 1004.0
 
 
-def test_negative_latency_is_clamped() -> None:
-    router.observe_probe("w", -1.0)
-    assert value("mineru_router_probe_duration_seconds_sum", worker="w") == 0
-
-
 def test_audit_actions_feed_their_counters() -> None:
-    for action in (
-        "health_failed",
-        "auto_restart_scheduled",
-        "auto_restart_failed",
-        "auto_restart_scheduled",
-        "auto_restart_success",
-        "auto_restart_gave_up",
-    ):
-        router.record_audit("w", action)
-    router.record_audit("w", "ejected", reason_kind="engine_dead")
-    router.record_audit("w", "ejected", reason_kind="a long free-text reason")
+    audits = {
+        "health_failed": 1,
+        "auto_restart_scheduled": 2,
+        "auto_restart_failed": 1,
+        "auto_restart_success": 1,
+        "auto_restart_gave_up": 1,
+        "ejected": 2,
+        "not an action": 2,
+    }
+    router.bind_worker_statuses(
+        lambda: [
+            counted("w", audits=audits, ejections={"engine_dead": 1, "a long free-text reason": 1})
+        ]
+    )
     assert value("mineru_router_restarts_total", worker="w", outcome="succeeded") == 1
     assert value("mineru_router_restarts_total", worker="w", outcome="failed") == 1
     assert value("mineru_router_gave_up_total", worker="w") == 1
@@ -310,29 +373,20 @@ def test_audit_actions_feed_their_counters() -> None:
         value("mineru_router_audit_events_total", worker="w", action="auto_restart_scheduled") == 2
     )
     assert value("mineru_router_audit_events_total", worker="w", action="ejected") == 2
-
-
-def test_audit_accepts_native_enum_members() -> None:
-    router.record_audit("w", _native.AuditAction.RESTART_SUCCEEDED)
-    router.record_audit("w", _native.AuditAction.GAVE_UP)
-    router.record_audit("w", _native.AuditAction.EJECTED, reason_kind="process_exit")
-    assert value("mineru_router_restarts_total", worker="w", outcome="succeeded") == 1
-    assert value("mineru_router_gave_up_total", worker="w") == 1
-    assert value("mineru_router_ejections_total", worker="w", reason="process_exit") == 1
-    router.record_audit("w", "not an action")
-    router.record_audit("w", 42)
     assert value("mineru_router_audit_events_total", worker="w", action="other") == 2
 
 
-def test_forget_worker_drops_its_series() -> None:
-    router.observe_probe("gone", 0.01)
-    router.record_audit("gone", "ejected", reason_kind="timeout")
-    router.observe_probe("kept", 0.01)
-    router.forget_worker("gone")
+def test_a_worker_that_left_the_pool_takes_its_series_with_it() -> None:
+    workers = [
+        counted("gone", latencies=[0.01], audits={"ejected": 1}, ejections={"timeout": 1}),
+        counted("kept", latencies=[0.01]),
+    ]
+    router.bind_worker_statuses(lambda: list(workers))
+    assert any(("worker", "gone") in labels for _, labels in scrape())
+    workers.pop(0)  # the fleet removed it: the poller has no status for it
     remaining = scrape()
     assert not any(("worker", "gone") in labels for _, labels in remaining)
     assert any(("worker", "kept") in labels for _, labels in remaining)
-    router.forget_worker("never-seen")  # no error
 
 
 # --- HTTP ---------------------------------------------------------------------
@@ -379,5 +433,7 @@ def test_every_resubmission_reason_and_refusal_cause_has_its_series() -> None:
     for cause in Refusal:
         key = ("mineru_router_task_resubmissions_refused_total", (("cause", cause.value),))
         assert samples.get(key) == 1.0, cause
-    assert not any(dict(labels).get("reason") == "other" or dict(labels).get("cause") == "other"
-                   for _, labels in samples)
+    assert not any(
+        dict(labels).get("reason") == "other" or dict(labels).get("cause") == "other"
+        for _, labels in samples
+    )

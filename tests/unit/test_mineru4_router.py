@@ -1,4 +1,4 @@
-"""The MinerU 4.0 router adapter's pure parts: 4.0's health bodies, job payloads, retired outputs."""
+"""The MinerU 4.0 router adapter's pure parts: health bodies, job payloads, retired outputs."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import httpx
 import pytest
 from mineru_health import _native
 from mineru_health._native import ProbeStatus
+from mineru_health.mineru4.router.endpoints import install_endpoints, submit_with_failover
 from mineru_health.mineru4.router.jobs import JobLine, policy_payload
 from mineru_health.mineru4.router.pool import MAIN_PORT_STATUS
 from mineru_health.mineru4.router.retired import RetiredOutputs
@@ -26,10 +27,17 @@ from mineru_health.runtime.router.policy import (
     WorkerView,
     next_step,
 )
-from mineru_health.settings import HealthSettings
+from mineru_health.runtime.router.supervisor import Supervisor
+from mineru_health.runtime.settings import HealthSettings
 
-ENGINE_DEAD_503 = {"error": {"type": "engine_error", "code": "engine_dead",
-                             "message": "EngineDeadError: EngineCore died", "param": None}}
+ENGINE_DEAD_503 = {
+    "error": {
+        "type": "engine_error",
+        "code": "engine_dead",
+        "message": "EngineDeadError: EngineCore died",
+        "param": None,
+    }
+}
 
 
 def ok_expectations() -> Any:
@@ -40,8 +48,9 @@ def ok_expectations() -> Any:
 
 
 def test_mineru4_engine_dead_503_is_definitive() -> None:
-    result = _native.classify_health_response(503, json.dumps(ENGINE_DEAD_503), False,
-                                              ok_expectations())
+    result = _native.classify_health_response(
+        503, json.dumps(ENGINE_DEAD_503), False, ok_expectations()
+    )
     assert result.status == ProbeStatus.ENGINE_DEAD
     assert result.definitive
     assert "EngineCore died" in result.detail
@@ -90,9 +99,14 @@ def mineru4_main_port() -> Iterator[str]:
 
 def test_poller_judges_a_mineru4_main_port_by_its_own_word(mineru4_main_port: str) -> None:
     """The main port says "ok" (main_port_status); the worker is probed at <base>/v1/health."""
-    settings = HealthSettings.preset("fast").replace(interval_s=0.2, probe_timeout_s=0.1, connect_timeout_s=0.1)
-    poller = _native.Poller(settings.native, expectations(
-        settings, require_load_fields=False, main_port_status=MAIN_PORT_STATUS), 0)
+    settings = HealthSettings.preset("fast").replace(
+        interval_s=0.2, probe_timeout_s=0.1, connect_timeout_s=0.1
+    )
+    poller = _native.Poller(
+        settings.native,
+        expectations(settings, require_load_fields=False, main_port_status=MAIN_PORT_STATUS),
+        0,
+    )
     poller.add_worker(_native.Target("w", f"{mineru4_main_port}/v1", False, ""))
     poller.start()
     try:
@@ -111,8 +125,12 @@ def test_poller_judges_a_mineru4_main_port_by_its_own_word(mineru4_main_port: st
 
 def _job(status: str, code: str | None = None, **extra: Any) -> dict[str, Any]:
     error = {"type": "engine_error", "code": code, "message": f"{code} happened"} if code else None
-    return {"job_id": "job_1", "status": status, **extra,
-            "files": [{"name": "a.pdf", "status": status, "error": error}]}
+    return {
+        "job_id": "job_1",
+        "status": status,
+        **extra,
+        "files": [{"name": "a.pdf", "status": status, "error": error}],
+    }
 
 
 def test_policy_payload_reads_4_0_engine_deaths() -> None:
@@ -157,8 +175,15 @@ def _retired(tmp_path: Path) -> tuple[RetiredOutputs, _Dir, str]:
     blob.parent.mkdir(parents=True)
     blob.write_text("# Document 7\n", encoding="utf-8")
     retired, temp_dir = RetiredOutputs(), _Dir(tmp_path)
-    meta = {"id": "file-public", "object": "file", "bytes": 13, "filename": "doc7.md",
-            "purpose": "parse_output", "sha256sum": sha, "created_at": 1}
+    meta = {
+        "id": "file-public",
+        "object": "file",
+        "bytes": 13,
+        "filename": "doc7.md",
+        "purpose": "parse_output",
+        "sha256sum": sha,
+        "created_at": 1,
+    }
     served = retired.retire(temp_dir, [("file-0123abcd", meta), ("file-nosha", {"id": "x"})])
     assert served == 1
     return retired, temp_dir, sha
@@ -208,8 +233,9 @@ def test_retired_outputs_of_an_earlier_instance_survive_a_second_restart(
     second = tmp_path / "second"
     (second / "uploads" / "blobs").mkdir(parents=True)
     meta = {"id": "file-public", "sha256sum": "cd" * 32}
-    served = retired.retire(_Dir(second), [("file-0123abcd", {"sha256sum": "ab" * 32}),
-                                           ("file-4567cdef", meta)])
+    served = retired.retire(
+        _Dir(second), [("file-0123abcd", {"sha256sum": "ab" * 32}), ("file-4567cdef", meta)]
+    )
     assert served == 1  # only the second instance's own file
     answer = retired.answer("GET", "/v1/files/file-0123abcd/content")
     assert answer is not None and answer[0] == 200 and answer[2] == b"# Document 7\n"
@@ -229,26 +255,41 @@ class _Response:
 
 class _Pool:
     def __init__(self) -> None:
-        settings = HealthSettings.preset("fast").replace(interval_s=0.01, probe_timeout_s=0.005,
-                                                         connect_timeout_s=0.005)
+        settings = HealthSettings.preset("fast").replace(
+            interval_s=0.01, probe_timeout_s=0.005, connect_timeout_s=0.005
+        )
         self.workers = [SimpleNamespace(worker_id="w0"), SimpleNamespace(worker_id="w1")]
         self.checked: list[str] = []
-        self.fleet = SimpleNamespace(settings=settings, check_process=self.checked.append,
-                                     listen=lambda callback: None,
-                                     state_dirs=SimpleNamespace(router_dir=lambda: None))
+        self.fleet = SimpleNamespace(
+            settings=settings,
+            local=SimpleNamespace(check_process=self.checked.append),
+            listen=lambda callback: None,
+            state_dirs=SimpleNamespace(router_dir=lambda: None),
+        )
+        self.supervisor: Any = None  # built beside the pool's job line (_supervisor)
 
 
 def _supervisor(pool: _Pool) -> Any:
-    """4.0's job line (whose failover this is), as ``install_app`` builds it."""
-    return JobLine(pool, None, None, {"RouterProxyError": _ProxyError,
-                                      "rewrite_job_payload": lambda payload, *rest: payload,
-                                      "_mark_missing_job": lambda route, pool: {}})
+    """4.0's job line (whose failover this is), as the pool and ``install_app`` build it."""
+    line = JobLine(pool)
+    pool.supervisor = Supervisor.over(pool.fleet, line)  # type: ignore[arg-type]
+    namespace = {
+        "RouterProxyError": _ProxyError,
+        "rewrite_job_payload": lambda payload, *rest: payload,
+        "_mark_missing_job": lambda route, pool: {},
+    }
+    line.install(None, None, namespace)
+    install_endpoints(line, namespace)
+    return line
 
 
 def test_a_submission_lost_on_its_worker_is_made_again() -> None:
     pool = _Pool()
-    answers: list[Any] = [_ProxyError(502), _Response(503, b'{"error":{"code":"engine_dead"}}'),
-                          _Response(200)]
+    answers: list[Any] = [
+        _ProxyError(502),
+        _Response(503, b'{"error":{"code":"engine_dead"}}'),
+        _Response(200),
+    ]
 
     async def submit_job(body: Any, request: Any, uploads: Any) -> Any:
         answer = answers.pop(0)
@@ -256,7 +297,7 @@ def test_a_submission_lost_on_its_worker_is_made_again() -> None:
             raise answer
         return answer
 
-    response = asyncio.run(_supervisor(pool).submit_with_failover(submit_job, {}, None, None))
+    response = asyncio.run(submit_with_failover(_supervisor(pool), submit_job, {}, None, None))
     assert response.status_code == 200 and answers == []
     assert pool.checked == ["w0", "w1", "w0", "w1"]  # every process checked before each try
 
@@ -271,9 +312,9 @@ def test_other_submission_answers_go_to_the_client(answer: Any) -> None:
     supervisor = _supervisor(_Pool())
     if isinstance(answer, Exception):
         with pytest.raises(_ProxyError):
-            asyncio.run(supervisor.submit_with_failover(submit_job, {}, None, None))
+            asyncio.run(submit_with_failover(supervisor, submit_job, {}, None, None))
     else:
-        assert asyncio.run(supervisor.submit_with_failover(submit_job, {}, None, None)) is answer
+        assert asyncio.run(submit_with_failover(supervisor, submit_job, {}, None, None)) is answer
 
 
 def test_failover_gives_up_after_one_try_per_worker_and_one_more() -> None:
@@ -285,7 +326,7 @@ def test_failover_gives_up_after_one_try_per_worker_and_one_more() -> None:
         raise _ProxyError(504)
 
     with pytest.raises(_ProxyError):
-        asyncio.run(_supervisor(_Pool()).submit_with_failover(submit_job, {}, None, None))
+        asyncio.run(submit_with_failover(_supervisor(_Pool()), submit_job, {}, None, None))
     assert calls == 3
 
 
@@ -293,12 +334,24 @@ def test_policy_payload_resubmits_a_hung_job_without_ejecting() -> None:
     from mineru_health.mineru4 import TASK_HUNG_CODE
     from mineru_health.mineru4.router.jobs import policy_payload
     from mineru_health.runtime.router.policy import (
+        Answer,
         engine_dead_failure,
         hung_failure,
         trigger_rule,
     )
 
-    view = policy_payload({"status": "failed", "files": [
-        {"status": "failed", "error": {"code": TASK_HUNG_CODE, "message": "no progress"}}]})
+    view = Answer.of_status(
+        policy_payload(
+            {
+                "status": "failed",
+                "files": [
+                    {
+                        "status": "failed",
+                        "error": {"code": TASK_HUNG_CODE, "message": "no progress"},
+                    }
+                ],
+            }
+        )
+    )
     assert hung_failure(view) and not engine_dead_failure(view)
     assert trigger_rule(view) == "watchdog.task_hung"

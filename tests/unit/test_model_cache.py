@@ -120,7 +120,8 @@ def test_a_built_client_is_returned_while_another_build_holds_the_lock() -> None
     with cls._lock:  # a hostile server's build, on another thread in MinerU
         found: list[object] = []
         asker = threading.Thread(
-            target=lambda: found.append(cls().get_model("http-client", None, "http://honest")))
+            target=lambda: found.append(cls().get_model("http-client", None, "http://honest"))
+        )
         asker.start()
         asker.join(5.0)
         assert not asker.is_alive() and found == [honest]

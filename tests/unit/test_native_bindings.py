@@ -11,8 +11,15 @@ from mineru_health import _native
 
 
 def test_frame_round_trip_str_and_bytes() -> None:
-    frame = _native.Frame("vllm.v1.engine.exceptions", b"EngineDeadError", ["Exception", b"X"],
-                          "boom", b"vllm.v1.engine.async_llm", _native.Via.CONTEXT, 2)
+    frame = _native.Frame(
+        "vllm.v1.engine.exceptions",
+        b"EngineDeadError",
+        ["Exception", b"X"],
+        "boom",
+        b"vllm.v1.engine.async_llm",
+        _native.Via.CONTEXT,
+        2,
+    )
     assert frame.module == "vllm.v1.engine.exceptions"
     assert frame.raised_in == "vllm.v1.engine.async_llm"
     assert (frame.via, frame.depth) == (_native.Via.CONTEXT, 2)
@@ -24,8 +31,9 @@ def test_frame_round_trip_str_and_bytes() -> None:
 
 
 def test_frame_keeps_invalid_bytes() -> None:
-    frame = _native.Frame(b"m\xff", b"T", [], "\udcff".encode("utf-8", "surrogatepass"), b"",
-                          _native.Via.ROOT, 0)
+    frame = _native.Frame(
+        b"m\xff", b"T", [], "\udcff".encode("utf-8", "surrogatepass"), b"", _native.Via.ROOT, 0
+    )
     # Decoded with surrogateescape: every byte survives the round trip.
     assert frame.module.encode("utf-8", "surrogateescape") == b"m\xff"
     assert frame.message.encode("utf-8", "surrogateescape") == b"\xed\xb3\xbf"
@@ -39,22 +47,59 @@ def test_rule_kind_is_a_python_enum() -> None:
     assert _native.rule_kind_name(_native.RuleKind.TASK_LOCAL) == "task_local"
     assert _native.strength_name(_native.RuleKind.FATAL) == "definitive"
     assert [_native.rule_kind_name(k) for k in _native.RuleKind] == [
-        "fatal", "task_local", "heuristic", "ambiguous", "generic"]
+        "fatal",
+        "task_local",
+        "heuristic",
+        "ambiguous",
+        "generic",
+    ]
 
 
 def test_rule_round_trip() -> None:
-    rule = _native.Rule(id="a.b", kind=_native.RuleKind.TASK_LOCAL, category="cat",
-                        pattern="x+y", target=_native.RuleTarget.TYPE,
-                        scope=_native.RuleScope.ENGINE, from_operator=True)
-    assert (rule.id, rule.kind, rule.category, rule.pattern, rule.target, rule.scope,
-            rule.from_operator) == ("a.b", _native.RuleKind.TASK_LOCAL, "cat", "x+y",
-                                    _native.RuleTarget.TYPE, _native.RuleScope.ENGINE, True)
+    rule = _native.Rule(
+        id="a.b",
+        kind=_native.RuleKind.TASK_LOCAL,
+        category="cat",
+        pattern="x+y",
+        target=_native.RuleTarget.TYPE,
+        scope=_native.RuleScope.ENGINE,
+        from_operator=True,
+    )
+    assert (
+        rule.id,
+        rule.kind,
+        rule.category,
+        rule.pattern,
+        rule.target,
+        rule.scope,
+        rule.from_operator,
+    ) == (
+        "a.b",
+        _native.RuleKind.TASK_LOCAL,
+        "cat",
+        "x+y",
+        _native.RuleTarget.TYPE,
+        _native.RuleScope.ENGINE,
+        True,
+    )
 
 
 def test_compile_ok_and_rules_are_copies() -> None:
     rule_set, errors = _native.RuleSet.compile(
-        [_native.Rule("one", _native.RuleKind.FATAL, "c", "engine", _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)], "<test>",
-        _native.RuleSetLimits())
+        [
+            _native.Rule(
+                "one",
+                _native.RuleKind.FATAL,
+                "c",
+                "engine",
+                _native.RuleTarget.FRAME,
+                _native.RuleScope.ANY,
+                False,
+            )
+        ],
+        "<test>",
+        _native.RuleSetLimits(),
+    )
     assert errors == []
     assert rule_set is not None
     rules = rule_set.rules
@@ -66,8 +111,20 @@ def test_compile_ok_and_rules_are_copies() -> None:
 
 def test_compile_error_is_a_value() -> None:
     rule_set, errors = _native.RuleSet.compile(
-        [_native.Rule("bad", _native.RuleKind.FATAL, "c", "(", _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)], "<test>",
-        _native.RuleSetLimits())
+        [
+            _native.Rule(
+                "bad",
+                _native.RuleKind.FATAL,
+                "c",
+                "(",
+                _native.RuleTarget.FRAME,
+                _native.RuleScope.ANY,
+                False,
+            )
+        ],
+        "<test>",
+        _native.RuleSetLimits(),
+    )
     assert rule_set is None
     assert len(errors) == 1
     assert errors[0].rule_id == "bad"
@@ -93,16 +150,30 @@ def test_classifier_limits_defaults_match_cpp() -> None:
 
 
 def test_classify_verdict_fields() -> None:
-    rule_set, _ = _native.RuleSet.compile(_native.builtin_rules(), "<builtin>",
-                                          _native.RuleSetLimits())
+    rule_set, _ = _native.RuleSet.compile(
+        _native.builtin_rules(), "<builtin>", _native.RuleSetLimits()
+    )
     assert rule_set is not None
     classifier = _native.Classifier(rule_set, _native.ClassifierLimits())
     frames = [
-        _native.Frame("builtins", "RuntimeError", ["Exception", "BaseException"], "wrapper",
-                      "mineru.backend.vlm.vlm_analyze", _native.Via.ROOT, 0),
-        _native.Frame("vllm.v1.engine.exceptions", "EngineDeadError",
-                      ["Exception", "BaseException"], "EngineCore encountered an issue.",
-                      "vllm.v1.engine.async_llm", _native.Via.CAUSE, 1),
+        _native.Frame(
+            "builtins",
+            "RuntimeError",
+            ["Exception", "BaseException"],
+            "wrapper",
+            "mineru.backend.vlm.vlm_analyze",
+            _native.Via.ROOT,
+            0,
+        ),
+        _native.Frame(
+            "vllm.v1.engine.exceptions",
+            "EngineDeadError",
+            ["Exception", "BaseException"],
+            "EngineCore encountered an issue.",
+            "vllm.v1.engine.async_llm",
+            _native.Via.CAUSE,
+            1,
+        ),
     ]
     options = _native.ClassifyOptions()
     verdict = classifier.classify(frames, options)
@@ -119,11 +190,16 @@ def test_classify_verdict_fields() -> None:
 
 def test_merge_rules_replaces_in_place() -> None:
     def rule(rule_id: str, kind: _native.RuleKind, pattern: str) -> _native.Rule:
-        return _native.Rule(rule_id, kind, "c", pattern, _native.RuleTarget.FRAME, _native.RuleScope.ANY, False)
+        return _native.Rule(
+            rule_id, kind, "c", pattern, _native.RuleTarget.FRAME, _native.RuleScope.ANY, False
+        )
 
     base = [rule("a", _native.RuleKind.FATAL, "1"), rule("b", _native.RuleKind.FATAL, "2")]
-    merged = _native.merge_rules(base, [rule("a", _native.RuleKind.TASK_LOCAL, "3"),
-                                        rule("n", _native.RuleKind.FATAL, "4")], [])
+    merged = _native.merge_rules(
+        base,
+        [rule("a", _native.RuleKind.TASK_LOCAL, "3"), rule("n", _native.RuleKind.FATAL, "4")],
+        [],
+    )
     assert [(r.id, r.pattern) for r in merged] == [("a", "3"), ("b", "2"), ("n", "4")]
     assert [r.id for r in _native.merge_rules(base, [], ["a"])] == ["b"]
 
@@ -146,8 +222,12 @@ def test_worker_state_round_trip() -> None:
     assert not snap.healthy
     assert (snap.fatal_count, snap.task_local_count) == (2, 1)
     assert snap.first_fatal is not None and snap.last_fatal is not None
-    assert (snap.first_fatal.error, snap.first_fatal.rule, snap.first_fatal.category,
-            snap.first_fatal.unix_time) == ("E: x", "rule", "cat", 12.5)
+    assert (
+        snap.first_fatal.error,
+        snap.first_fatal.rule,
+        snap.first_fatal.category,
+        snap.first_fatal.unix_time,
+    ) == ("E: x", "rule", "cat", 12.5)
     assert snap.last_fatal.error == "E: y"
     state.reset()
     snap = state.snapshot()

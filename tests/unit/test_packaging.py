@@ -56,8 +56,10 @@ def test_version_names_the_mineru_releases_it_patches(capsys: pytest.CaptureFixt
         cli.main(["--version"])
     assert exited.value.code == 0
     out = capsys.readouterr().out.strip()
-    assert out == f"mineru-health {mineru_health.__version__} (patches MinerU " \
-                  f"{patching.supported_releases()})"
+    assert (
+        out == f"mineru-health {mineru_health.__version__} (patches MinerU "
+        f"{patching.supported_releases()})"
+    )
     assert "3.3.0-3.4.5" in out and "4.0.12" in out
 
 
@@ -65,7 +67,8 @@ def test_version_names_the_mineru_releases_it_patches(capsys: pytest.CaptureFixt
 
 
 def test_a_relative_mineru_python_is_made_absolute(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mineru_health.demo import sandbox
 
     venv_bin = tmp_path / "venv" / "bin"
@@ -91,7 +94,8 @@ def test_a_bare_interpreter_name_is_looked_up_on_path(monkeypatch: pytest.Monkey
 
 
 def test_the_stub_step_keeps_the_build_environment_path(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """pip's isolated build reaches its requirements through PYTHONPATH (issue: replacing
     it dropped pybind11-stubgen and failed every `pip install` of the source)."""
     stub = _script_module("native_stub")
@@ -114,7 +118,8 @@ def test_the_stub_step_keeps_the_build_environment_path(
 
 
 def test_a_missing_stub_generator_is_a_message_not_a_failed_build(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     stub = _script_module("native_stub")
     monkeypatch.setattr(stub.importlib.util, "find_spec", lambda name: None)
     out = tmp_path / "_native.pyi"
@@ -139,25 +144,41 @@ def _workflow_runs() -> list[str]:
     if not WORKFLOW.is_file():
         pytest.skip(f"{WORKFLOW} is not next to the tests")
     workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
-    return [step["run"] for job in workflow["jobs"].values() for step in job["steps"]
-            if "run" in step]
+    return [
+        step["run"] for job in workflow["jobs"].values() for step in job["steps"] if "run" in step
+    ]
 
 
 def test_the_release_workflow_is_valid_for_github() -> None:
     pytest.importorskip("check_jsonschema")
     if not WORKFLOW.is_file():
         pytest.skip(f"{WORKFLOW} is not next to the tests")
-    done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                           "vendor.github-workflows", str(WORKFLOW)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(WORKFLOW),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_release_workflow_runs_the_tested_scripts() -> None:
     runs = "\n".join(_workflow_runs())
     named = set(re.findall(r"scripts/[\w.]+\.sh", runs))
-    assert {"scripts/build_wheels.sh", "scripts/test_wheels.sh", "scripts/test_install.sh",
-            "scripts/fetch_release_wheels.sh"} <= named
+    assert {
+        "scripts/build_wheels.sh",
+        "scripts/test_wheels.sh",
+        "scripts/test_install.sh",
+        "scripts/fetch_release_wheels.sh",
+    } <= named
     for script in named:
         assert (REPO / script).is_file(), script
         subprocess.run(["bash", "-n", str(REPO / script)], check=True, timeout=30)

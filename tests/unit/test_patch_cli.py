@@ -37,8 +37,9 @@ def test_apply_check_revert_byte_for_byte(mineru_copy: Path) -> None:
     assert applied.returncode == 0, applied.stderr
     for target in targets:
         assert target.read_bytes() != originals[target]
-        assert (target.with_name(target.name + patching.BACKUP_SUFFIX)).read_bytes() == \
-            originals[target]
+        assert (target.with_name(target.name + patching.BACKUP_SUFFIX)).read_bytes() == originals[
+            target
+        ]
         assert target.stat().st_mode == modes[target]
     fast_api = (mineru_dir / "cli" / "fast_api.py").read_text(encoding="utf-8")
     assert "mineru_health_worker.install(app)" in fast_api
@@ -150,9 +151,12 @@ def test_manifest_variants_match_their_patches(mineru_copy: Path) -> None:
     for entry in manifest.files:
         variant = next(v for v in entry.variants if version in v.releases)
         made = patching.make_variant(mineru_dir, entry.target, manifest.directory / variant.patch)
-        assert made == {"releases": [version], "patch": variant.patch,
-                        "original_sha256": variant.original_sha256,
-                        "patched_sha256": variant.patched_sha256}
+        assert made == {
+            "releases": [version],
+            "patch": variant.patch,
+            "original_sha256": variant.original_sha256,
+            "patched_sha256": variant.patched_sha256,
+        }
 
 
 def test_every_shipped_manifest_loads() -> None:
@@ -180,8 +184,9 @@ def test_a_half_applied_pair_is_completed(small_tree: Path, how: str) -> None:
     if how == "check":
         report = patching.check(small_tree)
         assert report.all_patched
-        assert {f.target: f.action for f in report.files}["cli/router.py"] == \
-            "completed a half-finished apply"
+        assert {f.target: f.action for f in report.files}[
+            "cli/router.py"
+        ] == "completed a half-finished apply"
     elif how == "apply":
         assert patching.apply(small_tree).all_patched
     else:

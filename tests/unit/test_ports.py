@@ -109,7 +109,8 @@ def fake_mineru4() -> Iterator[types.ModuleType]:
 
 
 def test_mineru4s_own_port_choice_goes_through_the_book(
-        fake_mineru4: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_mineru4: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     book = PortBook(router={8002}, pick=_offers(8002, 9500))
     monkeypatch.setattr(launch, "PORTS", book)
     worker = launching_class(fake_mineru4.ManagedLocalWorker)()

@@ -10,8 +10,8 @@ import pytest
 from fake_fleet import HOSTILE_ERROR, Fleet
 from mineru_health.cli import probe_urls
 from mineru_health.errors import ConfigError
+from mineru_health.runtime.settings import HealthSettings
 from mineru_health.safe_text import printable
-from mineru_health.settings import HealthSettings
 
 
 @pytest.fixture
@@ -78,8 +78,11 @@ def test_probe_urls_no_urls_is_unhealthy() -> None:
 
 
 def _raw_controls(text: str) -> set[str]:
-    return {c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F
-            or c in "\u202e\u2028"}
+    return {
+        c
+        for c in text
+        if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F or c in "\u202e\u2028"
+    }
 
 
 def test_table_escapes_control_characters_from_workers(fleet: Fleet) -> None:
@@ -98,8 +101,9 @@ def test_table_escapes_control_characters_from_workers(fleet: Fleet) -> None:
 def test_json_keeps_the_worker_text_as_it_is(fleet: Fleet) -> None:
     fleet.set("hostile", "hostile")
     out = io.StringIO()
-    probe_urls([fleet.url("hostile")], timeout_s=1.0, as_json=True, settings=HealthSettings(),
-               out=out)
+    probe_urls(
+        [fleet.url("hostile")], timeout_s=1.0, as_json=True, settings=HealthSettings(), out=out
+    )
     assert "\x1b" not in out.getvalue()  # json.dumps escapes it
     (row,) = json.loads(out.getvalue())
     assert HOSTILE_ERROR in row["detail"]

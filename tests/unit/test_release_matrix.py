@@ -41,8 +41,7 @@ def _unpack(wheel: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize(("line", "release"), _releases())
-def test_apply_check_revert_on_the_released_files(line: str, release: str,
-                                                  tmp_path: Path) -> None:
+def test_apply_check_revert_on_the_released_files(line: str, release: str, tmp_path: Path) -> None:
     mineru_dir = _unpack(_wheel(release), tmp_path)
     originals = {p: p.read_bytes() for p in mineru_dir.rglob("*.py")}
 

@@ -80,8 +80,9 @@ def test_a_server_is_named_by_host_and_port_only() -> None:
 
 
 def test_the_error_names_the_server_and_the_bound() -> None:
-    silent = remote_waits.describe(_Status("silent", "10.0.0.7:8000"),
-                                   task_hang_s=3, remote_wait_s=8)
+    silent = remote_waits.describe(
+        _Status("silent", "10.0.0.7:8000"), task_hang_s=3, remote_wait_s=8
+    )
     assert "10.0.0.7:8000 sent nothing for 3 s (MINERU_HEALTH_TASK_HANG_S)" in silent
     assert "failed alone" in silent
     total = remote_waits.describe(_Status("total", ""), task_hang_s=3, remote_wait_s=8)
@@ -90,14 +91,18 @@ def test_the_error_names_the_server_and_the_bound() -> None:
 
 def test_outside_a_remote_wait_httpx_is_left_alone(fresh_health: _Health) -> None:
     fresh_health.status = _Status("silent")  # would refuse, were it asked
-    with (hostile_server("trickle", every_s=0.01) as url, httpx.Client() as client,
-          client.stream("GET", url) as response):
+    with (
+        hostile_server("trickle", every_s=0.01) as url,
+        httpx.Client() as client,
+        client.stream("GET", url) as response,
+    ):
         assert response.status_code == 200
     assert fresh_health.heard == []
 
 
 def test_a_first_request_is_capped_to_the_silence_it_starts(
-    fresh_health: _Health, monkeypatch: pytest.MonkeyPatch,
+    fresh_health: _Health,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The native state counts silence from the first request asked: the cap is read after it.
 
@@ -113,8 +118,11 @@ def test_a_first_request_is_capped_to_the_silence_it_starts(
         fresh_health.status = _Status(left_s=0.2)  # silence runs from now
 
     monkeypatch.setattr(fresh_health, "remote_asked", remote_asked)
-    with (hostile_server("silent") as url, httpx.Client(timeout=600) as client,
-          remote_waits.waiting(fresh_health, "t9", "x")):  # type: ignore[arg-type]
+    with (
+        hostile_server("silent") as url,
+        httpx.Client(timeout=600) as client,
+        remote_waits.waiting(fresh_health, "t9", "x"),
+    ):  # type: ignore[arg-type]
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
             client.get(url)
@@ -123,8 +131,11 @@ def test_a_first_request_is_capped_to_the_silence_it_starts(
 
 def test_a_silent_server_is_cut_at_what_is_left_of_the_bound(fresh_health: _Health) -> None:
     fresh_health.status = _Status(left_s=0.2)
-    with (hostile_server("silent") as url, httpx.Client(timeout=600) as client,
-          remote_waits.waiting(fresh_health, "t1", "x")):  # type: ignore[arg-type]
+    with (
+        hostile_server("silent") as url,
+        httpx.Client(timeout=600) as client,
+        remote_waits.waiting(fresh_health, "t1", "x"),
+    ):  # type: ignore[arg-type]
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
             client.get(url)
@@ -139,9 +150,12 @@ def test_a_silent_server_is_cut_at_what_is_left_of_the_bound(fresh_health: _Heal
 def test_a_trickling_server_is_heard_and_cut_at_the_total_bound(fresh_health: _Health) -> None:
     fresh_health.status = _Status(left_s=5.0)
     fresh_health.expire_after_heard = 4  # the head, then three bytes
-    with (hostile_server("trickle", every_s=0.01) as url, httpx.Client(timeout=600) as client,
-          remote_waits.waiting(fresh_health, "t2", ""),  # type: ignore[arg-type]
-          pytest.raises(remote_waits.RemoteWaitExceeded, match="kept it waiting 8 s")):
+    with (
+        hostile_server("trickle", every_s=0.01) as url,
+        httpx.Client(timeout=600) as client,
+        remote_waits.waiting(fresh_health, "t2", ""),  # type: ignore[arg-type]
+        pytest.raises(remote_waits.RemoteWaitExceeded, match="kept it waiting 8 s"),
+    ):
         client.get(url)
     server = url.removeprefix("http://")
     assert fresh_health.asked == [server]
@@ -151,8 +165,11 @@ def test_a_trickling_server_is_heard_and_cut_at_the_total_bound(fresh_health: _H
 def test_a_request_of_a_task_that_ended_is_abandoned(fresh_health: _Health) -> None:
     """The watcher failed the task; the thread still building its client must not wait on."""
     fresh_health.status = _Status(left_s=5.0)
-    with (hostile_server("trickle", every_s=0.01) as url, httpx.Client(timeout=600) as client,
-          remote_waits.waiting(fresh_health, "t5", "")):  # type: ignore[arg-type]
+    with (
+        hostile_server("trickle", every_s=0.01) as url,
+        httpx.Client(timeout=600) as client,
+        remote_waits.waiting(fresh_health, "t5", ""),
+    ):  # type: ignore[arg-type]
         fresh_health.status = None  # the task watchdog no longer tracks it
         with pytest.raises(remote_waits.RemoteWaitExceeded, match="has ended"):
             client.get(url)
@@ -166,9 +183,11 @@ def test_an_async_trickling_server_is_cut_too(fresh_health: _Health) -> None:
         async with httpx.AsyncClient(timeout=600) as client:
             await client.get(url)
 
-    with (hostile_server("trickle", every_s=0.01) as url,
-          remote_waits.waiting(fresh_health, "t3", ""),  # type: ignore[arg-type]
-          pytest.raises(remote_waits.RemoteWaitExceeded)):
+    with (
+        hostile_server("trickle", every_s=0.01) as url,
+        remote_waits.waiting(fresh_health, "t3", ""),  # type: ignore[arg-type]
+        pytest.raises(remote_waits.RemoteWaitExceeded),
+    ):
         asyncio.run(fetch(url))
 
 
@@ -185,8 +204,11 @@ def test_a_cached_client_is_found_without_minerus_lock() -> None:
                 return self._models.setdefault((backend, model_path, server_url), "new")
 
     health = _Health()
-    model_cache.remote_lookups(ModelSingleton, lambda: health,  # type: ignore[arg-type]
-                               cached_by_key=True)
+    model_cache.remote_lookups(
+        ModelSingleton,
+        lambda: health,  # type: ignore[arg-type]
+        cached_by_key=True,
+    )
     models = ModelSingleton()
     with models._lock:  # a silent server's client being built
         assert models.get_model("http-client", None, "http://h:1") == "honest"
@@ -212,16 +234,21 @@ def test_client_builds_queue_on_the_loop_and_cached_clients_need_no_thread() -> 
     module._get_model_async = get_model_async  # type: ignore[attr-defined]
     module.ModelSingleton = ModelSingleton  # type: ignore[attr-defined]
     health = _Health()
-    model_cache.install(lambda: health,  # type: ignore[arg-type]
-                        lambda name, wrap: wrap(module))
+    model_cache.install(
+        lambda: health,  # type: ignore[arg-type]
+        lambda name, wrap: wrap(module),
+    )
     lookup = module._get_model_async  # type: ignore[attr-defined]
 
     async def run() -> list[Any]:
         with engine_calls.task_context("t7"):
-            return list(await asyncio.gather(
-                lookup("http-client", None, "http://h:1"),
-                lookup("http-client", None, "http://h:2"),
-                lookup("vlm-engine", None, None)))
+            return list(
+                await asyncio.gather(
+                    lookup("http-client", None, "http://h:1"),
+                    lookup("http-client", None, "http://h:2"),
+                    lookup("vlm-engine", None, None),
+                )
+            )
 
     assert asyncio.run(run()) == ["honest", "client of http://h:2", "client of None"]
     assert built == ["http://h:2", None]
@@ -230,15 +257,15 @@ def test_client_builds_queue_on_the_loop_and_cached_clients_need_no_thread() -> 
 
 def test_a_task_queued_on_minerus_lock_leaves_once_its_task_ended(fresh_health: _Health) -> None:
     lock = threading.Lock()
-    remote_waits._installed = (lambda: fresh_health, lambda: _settings)  # type: ignore[assignment]
+    installed = (lambda: fresh_health, lambda: _settings)  # what install() hands the wrappers
     fresh_health.status = _Status(left_s=5.0)
     with remote_waits.waiting(fresh_health, "t6", "h:1"):  # type: ignore[arg-type]
-        remote_waits.wait_for_lock(lock)  # free: at once
+        remote_waits.wait_for_lock(lock, *installed)  # type: ignore[arg-type]  # free: at once
         assert not lock.locked()
         with lock:  # another task's client build holds it
             fresh_health.status = None  # the watcher failed this task meanwhile
             with pytest.raises(remote_waits.RemoteWaitExceeded, match="has ended"):
-                remote_waits.wait_for_lock(lock)
+                remote_waits.wait_for_lock(lock, *installed)  # type: ignore[arg-type]
 
 
 def _admitted(shares: ServerShare, keys: list[str], slots: int) -> tuple[list[str], Any]:

@@ -1,4 +1,4 @@
-"""Small parts of issue 9: the poison fault word, task context, instance directories, kept uploads."""
+"""Small parts of issue 9: the poison fault word, task context, instance dirs, kept uploads."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mineru_health.audit import AuditLog
 from mineru_health.demo import fault_plugin, faults
 from mineru_health.demo.faults import FaultInjector, write_plan
 from mineru_health.mineru3.router.endpoints import retained_payload_class
 from mineru_health.mineru3.router.pool import RetiredOutputs
+from mineru_health.runtime.router.audit import AuditLog
+from mineru_health.runtime.state_dirs import StateDirs
 from mineru_health.runtime.worker import engine_calls
-from mineru_health.state_dirs import StateDirs
-from mineru_health.worker import WorkerHealth
+from mineru_health.runtime.worker.health import WorkerHealth
 
 # --- fault plan: poison <file name> -----------------------------------------------------------
 
@@ -80,8 +80,11 @@ def test_job_file_names_are_in_context_for_4x_engine_calls() -> None:
 
     server = type(sys)("mh_fake_api_server")
     server._run_job = _run_job  # type: ignore[attr-defined]
-    fault_plugin._wrap_functions(server, ("_run_job",), functools.partial(
-        fault_plugin._with_uploads, names_of=fault_plugin._job_file_names))
+    fault_plugin._wrap_functions(
+        server,
+        ("_run_job",),
+        functools.partial(fault_plugin._with_uploads, names_of=fault_plugin._job_file_names),
+    )
     files = [type("File", (), {"name": name})() for name in ("a.pdf", "b.pdf")]
     record = type("Record", (), {"files": files})()
     assert asyncio.run(server._run_job(record, "request")) == "done"  # type: ignore[attr-defined]
@@ -157,8 +160,13 @@ def test_retained_payload_waits_for_release(tmp_path: Path) -> None:
 
 def test_router_originated_audit_record(tmp_path: Path) -> None:
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    record = log.write_record("poison_document_quarantined", worker_id="local-gpu-1",
-                              reason="killed two engines", workers=["a", "b"], unix_time=0.0)
+    record = log.write_record(
+        "poison_document_quarantined",
+        worker_id="local-gpu-1",
+        reason="killed two engines",
+        workers=["a", "b"],
+        unix_time=0.0,
+    )
     log.close()
     line = json.loads((tmp_path / "audit.jsonl").read_text())
     assert line == record

@@ -23,24 +23,44 @@ from mineru_health.runtime.router.policy import (
 
 
 def verdict(role: str | None, rule: str = "vllm.engine_dead") -> dict[str, Any]:
-    return {"fatal": role == "trigger", "engine_dead": role is not None, "role": role,
-            "rule": rule, "category": "engine_dead", "ambiguous": False, "remote_engine": False}
+    return {
+        "fatal": role == "trigger",
+        "engine_dead": role is not None,
+        "role": role,
+        "rule": rule,
+        "category": "engine_dead",
+        "ambiguous": False,
+        "remote_engine": False,
+    }
 
 
-DEAD_TRIGGER = {"status": "failed", "error": "EngineDeadError", "engine_dead": True,
-                "verdict": verdict("trigger")}
-DEAD_COLLATERAL = {"status": "failed", "error": "engine unusable", "engine_dead": True,
-                   "verdict": verdict("collateral")}
-LOCAL_FAILURE = {"status": "failed", "error": "corrupt PDF", "engine_dead": False,
-                 "verdict": {**verdict(None), "engine_dead": False}}
+DEAD_TRIGGER = {
+    "status": "failed",
+    "error": "EngineDeadError",
+    "engine_dead": True,
+    "verdict": verdict("trigger"),
+}
+DEAD_COLLATERAL = {
+    "status": "failed",
+    "error": "engine unusable",
+    "engine_dead": True,
+    "verdict": verdict("collateral"),
+}
+LOCAL_FAILURE = {
+    "status": "failed",
+    "error": "corrupt PDF",
+    "engine_dead": False,
+    "verdict": {**verdict(None), "engine_dead": False},
+}
 
 IN_ROTATION = WorkerView(in_rotation=True, declared_failed=False, same_instance=True)
 EJECTED = WorkerView(in_rotation=False, declared_failed=False, same_instance=True)
 FAILED = WorkerView(in_rotation=False, declared_failed=True, same_instance=True)
 RESTARTED = WorkerView(in_rotation=True, declared_failed=False, same_instance=False)
 RESTARTING = WorkerView(in_rotation=False, declared_failed=True, same_instance=False)
-BEING_STOPPED = WorkerView(in_rotation=False, declared_failed=True, same_instance=True,
-                           replaced=True)
+BEING_STOPPED = WorkerView(
+    in_rotation=False, declared_failed=True, same_instance=True, replaced=True
+)
 
 
 def status(payload: dict[str, Any]) -> Answer:
@@ -59,8 +79,12 @@ BAD_ANSWER = Answer(AnswerKind.BAD_ANSWER, detail="500 from http://w0")
         (status(DEAD_TRIGGER), IN_ROTATION, Action.RESUBMIT, "engine_dead"),
         (status(DEAD_COLLATERAL), FAILED, Action.RESUBMIT, "engine_dead"),
         # Never text matching: an EngineDeadError text without the flag is the task's own failure.
-        (status({"status": "failed", "error": "EngineDeadError: EngineCore"}), IN_ROTATION,
-         Action.APPLY, ""),
+        (
+            status({"status": "failed", "error": "EngineDeadError: EngineCore"}),
+            IN_ROTATION,
+            Action.APPLY,
+            "",
+        ),
         (status(LOCAL_FAILURE), FAILED, Action.APPLY, ""),
         (status({"status": "processing"}), IN_ROTATION, Action.APPLY, ""),
         (status({"status": "processing"}), FAILED, Action.APPLY, ""),  # the restart decides
@@ -93,13 +117,13 @@ def test_next_step(answer: Answer, worker: WorkerView, action: Action, reason: s
 
 
 def test_only_a_trigger_counts_against_a_document() -> None:
-    assert trigger_rule(DEAD_TRIGGER) == "vllm.engine_dead"
-    assert trigger_rule(DEAD_COLLATERAL) is None
-    assert trigger_rule(LOCAL_FAILURE) is None
-    assert trigger_rule({"status": "completed", "verdict": verdict("trigger")}) is None
-    assert trigger_rule({**DEAD_TRIGGER, "verdict": "trigger"}) is None
-    assert engine_dead_failure(DEAD_COLLATERAL)
-    assert not engine_dead_failure({"status": "failed", "engine_dead": "true"})
+    assert trigger_rule(status(DEAD_TRIGGER)) == "vllm.engine_dead"
+    assert trigger_rule(status(DEAD_COLLATERAL)) is None
+    assert trigger_rule(status(LOCAL_FAILURE)) is None
+    assert trigger_rule(status({"status": "completed", "verdict": verdict("trigger")})) is None
+    assert trigger_rule(status({**DEAD_TRIGGER, "verdict": "trigger"})) is None
+    assert engine_dead_failure(status(DEAD_COLLATERAL))
+    assert not engine_dead_failure(status({"status": "failed", "engine_dead": "true"}))
 
 
 @pytest.mark.parametrize(
@@ -137,16 +161,25 @@ def test_retry_budget_limit(percent: float, minimum: int, tasks: int, limit: int
         (1, 2, 8, 40, Refusal.BUDGET),
     ],
 )
-def test_refuse_resubmission(submissions: int, retries: int, in_flight: int, tasks: int,
-                             refusal: Refusal | None) -> None:
-    assert refuse_resubmission(submissions=submissions, task_retries=retries,
-                               budget=RetryBudget(20, 3), retries_in_flight=in_flight,
-                               tasks_in_flight=tasks) == refusal
+def test_refuse_resubmission(
+    submissions: int, retries: int, in_flight: int, tasks: int, refusal: Refusal | None
+) -> None:
+    assert (
+        refuse_resubmission(
+            submissions=submissions,
+            task_retries=retries,
+            budget=RetryBudget(20, 3),
+            retries_in_flight=in_flight,
+            tasks_in_flight=tasks,
+        )
+        == refusal
+    )
 
 
 def test_failure_text_keeps_the_error_first() -> None:
     assert failure_text("EngineDeadError", "retry budget spent") == (
-        "EngineDeadError [mineru-health: retry budget spent]")
+        "EngineDeadError [mineru-health: retry budget spent]"
+    )
     assert failure_text("  ", "no healthy worker") == "mineru-health: no healthy worker"
 
 
@@ -195,17 +228,27 @@ def test_content_digest_depends_on_bytes_and_order_not_names(tmp_path: Path) -> 
     assert content_digest([str(one), str(two)]) != content_digest([str(two), str(one)])
 
 
-HUNG = {"status": "failed", "error": "mineru-health: the parse made no progress", "engine_dead":
-        False, "verdict": {**verdict(None), "engine_dead": False, "role": "trigger",
-                           "rule": "watchdog.task_hung", "category": "task_hung", "hung": True}}
+HUNG = {
+    "status": "failed",
+    "error": "mineru-health: the parse made no progress",
+    "engine_dead": False,
+    "verdict": {
+        **verdict(None),
+        "engine_dead": False,
+        "role": "trigger",
+        "rule": "watchdog.task_hung",
+        "category": "task_hung",
+        "hung": True,
+    },
+}
 
 
 def test_a_hung_task_is_resubmitted_and_counts_against_its_document() -> None:
     """Issue 17: the worker's task watchdog failed it; the worker itself is not ejected."""
     step = next_step(Answer(AnswerKind.STATUS, HUNG), IN_ROTATION)
     assert (step.action, step.reason) == (Action.RESUBMIT, "hung")
-    assert not engine_dead_failure(HUNG)  # no passive ejection for one hung task
-    assert trigger_rule(HUNG) == "watchdog.task_hung"
+    assert not engine_dead_failure(status(HUNG))  # no passive ejection for one hung task
+    assert trigger_rule(status(HUNG)) == "watchdog.task_hung"
     guard = PoisonGuard()
     assert guard.record_trigger("doc", "w1", "watchdog.task_hung") is None
     assert guard.record_trigger("doc", "w2", "watchdog.task_hung") is not None  # a 2nd worker
@@ -216,8 +259,10 @@ def test_a_hung_task_of_a_remote_engine_never_counts_against_its_document() -> N
     remote = {**HUNG, "verdict": {**HUNG["verdict"], "remote_engine": True}}
     step = next_step(Answer(AnswerKind.STATUS, remote), IN_ROTATION)
     assert (step.action, step.reason) == (Action.RESUBMIT, "hung")
-    assert trigger_rule(remote) is None
+    assert trigger_rule(status(remote)) is None
     # A death of the worker's own engine counts, whatever the task's backend.
-    dead_remote_backend = {**DEAD_TRIGGER,
-                           "verdict": {**DEAD_TRIGGER["verdict"], "remote_engine": True}}
-    assert trigger_rule(dead_remote_backend) == "vllm.engine_dead"
+    dead_remote_backend = {
+        **DEAD_TRIGGER,
+        "verdict": {**DEAD_TRIGGER["verdict"], "remote_engine": True},
+    }
+    assert trigger_rule(status(dead_remote_backend)) == "vllm.engine_dead"

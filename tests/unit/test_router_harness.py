@@ -69,17 +69,21 @@ class _Handler(BaseHTTPRequestHandler):
         fake, tasks = self.server, f"{self.server.line.tasks}/"
         if self.path.startswith(tasks):
             with fake.lock:
-                entry = fake.tasks[self.path[len(tasks):]]
+                entry = fake.tasks[self.path[len(tasks) :]]
                 entry[1] += 1
             name, asked = entry
-            status = "running" if asked < 3 or "hang" in name else (
-                "failed" if "bad" in name else "completed")
+            status = (
+                "running"
+                if asked < 3 or "hang" in name
+                else ("failed" if "bad" in name else "completed")
+            )
             self._answer(200, {"status": status, "attempts": 1, "name": name})
         elif self.path == "/v1/usage":
             self._answer(200, {"limits": {"max_concurrent_jobs": fake.in_rotation}})
         else:
-            servers = [{"server_id": f"w{i}", "in_rotation": i < fake.in_rotation}
-                       for i in range(2)]
+            servers = [
+                {"server_id": f"w{i}", "in_rotation": i < fake.in_rotation} for i in range(2)
+            ]
             self._answer(200, {"servers": servers})
 
 
@@ -97,19 +101,28 @@ def fake(request: pytest.FixtureRequest) -> Iterator[FakeRouter]:
 def test_a_stream_ends_each_document_as_its_router_says(fake: FakeRouter) -> None:
     client = Client(fake.base, fake.line, poll_s=0.01)
     names = ["a.pdf", "refuse.pdf", "bad.pdf", "hang.pdf", "b.pdf"]
-    with Stream(client, lambda n: (names[n], b"%PDF-"), every_s=0.01, count=len(names),
-                task_timeout_s=5.0, poll_s=0.01) as stream:
+    with Stream(
+        client,
+        lambda n: (names[n], b"%PDF-"),
+        every_s=0.01,
+        count=len(names),
+        task_timeout_s=5.0,
+        poll_s=0.01,
+    ) as stream:
         outcomes = stream.outcomes(30.0)
     assert [(o.name, o.status, o.number) for o in outcomes] == [
-        ("a.pdf", "completed", 0), ("refuse.pdf", "rejected", 1), ("bad.pdf", "failed", 2),
-        ("hang.pdf", "hung", 3), ("b.pdf", "completed", 4)]
+        ("a.pdf", "completed", 0),
+        ("refuse.pdf", "rejected", 1),
+        ("bad.pdf", "failed", 2),
+        ("hang.pdf", "hung", 3),
+        ("b.pdf", "completed", 4),
+    ]
     assert outcomes[1].detail["code"] == 503 and outcomes[0].detail["name"] == "a.pdf"
     assert len(client.task_ids) == 4
     assert client.run("c.pdf", b"%PDF-").status == "completed"
 
 
-def test_a_fault_run_reads_out_and_back_from_the_rotation(fake: FakeRouter, tmp_path: Path
-                                                          ) -> None:
+def test_a_fault_run_reads_out_and_back_from_the_rotation(fake: FakeRouter, tmp_path: Path) -> None:
     proc = ManagedProcess.__new__(ManagedProcess)
     proc.base_url = fake.base
     router = Router(fake.line, proc, tmp_path, workers=2)
@@ -118,9 +131,18 @@ def test_a_fault_run_reads_out_and_back_from_the_rotation(fake: FakeRouter, tmp_
         fake.in_rotation = 1
         threading.Timer(1.0, lambda: setattr(fake, "in_rotation", 2)).start()
 
-    run = run_fault(router, inject, client=Client(fake.base, fake.line, poll_s=0.01),
-                    document=lambda n: (f"doc{n}.pdf", b"%PDF-"), every_s=0.1, warm=2,
-                    recovery_timeout_s=10.0, task_timeout_s=30.0, after_s=0.2, poll_s=0.05)
+    run = run_fault(
+        router,
+        inject,
+        client=Client(fake.base, fake.line, poll_s=0.01),
+        document=lambda n: (f"doc{n}.pdf", b"%PDF-"),
+        every_s=0.1,
+        warm=2,
+        recovery_timeout_s=10.0,
+        task_timeout_s=30.0,
+        after_s=0.2,
+        poll_s=0.05,
+    )
     assert len(run.before) >= 2 and len(run.outcomes) > len(run.before) and not run.lost
     assert run.out_at is not None and run.back_at is not None
     assert run.fault_at <= run.out_at < run.back_at

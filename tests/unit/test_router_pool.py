@@ -34,7 +34,7 @@ import httpx
 from mineru_health import _native, metrics
 from mineru_health.errors import ConfigError
 from mineru_health.mineru3 import router as healing
-from mineru_health.worker import REFUSAL_ERROR_PREFIX
+from mineru_health.runtime.verdict import REFUSAL_ERROR_PREFIX
 from prometheus_client.parser import text_string_to_metric_families
 
 WAIT_S = 30.0
@@ -215,6 +215,13 @@ async def running_pool(env: SimpleNamespace, **settings: Any) -> AsyncIterator[A
     pool.recorder = rec
     try:
         await pool.start()
+        # The router serves before its local workers are up (issue 32); these tests
+        # begin where MinerU's start ended, with each worker in rotation or out of its boot.
+        await rec.wait_for(
+            lambda: all(s.phase != _native.WorkerPhase.STARTING for s in pool.fleet.statuses()),
+            "the workers' boot",
+        )
+        pool.health_payload()  # MinerU's start-up check, answered once
         yield pool
     finally:
         await pool.shutdown()
@@ -276,8 +283,7 @@ def _audit_actions(path: Path, worker: str) -> list[str]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     # The policy's transitions (records the router originates, such as its
     # processes' launches and ends, have no phases).
-    return _after_admission([r["action"] for r in rows if r["worker_id"] == worker
-                             and "from" in r])
+    return _after_admission([r["action"] for r in rows if r["worker_id"] == worker and "from" in r])
 
 
 # --- start-up ---------------------------------------------------------------------
@@ -306,6 +312,10 @@ def test_install_is_idempotent_and_keeps_the_name() -> None:
 @run_async
 async def test_startup_routes_to_both_and_health_lists_policy_fields(env: SimpleNamespace) -> None:
     async with running_pool(env) as pool:
+        # Out of its boot is not yet in rotation on a loaded machine (a first probe late).
+        await pool.recorder.wait_for(
+            lambda: all(s.in_rotation for s in pool.fleet.statuses()), "both in rotation"
+        )
         healthy, payload = pool.health_payload()
         assert healthy and payload["status"] == "healthy"
         assert {s["server_id"] for s in payload["servers"]} == {"local-gpu-0", "local-gpu-1"}
@@ -370,7 +380,8 @@ async def test_engine_death_restarts_that_worker_on_a_new_url(env: SimpleNamespa
     lines = [json.loads(line) for line in env.audit.read_text().splitlines()]
     assert all(
         set(r) == {"time", "worker_id", "action", "attempt", "reason", "cause", "from", "to"}
-        for r in lines if not r["action"].startswith("worker_processes")
+        for r in lines
+        if not r["action"].startswith("worker_processes")
     )
 
 
@@ -383,13 +394,15 @@ async def test_slow_stop_blocks_neither_probing_nor_routing(env: SimpleNamespace
         FakeLocalServer.stop_gate = gate  # MinerU's stop can take ~10 s; here: until released
         try:
             (env.control / _port(dead.base_url)).write_text("engine_dead")
-            await rec.wait_for(lambda: pool.fleet.restarting(dead.server_id), "the restart to begin")
+            await rec.wait_for(
+                lambda: pool.fleet.local.restarting(dead.server_id), "the restart to begin"
+            )
             probes_before = rec.probes(other.server_id)
             await rec.wait_for(
                 lambda: rec.probes(other.server_id) >= probes_before + 2,
                 "the other worker to be probed while the stop hangs",
             )
-            assert pool.fleet.restarting(dead.server_id)
+            assert pool.fleet.local.restarting(dead.server_id)
             entry = _entry(pool, dead.server_id)
             assert entry["restarting"] and entry["state"] == "restarting"
             assert not entry["in_rotation"]
@@ -437,9 +450,18 @@ def _task(server: Any) -> SimpleNamespace:
 ENGINE_ERROR = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 #: A task status as a patched worker words it when the engine died under the task.
 ENGINE_DEAD_STATUS = {
-    "status": "failed", "error": ENGINE_ERROR, "engine_dead": True,
-    "verdict": {"fatal": True, "engine_dead": True, "role": "trigger", "rule": "vllm.engine_dead",
-                "category": "engine_dead", "ambiguous": False, "remote_engine": False},
+    "status": "failed",
+    "error": ENGINE_ERROR,
+    "engine_dead": True,
+    "verdict": {
+        "fatal": True,
+        "engine_dead": True,
+        "role": "trigger",
+        "rule": "vllm.engine_dead",
+        "category": "engine_dead",
+        "ambiguous": False,
+        "remote_engine": False,
+    },
 }
 
 
@@ -483,7 +505,8 @@ async def test_submission_503_with_fatal_error_ejects(env: SimpleNamespace) -> N
         await rec.wait_for(lambda: b.healthy, "b back again")
         assert not rec.actions(b.server_id)
         await pool.mark_submission_failure(
-            a.server_id, f"503 {REFUSAL_ERROR_PREFIX} engine_dead, rule vllm.engine_dead")
+            a.server_id, f"503 {REFUSAL_ERROR_PREFIX} engine_dead, rule vllm.engine_dead"
+        )
         assert not a.healthy
         await rec.wait_for(lambda: rec.restarted(a.server_id), "the restarted worker")
         assert rec.actions(a.server_id)[0] == "ejected"

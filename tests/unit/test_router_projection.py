@@ -46,21 +46,38 @@ def probe_result(code: int, body: dict[str, Any]) -> Any:
 
 def probe_event(worker: str, result: Any, *, in_rotation: bool) -> SimpleNamespace:
     return SimpleNamespace(
-        kind=K.PROBE, worker_id=worker, unix_time=1_700_000_000.0, probe=result, audit=None,
+        kind=K.PROBE,
+        worker_id=worker,
+        unix_time=1_700_000_000.0,
+        probe=result,
+        audit=None,
         in_rotation=in_rotation,
     )
 
 
 def audit_event(worker: str, action: Any, reason: str, *, in_rotation: bool) -> SimpleNamespace:
-    audit = SimpleNamespace(action=action, reason=reason, attempt=0, from_phase=P.HEALTHY,
-                            to_phase=P.UNHEALTHY)
-    return SimpleNamespace(kind=K.AUDIT, worker_id=worker, unix_time=1_700_000_001.0,
-                           probe=None, audit=audit, in_rotation=in_rotation)
+    audit = SimpleNamespace(
+        action=action, reason=reason, attempt=0, from_phase=P.HEALTHY, to_phase=P.UNHEALTHY
+    )
+    return SimpleNamespace(
+        kind=K.AUDIT,
+        worker_id=worker,
+        unix_time=1_700_000_001.0,
+        probe=None,
+        audit=audit,
+        in_rotation=in_rotation,
+    )
 
 
 def restart_event(worker: str) -> SimpleNamespace:
-    return SimpleNamespace(kind=K.RESTART_REQUESTED, worker_id=worker, unix_time=0.0, probe=None,
-                           audit=None, in_rotation=False)
+    return SimpleNamespace(
+        kind=K.RESTART_REQUESTED,
+        worker_id=worker,
+        unix_time=0.0,
+        probe=None,
+        audit=None,
+        in_rotation=False,
+    )
 
 
 def worker_state(**fields: Any) -> Any:
@@ -75,8 +92,7 @@ def show(server: Any, event: Any) -> None:
 
 def test_healthy_probe_brings_rotation_load_and_time() -> None:
     server = worker_state(last_error="old")
-    show(server, probe_event("w", probe_result(200, HEALTHY_BODY),
-                                                 in_rotation=True))
+    show(server, probe_event("w", probe_result(200, HEALTHY_BODY), in_rotation=True))
     assert server.healthy
     assert (server.queued_tasks, server.processing_tasks) == (1, 2)
     assert (server.completed_tasks, server.failed_tasks) == (3, 4)
@@ -90,15 +106,13 @@ def test_rotation_is_the_policy_s_not_the_probe_s() -> None:
     # A booting worker answers healthy before the healthy threshold is met:
     # the policy keeps it out, and so does the projection.
     server = worker_state(healthy=True)
-    show(server, probe_event("w", probe_result(200, HEALTHY_BODY),
-                                                 in_rotation=False))
+    show(server, probe_event("w", probe_result(200, HEALTHY_BODY), in_rotation=False))
     assert not server.healthy
 
 
 def test_failed_probe_brings_its_classification_as_last_error() -> None:
     server = worker_state(healthy=True, queued_tasks=7)
-    show(server, probe_event("w", probe_result(503, DEAD_BODY),
-                                                 in_rotation=False))
+    show(server, probe_event("w", probe_result(503, DEAD_BODY), in_rotation=False))
     assert not server.healthy
     assert server.last_error.startswith("engine_dead: HTTP 503")
     assert server.queued_tasks == 7  # load stays what the last healthy answer said
@@ -181,11 +195,16 @@ def test_reasons_are_one_line_and_bounded() -> None:
 
 def test_passive_reasons_never_carry_task_text() -> None:
     # Issue 10 item 8: the audit log and /health name the rule, not the document.
-    dead = {"status": "failed", "engine_dead": True, "error": "quotes the document",
-            "verdict": {"rule": "vllm.engine_dead"}}
-    assert policy.passive_reason(dead) == (
-        "a task failed with a fatal error (rule vllm.engine_dead)")
-    assert policy.passive_reason({**dead, "engine_dead": False}) is None
+    dead = {
+        "status": "failed",
+        "engine_dead": True,
+        "error": "quotes the document",
+        "verdict": {"rule": "vllm.engine_dead"},
+    }
+    assert policy.passive_reason(policy.Answer.of_status(dead)) == (
+        "a task failed with a fatal error (rule vllm.engine_dead)"
+    )
+    assert policy.passive_reason(policy.Answer.of_status({**dead, "engine_dead": False})) is None
 
 
 def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -> None:
@@ -193,7 +212,9 @@ def test_router_log_lines_escape_worker_text(caplog: pytest.LogCaptureFixture) -
     # a log line or repaint a terminal (issue 10 item 7); JSON records keep it.
     hostile = "timeout\n2026-01-01 INFO forged line \x1b[32mgreen"
     with caplog.at_level("INFO", logger="mineru_health.router"):
-        fleet.log_audit({"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False)
+        fleet.log_audit(
+            {"worker_id": "w", "action": "ejected", "reason": hostile}, in_rotation=False
+        )
     (record,) = caplog.records
     message = record.getMessage()
     assert "\n" not in message and "\x1b" not in message

@@ -19,42 +19,58 @@ from mineru_health.mineru3.router.endpoints import retained_payload_class
 from mineru_health.mineru3.router.tasks import RETAINED_CLASS, TaskLine, move_staged, workers_tried
 from mineru_health.runtime.router.store import DB_NAME, RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
-from mineru_health.settings import HealthSettings
-from test_task_supervisor import DEAD, Fleet, Rejected, Unavailable, settle, until
+from mineru_health.runtime.settings import HealthSettings
+from test_task_supervisor import DEAD, Fleet, P, Rejected, Unavailable, settle, until
 
 router_mod = pytest.importorskip("mineru.cli.router", reason="mineru 3.x is not importable")
 
 
 def namespace(fleet: Fleet) -> dict[str, Any]:
-    return {"submit_payload_to_upstream": fleet.submit,
-            "UpstreamSubmissionUnavailable": Unavailable,
-            "UpstreamSubmissionRejected": Rejected,
-            "normalize_upload_filename": lambda name: name,
-            "utc_now_iso": router_mod.utc_now_iso,
-            "RouterTaskRecord": router_mod.RouterTaskRecord,
-            "StagedUpload": router_mod.StagedUpload,
-            RETAINED_CLASS: retained_payload_class(router_mod.MultipartPayload)}
+    return {
+        "submit_payload_to_upstream": fleet.submit,
+        "UpstreamSubmissionUnavailable": Unavailable,
+        "UpstreamSubmissionRejected": Rejected,
+        "normalize_upload_filename": lambda name: name,
+        "utc_now_iso": router_mod.utc_now_iso,
+        "RouterTaskRecord": router_mod.RouterTaskRecord,
+        "StagedUpload": router_mod.StagedUpload,
+        RETAINED_CLASS: retained_payload_class(router_mod.MultipartPayload),
+    }
 
 
 def router(fleet: Fleet, state: Path, **settings: Any) -> TaskLine:
     """A router's task line and supervisor on the store in ``state``, as the pool builds them."""
-    base = HealthSettings.preset("fast").replace(interval_s=0.05, probe_timeout_s=0.02,
-                                                 connect_timeout_s=0.01, boot_timeout_s=1.0)
+    base = HealthSettings.preset("fast").replace(
+        interval_s=0.05, probe_timeout_s=0.02, connect_timeout_s=0.01, boot_timeout_s=1.0
+    )
     from types import SimpleNamespace
 
-    pool = SimpleNamespace(**{name: getattr(fleet, name) for name in (
-        "fleet", "client", "get_server", "acquire_submission_server",
-        "release_submission_server", "mark_submission_failure")})
+    pool = SimpleNamespace(
+        **{
+            name: getattr(fleet, name)
+            for name in (
+                "fleet",
+                "client",
+                "get_server",
+                "acquire_submission_server",
+                "release_submission_server",
+                "mark_submission_failure",
+            )
+        }
+    )
     line = TaskLine(pool, namespace(fleet))
     state.mkdir(exist_ok=True)  # the router claimed it
-    pool.supervisor = Supervisor(fleet, line, base.replace(**settings) if settings else base,  # type: ignore[arg-type]
-                                 store=RouterStore(state / DB_NAME))
+    pool.supervisor = Supervisor(
+        fleet,
+        line,
+        base.replace(**settings) if settings else base,  # type: ignore[arg-type]
+        store=RouterStore(state / DB_NAME),
+    )
     return line
 
 
 def registry() -> Any:
-    return router_mod.RouterTaskRegistry(task_retention_seconds=3600,
-                                         cleanup_interval_seconds=3600)
+    return router_mod.RouterTaskRegistry(task_retention_seconds=3600, cleanup_interval_seconds=3600)
 
 
 async def submit(line: TaskLine, tasks: Any, tmp: Path, name: str, status: str) -> Any:
@@ -63,17 +79,31 @@ async def submit(line: TaskLine, tasks: Any, tmp: Path, name: str, status: str) 
     staged.mkdir()
     (staged / f"{name}.pdf").write_bytes(b"%PDF-1.4 " + name.encode())
     payload = line._ns[RETAINED_CLASS](
-        temp_dir=str(staged), fields=[("backend", "vlm-http-client")],
-        uploads=[router_mod.StagedUpload("files", f"{name}.pdf", "application/pdf",
-                                         str(staged / f"{name}.pdf"))])
+        temp_dir=str(staged),
+        fields=[("backend", "vlm-http-client")],
+        uploads=[
+            router_mod.StagedUpload(
+                "files", f"{name}.pdf", "application/pdf", str(staged / f"{name}.pdf")
+            )
+        ],
+    )
     kept_dir = line.kept_dir()
     assert kept_dir is not None
     move_staged(payload, kept_dir)
     record = await tasks.register(
-        upstream_server_id="w0", upstream_base_url="http://w0:1", upstream_task_id=f"first-{name}",
-        backend="vlm-http-client", file_names=[name], created_at=router_mod.utc_now_iso(),
-        status=status, started_at=None, completed_at=None, error=None, queued_ahead=None)
-    line.track(record, payload, None, tasks)
+        upstream_server_id="w0",
+        upstream_base_url="http://w0:1",
+        upstream_task_id=f"first-{name}",
+        backend="vlm-http-client",
+        file_names=[name],
+        created_at=router_mod.utc_now_iso(),
+        status=status,
+        started_at=None,
+        completed_at=None,
+        error=None,
+        queued_ahead=None,
+    )
+    await line.track(record, payload, None, tasks)
     payload.cleanup()  # MinerU's finally: a kept payload stays
     return record, payload
 
@@ -115,7 +145,10 @@ def test_a_new_router_serves_what_ended_and_sends_again_what_its_worker_lost(
         again = await tasks.get(running.task_id)
         assert fleet.submitted == [("w0", "up-1")], fleet.submitted  # its worker may take it
         assert (again.upstream_task_id, workers_tried(again), again.status) == (
-            "up-1", ["w0", "w0"], "pending")
+            "up-1",
+            ["w0", "w0"],
+            "pending",
+        )
         assert (await tasks.get(held.task_id)).status == "processing"
         kept = {Path(k.item.payload.temp_dir).name for k in line.supervisor.kept()}
         assert kept == {"mineru-router-request-running", "mineru-router-request-held"}
@@ -185,8 +218,9 @@ def test_resume_returns_at_once_and_reconciles_newest_first_a_few_at_a_time(
     async def first_router() -> list[Any]:
         line = router(Fleet(), state)
         tasks = registry()
-        records = [(await submit(line, tasks, tmp_path, f"t{n:02d}", "pending"))[0]
-                   for n in range(count)]
+        records = [
+            (await submit(line, tasks, tmp_path, f"t{n:02d}", "pending"))[0] for n in range(count)
+        ]
         await settle(line)
         return records
 
@@ -232,5 +266,52 @@ def test_resume_returns_at_once_and_reconciles_newest_first_a_few_at_a_time(
         assert supervisor.reconciling == 0 and most <= RECONCILE_LANES + 1, most
         assert len(fleet.submitted) == count
         assert {workers_tried(await tasks.get(r.task_id))[-1] for r in records} <= {"w0", "w1"}
+
+    asyncio.run(second_router())
+
+
+def test_a_task_whose_worker_boots_with_the_router_is_asked_there_once_it_is_up(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: the router serves before its local workers are up. A resumed task whose
+    worker is still booting is asked once that worker is in rotation (asked before, it
+    could not answer and would wait for a sweep), found there and not sent again;
+    meanwhile the fleet counts as healing, so new submissions are held, not refused."""
+    state = tmp_path / "state"
+
+    async def first_router() -> Any:
+        line = router(Fleet(), state)
+        record, _ = await submit(line, registry(), tmp_path, "boot", "processing")
+        await settle(line)
+        return record
+
+    record = asyncio.run(first_router())
+
+    async def second_router() -> None:
+        fleet = Fleet()
+        fleet.phase["w0"] = P.STARTING
+        asked: list[str] = []
+
+        async def get(url: str, timeout: float) -> Any:
+            asked.append(url)
+            return await fleet._get(url, timeout)
+
+        fleet.client = SimpleNamespace(get=get)
+        url = "http://w0:1/tasks/first-boot"  # its new instance restored it
+        fleet.answers[url] = {"status": "processing", "error": None}
+        line = router(fleet, state, boot_timeout_s=30.0)
+        tasks = registry()
+        line.resume(tasks)
+        supervisor = line.supervisor
+        assert supervisor.healing()
+        for _ in range(20):  # the lanes run up to their wait for the worker
+            await asyncio.sleep(0)
+        assert asked == [] and supervisor.reconciling == 1
+        fleet.phase["w0"] = P.HEALTHY
+        await settle(line)
+        assert asked == [url] and fleet.submitted == [] and not supervisor.healing()
+        back = await tasks.get(record.task_id)
+        assert back.status == "processing" and workers_tried(back) == ["w0"]
+        await supervisor.close()
 
     asyncio.run(second_router())

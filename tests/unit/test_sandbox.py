@@ -120,8 +120,9 @@ def alive(pid: int) -> bool:
 def test_stop_all_reaps_children_and_their_own_sessions(tmp_path: Path) -> None:
     log = tmp_path / "parent.log"
     with sandbox.Processes() as procs:
-        parent = procs.start("parent", [sys.executable, "-c", PARENT], env=dict(os.environ),
-                             log_path=log)
+        parent = procs.start(
+            "parent", [sys.executable, "-c", PARENT], env=dict(os.environ), log_path=log
+        )
         child_pid = sandbox.wait_until(lambda: parent.log().strip(), WAIT_S)
         assert child_pid, parent.log_tail()
         child = int(child_pid)
@@ -145,8 +146,12 @@ os._exit(75)
 
 def test_stop_all_reaps_what_an_exited_child_left_in_its_session(tmp_path: Path) -> None:
     with sandbox.Processes() as procs:
-        leaver = procs.start("leaver", [sys.executable, "-c", LEAVER], env=dict(os.environ),
-                             log_path=tmp_path / "leaver.log")
+        leaver = procs.start(
+            "leaver",
+            [sys.executable, "-c", LEAVER],
+            env=dict(os.environ),
+            log_path=tmp_path / "leaver.log",
+        )
         assert leaver.wait(WAIT_S) == 75  # reaped here, before any stop
         helper = int(leaver.log().strip())
         assert alive(helper)
@@ -154,11 +159,17 @@ def test_stop_all_reaps_what_an_exited_child_left_in_its_session(tmp_path: Path)
 
 
 def test_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
-               "print('ready', flush=True); time.sleep(600)"
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
     procs = sandbox.Processes()
-    proc = procs.start("stubborn", [sys.executable, "-c", stubborn], env=dict(os.environ),
-                       log_path=tmp_path / "stubborn.log")
+    proc = procs.start(
+        "stubborn",
+        [sys.executable, "-c", stubborn],
+        env=dict(os.environ),
+        log_path=tmp_path / "stubborn.log",
+    )
     assert sandbox.wait_until(lambda: "ready" in proc.log(), WAIT_S)
     procs.stop_all(grace_s=0.5)
     assert proc.returncode == -signal.SIGKILL
@@ -186,8 +197,13 @@ pathlib.Path(sys.argv[1]).write_text("eof")
 def test_stdin_pipe_is_closed_on_stop(tmp_path: Path) -> None:
     marker = tmp_path / "eof"
     procs = sandbox.Processes()
-    parent = procs.start("parent", [sys.executable, "-c", EOF_PARENT, EOF_CHILD, str(marker)],
-                         env=dict(os.environ), log_path=tmp_path / "parent.log", stdin_pipe=True)
+    parent = procs.start(
+        "parent",
+        [sys.executable, "-c", EOF_PARENT, EOF_CHILD, str(marker)],
+        env=dict(os.environ),
+        log_path=tmp_path / "parent.log",
+        stdin_pipe=True,
+    )
     child_pid = sandbox.wait_until(lambda: parent.log().strip(), WAIT_S)
     assert child_pid, parent.log_tail()
     # Its SIGTERM handler is in place (a slow start would otherwise die of the signal).
@@ -199,8 +215,13 @@ def test_stdin_pipe_is_closed_on_stop(tmp_path: Path) -> None:
 
 def test_wait_and_log_of_a_short_process(tmp_path: Path) -> None:
     with sandbox.Processes() as procs:
-        proc = procs.start("short", [sys.executable, "-c", "print('hi'); raise SystemExit(3)"],
-                           env=dict(os.environ), log_path=tmp_path / "short.log", cwd=tmp_path)
+        proc = procs.start(
+            "short",
+            [sys.executable, "-c", "print('hi'); raise SystemExit(3)"],
+            env=dict(os.environ),
+            log_path=tmp_path / "short.log",
+            cwd=tmp_path,
+        )
         assert proc.wait(WAIT_S) == 3
         assert proc.log_tail() == "hi\n"
         assert "exited 3" in repr(proc)

@@ -17,7 +17,7 @@ from conftest import generated_docs
 from mineru_health import _native
 from mineru_health._names import enum_name, enum_names
 from mineru_health.errors import ConfigError
-from mineru_health.settings import (
+from mineru_health.runtime.settings import (
     ROUTER_ENV_PREFIX,
     WORKER_ENV_PREFIX,
     HealthSettings,
@@ -27,7 +27,6 @@ from mineru_health.settings import (
 )
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 
 def test_defaults_are_the_production_preset() -> None:
@@ -105,12 +104,32 @@ def test_documented_variables_cover_every_field() -> None:
     assert "MINERU_ROUTER_HEALTH_PRESET" in names
     assert "MINERU_ROUTER_HEALTH_AUDIT_PATH" in names
     assert "MINERU_ROUTER_HEALTH_CA_FILE" in names
-    for added in ("TASK_RETRIES", "RETRY_BUDGET_PERCENT", "RETRY_BUDGET_MIN",
-                  "MAIN_PORT_TIMEOUT_S", "STABLE_WINDOW_S", "MAX_EJECTION_PERCENT",
-                  "NATIVE_PROBES", "MAX_KEPT_TASKS", "MAX_KEPT_MB", "WORKER_CGROUPS",
-                  "STOP_GRACE_S", "MAX_STATUS_MB", "MAX_RESULT_MB", "MAX_RESULT_S"):
+    for added in (
+        "TASK_RETRIES",
+        "RETRY_BUDGET_PERCENT",
+        "RETRY_BUDGET_MIN",
+        "MAIN_PORT_TIMEOUT_S",
+        "STABLE_WINDOW_S",
+        "MAX_EJECTION_PERCENT",
+        "NATIVE_PROBES",
+        "MAX_KEPT_TASKS",
+        "MAX_KEPT_MB",
+        "WORKER_CGROUPS",
+        "STOP_GRACE_S",
+        "MAX_STATUS_MB",
+        "MAX_RESULT_MB",
+        "MAX_RESULT_S",
+        "UPSTREAM_DNS",
+        "DNS_INTERVAL_S",
+        "DNS_TIMEOUT_S",
+        "DNS_MAX_ADDRESSES",
+        "DNS_SERVERS",
+        "STORE_URL",
+        "ROUTER_ID",
+        "LEASE_S",
+    ):
         assert ROUTER_ENV_PREFIX + added in names
-    assert len(names) == len(set(names)) == 30
+    assert len(names) == len(set(names)) == 38
     for name in names:
         assert name.startswith(ROUTER_ENV_PREFIX)
 
@@ -301,7 +320,13 @@ def test_enum_names_come_from_the_native_to_string(enum_type: type) -> None:
 def test_enum_names_spelling() -> None:
     assert enum_names(_native.PollerEventKind) == ("probe", "audit", "restart_requested", "error")
     assert "gave_up" in enum_names(_native.WorkerPhase)
-    assert enum_names(_native.RuleKind) == ("fatal", "task_local", "heuristic", "ambiguous", "generic")
+    assert enum_names(_native.RuleKind) == (
+        "fatal",
+        "task_local",
+        "heuristic",
+        "ambiguous",
+        "generic",
+    )
 
 
 # --- the README's tables are generated ----------------------------------------------------
@@ -330,7 +355,11 @@ def _deploy_env() -> list[dict[str, str]]:
     root = README.parent / "deploy"
     envs = []
     for doc in yaml.safe_load_all((root / "k8s" / "00-config.yaml").read_text(encoding="utf-8")):
-        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "mineru-health-env":
+        if (
+            doc
+            and doc.get("kind") == "ConfigMap"
+            and doc["metadata"]["name"] == "mineru-health-env"
+        ):
             envs.append({str(k): str(v) for k, v in doc["data"].items()})
     compose = yaml.safe_load((root / "compose" / "compose.yaml").read_text(encoding="utf-8"))
     for service in compose["services"].values():

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from mineru_health import state_dirs
 from mineru_health.errors import ConfigError
+from mineru_health.runtime import state_dirs
 
 _HOLD = """
 import sys, time
-from mineru_health import state_dirs
+from mineru_health.runtime import state_dirs
 lock = state_dirs.claim(sys.argv[1])
 print("held", flush=True)
 sys.stdin.read()
@@ -21,8 +21,12 @@ sys.stdin.read()
 
 
 def _holder(directory: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(directory)], text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(directory)],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 

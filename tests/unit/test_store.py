@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mineru_health.runtime.settings import WorkerSettings
 from mineru_health.runtime.worker import store
-from mineru_health.runtime.worker.context import runtime
-from mineru_health.settings import WorkerSettings
+from mineru_health.runtime.worker.worker_runtime import WorkerRuntime
 
 
 @pytest.fixture
-def opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[store.Store]:
-    monkeypatch.setattr(runtime, "store", None)
+def opened(runtime: WorkerRuntime, tmp_path: Path) -> Iterator[store.Store]:
     settings = WorkerSettings.from_env({"MINERU_HEALTH_STATE_DIR": str(tmp_path / "state")})
     runtime.defer_store(settings, store.state_dir(settings, "unused"))
     current = runtime.open_store()
@@ -26,20 +25,28 @@ def opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[store.St
     current.close()
 
 
-def test_rows_round_trip_oldest_first_and_unreadable_ones_go(opened: store.Store,
-                                                             tmp_path: Path) -> None:
+def test_rows_round_trip_oldest_first_and_unreadable_ones_go(
+    opened: store.Store, tmp_path: Path
+) -> None:
     opened.save("a", {"status": "completed", "names": ["ü.pdf"]}, {"engine_dead": False})
     opened.save("b", {"status": "failed"})
     opened.save("a", {"status": "completed", "names": ["ü.pdf"]}, {"engine_dead": True})
     with contextlib.closing(sqlite3.connect(opened.path)) as db, db:
-        db.executemany("INSERT INTO finished VALUES (?, ?, ?, 0)",
-                       [("bad-json", "{not json", None), ("a-list", "[1]", None),
-                        ("bad-verdict", "{}", "[]"), ("a-number", 7, None)])
+        db.executemany(
+            "INSERT INTO finished VALUES (?, ?, ?, 0)",
+            [
+                ("bad-json", "{not json", None),
+                ("a-list", "[1]", None),
+                ("bad-verdict", "{}", "[]"),
+                ("a-number", 7, None),
+            ],
+        )
     assert store.read(opened.path.parent, "a-list") is None  # the router skips them too
     assert opened.count() == 6
-    assert opened.rows() == [("b", {"status": "failed"}, None),
-                             ("a", {"status": "completed", "names": ["ü.pdf"]},
-                              {"engine_dead": True})]
+    assert opened.rows() == [
+        ("b", {"status": "failed"}, None),
+        ("a", {"status": "completed", "names": ["ü.pdf"]}, {"engine_dead": True}),
+    ]
     assert opened.count() == 2  # the unreadable rows were deleted
     opened.delete(["b", "unknown"])
     assert [row[0] for row in opened.rows()] == ["a"]
@@ -50,7 +57,7 @@ def test_rows_round_trip_oldest_first_and_unreadable_ones_go(opened: store.Store
 
 
 def test_configure_opens_once_per_process_and_leaves_older_files_alone(
-    opened: store.Store, tmp_path: Path
+    runtime: WorkerRuntime, opened: store.Store, tmp_path: Path
 ) -> None:
     old = opened.path.parent / "mineru-health-tasks.sqlite3"  # the previous release's file
     with contextlib.closing(sqlite3.connect(old)) as db, db:
@@ -61,7 +68,9 @@ def test_configure_opens_once_per_process_and_leaves_older_files_alone(
     assert not (tmp_path / "other").exists()
     with contextlib.closing(sqlite3.connect(old)) as db:
         assert db.execute("SELECT name FROM sqlite_master").fetchall() == [
-            ("tasks",), ("sqlite_autoindex_tasks_1",)]
+            ("tasks",),
+            ("sqlite_autoindex_tasks_1",),
+        ]
 
 
 class Owner:
@@ -80,17 +89,24 @@ class Owner:
         return len(gone)
 
 
-def _attach(owner: Owner, put_back: store.PutBack) -> int:
+def _attach(current: store.Store, owner: Owner, put_back: store.PutBack) -> int:
     def row_of(key: str) -> store.Row | None:
         status = owner.items.get(key)
         return (key, {"status": status}, None) if status in ("completed", "failed") else None
 
-    return store.attach(runtime.store, owner, put_back, finish="finish", row_of=row_of, expire="expire",
-                        live=lambda: owner.items)
+    return store.attach(
+        current,
+        owner,
+        put_back,
+        finish="finish",
+        row_of=row_of,
+        expire="expire",
+        live=lambda: owner.items,
+    )
 
 
 def test_attach_puts_rows_back_then_keeps_what_finishes_and_forgets_what_expires(
-    opened: store.Store
+    opened: store.Store,
 ) -> None:
     for key in ("back", "gone", "left", "broken"):
         opened.save(key, {"status": "completed"})
@@ -105,14 +121,17 @@ def test_attach_puts_rows_back_then_keeps_what_finishes_and_forgets_what_expires
             owner.items[key] = record["status"]
         return {"back": True, "gone": False, "left": None}[key]
 
-    assert _attach(owner, put_back) == 1
+    assert _attach(opened, owner, put_back) == 1
     assert seen == ["back", "gone", "left", "broken"]
     assert sorted(row[0] for row in opened.rows()) == ["back", "left"]  # dropped: gone, broken
-    assert _attach(owner, put_back) == 0 and len(seen) == 4  # once per owner
+    assert _attach(opened, owner, put_back) == 0 and len(seen) == 4  # once per owner
 
     owner.items.update({"old-1": "completed", "new-1": "failed", "running": "processing"})
     assert [owner.finish(k) for k in ("old-1", "new-1", "running")] == [
-        "finished old-1", "finished new-1", "finished running"]  # MinerU's results kept
+        "finished old-1",
+        "finished new-1",
+        "finished running",
+    ]  # MinerU's results kept
     assert sorted(row[0] for row in opened.rows()) == ["back", "left", "new-1", "old-1"]
     assert owner.expire() == 1
     assert sorted(row[0] for row in opened.rows()) == ["back", "left", "new-1"]
@@ -124,9 +143,9 @@ def test_keeping_never_raises(opened: store.Store) -> None:
             raise KeyError(key)
         return key, {"status": "completed"}, None
 
-    store.keep(runtime.store, row_of, "bug")
+    store.keep(opened, row_of, "bug")
     opened.close()  # every later write raises inside the store
-    store.keep(runtime.store, row_of, "t1")
+    store.keep(opened, row_of, "t1")
 
 
 def test_one_connection_serves_many_threads(opened: store.Store) -> None:

@@ -32,8 +32,17 @@ class Audit:
 
 
 def saved(key: str, state: str = "pending") -> Saved:
-    return Saved(key, state, "w0", f"up-{key}", "http://w0:1", ["w0"], "", None,
-                 {"task": {"task_id": key, "padding": "x" * 600}})
+    return Saved(
+        key,
+        state,
+        "w0",
+        f"up-{key}",
+        "http://w0:1",
+        ["w0"],
+        "",
+        None,
+        {"task": {"task_id": key, "padding": "x" * 600}},
+    )
 
 
 def fill(store: RouterStore, prefix: str, count: int) -> list[str]:
@@ -72,12 +81,22 @@ def replace_with_another_database(path: Path) -> None:
     os.replace(other, path)
 
 
-@pytest.mark.parametrize("how", [
-    "deleted", "directory deleted", "replaced", "truncated to 0", "truncated to half", "-wal deleted",
-    "-wal truncated",
-])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "deleted",
+        "directory deleted",
+        "replaced",
+        "truncated to 0",
+        "truncated to half",
+        "-wal deleted",
+        "-wal truncated",
+    ],
+)
 def test_a_vanished_file_is_audited_and_a_fresh_one_holds_every_row(
-    live: tuple[RouterStore, Audit, list[str]], tmp_path: Path, how: str,
+    live: tuple[RouterStore, Audit, list[str]],
+    tmp_path: Path,
+    how: str,
 ) -> None:
     store, audit, before = live
     path = tmp_path / DB_NAME
@@ -114,7 +133,8 @@ def test_a_vanished_file_is_audited_and_a_fresh_one_holds_every_row(
 
 
 def test_a_deleted_shm_loses_nothing_and_is_not_news(
-    live: tuple[RouterStore, Audit, list[str]], tmp_path: Path,
+    live: tuple[RouterStore, Audit, list[str]],
+    tmp_path: Path,
 ) -> None:
     # The -shm is an index of the log that SQLite rebuilds from it: nothing is lost.
     store, audit, before = live
@@ -154,7 +174,9 @@ def test_a_file_whose_pages_are_gone_keeps_what_can_be_read_and_what_the_router_
 
 
 def test_until_a_fresh_file_is_written_nothing_is_acknowledged(
-    live: tuple[RouterStore, Audit, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    live: tuple[RouterStore, Audit, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store, audit, before = live
 
@@ -177,17 +199,19 @@ def test_until_a_fresh_file_is_written_nothing_is_acknowledged(
 
 
 def test_a_whole_file_is_not_news_and_memory_stores_are_not_checked(
-    live: tuple[RouterStore, Audit, list[str]], tmp_path: Path,
+    live: tuple[RouterStore, Audit, list[str]],
+    tmp_path: Path,
 ) -> None:
     store, audit, _before = live
     store.forget(["before-0000"])
-    store.save_poison("d1", [("w0", "vllm.engine_dead")])
+    store.add_poison_death("d1", "w0", "vllm.engine_dead")
     assert store.check() is None and audit.records == [] and store.count() == 39
     memory = RouterStore(":memory:")
     assert memory.save(saved("a")) and memory.check() is None
 
 
 # -- a new router on what a vanished store left ---------------------------------------------
+
 
 def test_a_new_router_on_an_emptied_file_says_what_it_cannot_resume(tmp_path: Path) -> None:
     (tmp_path / DB_NAME).write_bytes(b"")

@@ -23,17 +23,29 @@ from mineru_health.mineru3.router.tasks import TaskLine, workers_tried
 from mineru_health.runtime.router.admission import Refused
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.policy import Action, Answer, AnswerKind, Step
+from mineru_health.runtime.router.store import RouterStore
 from mineru_health.runtime.router.supervisor import Supervisor
+from mineru_health.runtime.settings import HealthSettings
 from mineru_health.runtime.worker import store
-from mineru_health.settings import HealthSettings
 
 P = _native.WorkerPhase
-DEAD = {"status": "failed", "error": "EngineDeadError: EngineCore encountered an issue.",
+DEAD = {
+    "status": "failed",
+    "error": "EngineDeadError: EngineCore encountered an issue.",
+    "engine_dead": True,
+    "verdict": {
+        "fatal": True,
         "engine_dead": True,
-        "verdict": {"fatal": True, "engine_dead": True, "role": "trigger",
-                    "rule": "vllm.engine_dead", "category": "engine_dead"}}
-COLLATERAL = {**DEAD, "error": "engine unusable",
-              "verdict": {**DEAD["verdict"], "fatal": False, "role": "collateral"}}
+        "role": "trigger",
+        "rule": "vllm.engine_dead",
+        "category": "engine_dead",
+    },
+}
+COLLATERAL = {
+    **DEAD,
+    "error": "engine unusable",
+    "verdict": {**DEAD["verdict"], "fatal": False, "role": "collateral"},
+}
 
 
 class Unavailable(Exception):
@@ -43,8 +55,9 @@ class Unavailable(Exception):
 class Rejected(Exception):
     """MinerU's UpstreamSubmissionRejected, and FastAPI's HTTPException in its place."""
 
-    def __init__(self, status_code: int, detail: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status_code: int, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status_code, self.detail, self.headers = status_code, detail, headers or {}
 
@@ -57,9 +70,10 @@ class Fleet:
     """
 
     def __init__(self) -> None:
-        self.servers = {sid: SimpleNamespace(server_id=sid, base_url=f"http://{sid}:1",
-                                             local_server=object())
-                        for sid in ("w0", "w1")}
+        self.servers = {
+            sid: SimpleNamespace(server_id=sid, base_url=f"http://{sid}:1", local_server=object())
+            for sid in ("w0", "w1")
+        }
         self.phase = {"w0": P.HEALTHY, "w1": P.HEALTHY}
         self.answers: dict[str, Any] = {}  # url -> payload dict, 404, or an exception
         self.submitted: list[tuple[str, str]] = []  # (server, upstream task id)
@@ -67,13 +81,19 @@ class Fleet:
         self.dead_processes: set[str] = set()
         self.client = SimpleNamespace(get=self._get)
         self.fleet = self
+        self.local = self  # the fleet's LocalWorkers too (check_process)
         self.audit = Audit()
         self.state_dirs = SimpleNamespace(state_dir=lambda sid: Path("/nonexistent"))
 
     # The runtime's Fleet surface
     def status(self, sid: str) -> Any:
-        return SimpleNamespace(id=sid, phase=self.phase[sid], in_rotation=self.phase[sid] == P.HEALTHY,
-                               restartable=True)
+        return SimpleNamespace(
+            id=sid,
+            phase=self.phase[sid],
+            in_rotation=self.phase[sid] == P.HEALTHY,
+            restartable=True,
+            ejection_suppressed=False,
+        )
 
     def statuses(self) -> list[Any]:
         return [self.status(sid) for sid in self.servers]
@@ -151,12 +171,19 @@ RECORDS: dict[str, Any] = {}
 
 
 def new_record(task_id: str, server: str) -> Any:
-    record = SimpleNamespace(task_id=task_id, upstream_server_id=server,
-                             upstream_task_id=f"first-{task_id}",
-                             upstream_base_url=f"http://{server}:1" if server else "",
-                             status="pending", created_at="2026-01-01T00:00:00+00:00",
-                             started_at=None, completed_at=None, error=None, queued_ahead=None,
-                             upstream_error_count=0)
+    record = SimpleNamespace(
+        task_id=task_id,
+        upstream_server_id=server,
+        upstream_task_id=f"first-{task_id}",
+        upstream_base_url=f"http://{server}:1" if server else "",
+        status="pending",
+        created_at="2026-01-01T00:00:00+00:00",
+        started_at=None,
+        completed_at=None,
+        error=None,
+        queued_ahead=None,
+        upstream_error_count=0,
+    )
     RECORDS[task_id] = record
     return record
 
@@ -194,22 +221,44 @@ class SteppingClock:
         return self.now
 
 
-def line_for(fleet: Fleet, clock: Callable[[], float] | None = None,
-             **settings: Any) -> TaskLine:
+def line_for(
+    fleet: Fleet,
+    clock: Callable[[], float] | None = None,
+    store: Any = None,
+    **settings: Any,
+) -> TaskLine:
     """MinerU 3.x's task line with its supervisor, as the healing pool builds them."""
-    base = HealthSettings.preset("fast").replace(interval_s=0.05, probe_timeout_s=0.02,
-                                                 connect_timeout_s=0.01, boot_timeout_s=1.0)
-    namespace = {"submit_payload_to_upstream": fleet.submit,
-                 "UpstreamSubmissionUnavailable": Unavailable,
-                 "UpstreamSubmissionRejected": Rejected,
-                 "normalize_upload_filename": lambda name: name,
-                 "utc_now_iso": lambda: "2026-01-01T00:00:00+00:00"}
-    pool = SimpleNamespace(**{name: getattr(fleet, name) for name in (
-        "fleet", "client", "get_server", "acquire_submission_server",
-        "release_submission_server", "mark_submission_failure")})
+    base = HealthSettings.preset("fast").replace(
+        interval_s=0.05, probe_timeout_s=0.02, connect_timeout_s=0.01, boot_timeout_s=1.0
+    )
+    namespace = {
+        "submit_payload_to_upstream": fleet.submit,
+        "UpstreamSubmissionUnavailable": Unavailable,
+        "UpstreamSubmissionRejected": Rejected,
+        "normalize_upload_filename": lambda name: name,
+        "utc_now_iso": lambda: "2026-01-01T00:00:00+00:00",
+    }
+    pool = SimpleNamespace(
+        **{
+            name: getattr(fleet, name)
+            for name in (
+                "fleet",
+                "client",
+                "get_server",
+                "acquire_submission_server",
+                "release_submission_server",
+                "mark_submission_failure",
+            )
+        }
+    )
     line = TaskLine(pool, namespace)
-    pool.supervisor = Supervisor(fleet, line, base.replace(**settings) if settings else base,  # type: ignore[arg-type]
-                                 **({"clock": clock} if clock is not None else {}))
+    pool.supervisor = Supervisor(
+        fleet,
+        line,
+        base.replace(**settings) if settings else base,  # type: ignore[arg-type]
+        **({"clock": clock} if clock is not None else {}),
+        store=store,
+    )
     return line
 
 
@@ -232,24 +281,25 @@ async def until(condition: Callable[[], bool]) -> None:
 
 async def settle(line: TaskLine) -> None:
     for _ in range(200):
-        pending = [t for t in line.supervisor._background if not t.done()]
+        pending = [t for t in line.supervisor.background.tasks if not t.done()]
         if not pending:
             return
         await asyncio.wait(pending, timeout=0.5)
     raise AssertionError("background work never settled")
 
 
-def track(line: TaskLine, task_id: str, server: str = "w0",
-          digest: str | None = "digest") -> tuple[Any, Payload]:
+async def track(
+    line: TaskLine, task_id: str, server: str = "w0", digest: str | None = "digest"
+) -> tuple[Any, Payload]:
     record, payload = new_record(task_id, server), Payload()
-    line.track(record, payload, digest, Registry())
+    await line.track(record, payload, digest, Registry())
     return record, payload
 
 
 def test_engine_death_is_resubmitted_under_the_same_task_id() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, payload = track(line, "t1")
+        record, payload = await track(line, "t1")
         assert payload.retained and workers_tried(record) == ["w0"]
         fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
         await line.refresh(record)
@@ -274,7 +324,7 @@ def test_engine_death_is_resubmitted_under_the_same_task_id() -> None:
 def test_retries_then_a_clear_failure() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, task_retries=1)
-        record, payload = track(line, "t1")
+        record, payload = await track(line, "t1")
         fleet.answers["http://w0:1/tasks/first-t1"] = COLLATERAL
         await line.refresh(record)
         await settle(line)
@@ -292,8 +342,8 @@ def test_retries_then_a_clear_failure() -> None:
 def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, retry_budget_percent=0.0, retry_budget_min=1)
-        first, _ = track(line, "t1")
-        second, _ = track(line, "t2")
+        first, _ = await track(line, "t1")
+        second, _ = await track(line, "t2")
         for record in (first, second):
             fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
             await line.refresh(record)
@@ -314,10 +364,9 @@ def test_retry_budget_delays_a_resubmission_until_an_earlier_one_ends() -> None:
 def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
     async def scenario(fleet: Fleet) -> None:
         # BOOT_TIMEOUT_S (1 s, its floor) passes on the clock, not in real time.
-        line = line_for(fleet, SteppingClock(0.5), retry_budget_percent=0.0,
-                                    retry_budget_min=1)
-        first, _ = track(line, "t1")
-        second, _ = track(line, "t2")
+        line = line_for(fleet, SteppingClock(0.5), retry_budget_percent=0.0, retry_budget_min=1)
+        first, _ = await track(line, "t1")
+        second, _ = await track(line, "t2")
         for record in (first, second):
             fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
             await line.refresh(record)
@@ -329,10 +378,65 @@ def test_retry_budget_spent_for_the_whole_wait_fails_the_task_clearly() -> None:
     run(scenario)
 
 
+class ReadClock:
+    """A clock the test sets; counts its readings (a waiter's loop reads it once a turn)."""
+
+    def __init__(self) -> None:
+        self.now, self.reads = 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def test_a_resubmission_over_the_budget_waits_while_earlier_ones_keep_ending() -> None:
+    """A backlog on a slow fleet turns the budget over slowly: a task waits past
+    BOOT_TIMEOUT_S as long as resubmissions keep ending, and fails only after one
+    BOOT_TIMEOUT_S in which none did (the test above)."""
+
+    async def scenario(fleet: Fleet) -> None:
+        clock = ReadClock()
+        line = line_for(fleet, clock, retry_budget_percent=0.0, retry_budget_min=1)
+        records = [(await track(line, f"t{n}"))[0] for n in range(3)]
+        for record in records:
+            fleet.answers[f"http://w0:1/tasks/first-{record.task_id}"] = COLLATERAL
+            await line.refresh(record)
+        await until(lambda: len(fleet.submitted) == 1)
+        by_upstream = {r.upstream_task_id: r for r in records}
+
+        async def end(upstream_id: str) -> Any:
+            record = by_upstream.get(upstream_id) or next(
+                r for r in records if r.upstream_task_id == upstream_id
+            )
+            fleet.answers[f"http://w1:1/tasks/{upstream_id}"] = {
+                "status": "completed",
+                "error": None,
+            }
+            await line.refresh(record)
+            return record
+
+        clock.now = 0.9  # within BOOT_TIMEOUT_S (1 s): the first ends, the second goes
+        first = await end(fleet.submitted[0][1])
+        await until(lambda: len(fleet.submitted) == 2)
+        clock.now = 1.5  # past the first deadline of the one still waiting
+        reads = clock.reads
+        await until(lambda: clock.reads >= reads + 3)  # its loop looked at the clock since
+        waiting = [r for r in records if workers_tried(r) == ["w0"]]
+        assert len(waiting) == 1 and waiting[0].status == "pending", [
+            (r.status, r.error) for r in records
+        ]
+        await end(fleet.submitted[1][1])  # the budget turns over again: it goes
+        await until(lambda: len(fleet.submitted) == 3)
+        assert first.status == "completed" and workers_tried(waiting[0]) == ["w0", "w1"]
+        await settle(line)
+
+    run(scenario)
+
+
 def test_poison_document_quarantined_after_two_workers() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, payload = track(line, "t1", digest="poison")
+        record, payload = await track(line, "t1", digest="poison")
         fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
         await line.refresh(record)
         await settle(line)
@@ -350,13 +454,36 @@ def test_poison_document_quarantined_after_two_workers() -> None:
     run(scenario)
 
 
+def test_a_death_another_router_sharing_the_store_saw_counts() -> None:
+    """Issue 35: two routers on one database each saw the document kill one of their own
+    workers: quarantined fleet-wide at the second, each local worker named with its router."""
+    shared = RouterStore(":memory:")
+    shared.router_id = "router-a"
+    assert shared.add_poison_death("poison", "router-b/local-gpu-0", "cuda.sticky")
+
+    async def scenario(fleet: Fleet) -> None:
+        line = line_for(fleet, store=shared)
+        record, _payload = await track(line, "t1", digest="poison")
+        fleet.answers["http://w0:1/tasks/first-t1"] = DEAD
+        await line.refresh(record)
+        await settle(line)
+        assert record.status == "failed" and "Not sent again: doc.pdf" in record.error
+        assert "router-b/local-gpu-0 (cuda.sticky)" in record.error
+        assert "router-a/w0 (vllm.engine_dead)" in record.error
+        assert workers_tried(record) == ["w0"]  # never sent to a third engine
+        (held,) = shared.poison()
+        assert [w for w, _ in held[1]] == ["router-b/local-gpu-0", "router-a/w0"]
+
+    run(scenario)
+
+
 def test_a_document_is_hashed_only_when_a_trigger_death_needs_it(tmp_path: Path) -> None:
     document = tmp_path / "doc.pdf"
     document.write_bytes(b"%PDF-1.7 poison")
 
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, payload = track(line, "t1", digest=None)
+        record, payload = await track(line, "t1", digest=None)
         payload.uploads[0].path = str(document)
         tracked = line.supervisor.find("t1")
         assert tracked is not None
@@ -373,11 +500,16 @@ def test_a_document_is_hashed_only_when_a_trigger_death_needs_it(tmp_path: Path)
 def test_worker_declared_failed_resubmits_without_any_client() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         record.status = "processing"
         fleet.phase["w0"] = P.FAILED  # process exited: nothing answers on its URL
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
-                                            audit=SimpleNamespace(to_phase=P.FAILED)))
+        line.supervisor.on_event(
+            SimpleNamespace(
+                kind=_native.PollerEventKind.AUDIT,
+                worker_id="w0",
+                audit=SimpleNamespace(to_phase=P.FAILED),
+            )
+        )
         await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
 
@@ -387,7 +519,7 @@ def test_worker_declared_failed_resubmits_without_any_client() -> None:
 def test_a_killed_worker_is_seen_by_the_first_status_request() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         fleet.dead_processes.add("w0")  # kill -9: the policy has not seen it yet
         await line.refresh(record)
         await settle(line)
@@ -399,11 +531,12 @@ def test_a_killed_worker_is_seen_by_the_first_status_request() -> None:
 def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         fleet.answers["http://w0:1/tasks/first-t1"] = {"status": "processing"}
         fleet.phase["w0"] = P.RESTARTING  # the pool is stopping this instance
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED,
-                                            worker_id="w0"))
+        line.supervisor.on_event(
+            SimpleNamespace(kind=_native.PollerEventKind.RESTART_REQUESTED, worker_id="w0")
+        )
         await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(record) == ["w0", "w1"]
 
@@ -413,13 +546,23 @@ def test_restart_requested_resubmits_what_the_old_instance_holds() -> None:
 def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        done, _ = track(line, "t1")
-        lost, _ = track(line, "t2")
+        done, _ = await track(line, "t1")
+        lost, _ = await track(line, "t2")
         # The worker finished t1 (in its store) and died before the router saw it.
         kept = store.Store(tmp_path / store.DB_NAME)
-        kept.save("first-t1", {"task_id": "first-t1", "status": "completed", "output_dir": "/o",
-                               "backend": "vlm-http-client", "file_names": ["doc"],
-                               "error": None, "started_at": "s", "completed_at": "c"})
+        kept.save(
+            "first-t1",
+            {
+                "task_id": "first-t1",
+                "status": "completed",
+                "output_dir": "/o",
+                "backend": "vlm-http-client",
+                "file_names": ["doc"],
+                "error": None,
+                "started_at": "s",
+                "completed_at": "c",
+            },
+        )
         kept.close()
         fleet.state_dirs = SimpleNamespace(state_dir=lambda sid: tmp_path)
         fleet.phase["w0"] = P.FAILED
@@ -435,7 +578,7 @@ def test_a_task_the_dead_worker_finished_is_kept_not_run_again(tmp_path: Path) -
 def test_slow_worker_is_left_alone() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         fleet.phase["w0"] = P.UNHEALTHY  # ejected on timeouts, below the failure threshold
         for _ in range(5):
             await line.refresh(record)
@@ -449,11 +592,16 @@ def test_slow_worker_is_left_alone() -> None:
 def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, payload = track(line, "t1")
+        record, payload = await track(line, "t1")
         fleet.servers["w0"].base_url = "http://w0:2"  # a new instance after a restart
         fleet.answers["http://w0:2/tasks/first-t1"] = {"status": "completed", "error": None}
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
-                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        line.supervisor.on_event(
+            SimpleNamespace(
+                kind=_native.PollerEventKind.AUDIT,
+                worker_id="w0",
+                audit=SimpleNamespace(to_phase=P.HEALTHY),
+            )
+        )
         await settle(line)
         assert fleet.submitted == []  # adopted, not duplicated
         assert record.status == "completed" and record.upstream_base_url == "http://w0:2"
@@ -472,14 +620,20 @@ def test_restarted_worker_that_restored_the_task_keeps_it() -> None:
 def test_a_verdict_restored_by_a_new_instance_never_ejects_it() -> None:
     """Issue 32: the new instance restored the task as its previous instance failed it
     (engine_dead, trigger): the task is sent again, the healthy instance stays in rotation."""
+
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, payload = track(line, "t1")
+        record, payload = await track(line, "t1")
         fleet.servers["w0"].base_url = "http://w0:2"
         restored = {**DEAD, "verdict": {**DEAD["verdict"], "restored": True}}
         fleet.answers["http://w0:2/tasks/first-t1"] = restored
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
-                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        line.supervisor.on_event(
+            SimpleNamespace(
+                kind=_native.PollerEventKind.AUDIT,
+                worker_id="w0",
+                audit=SimpleNamespace(to_phase=P.HEALTHY),
+            )
+        )
         await settle(line)
         assert fleet.passive == []  # nothing the current instance did
         assert fleet.submitted == [("w1", "up-1")] and record.status == "pending"
@@ -494,13 +648,17 @@ def test_a_verdict_restored_by_a_new_instance_never_ejects_it() -> None:
 
 def test_a_dead_workers_store_never_reports_the_worker_again() -> None:
     """What a dead process's store says is about an instance already declared failed."""
+
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         kept = line.supervisor.find("t1")
         assert kept is not None
-        line.supervisor._lost(kept, Step(Action.RESUBMIT, "engine_dead"),
-                              Answer(AnswerKind.STATUS, payload=DEAD, from_store=True))
+        line.supervisor._lost(
+            kept,
+            Step(Action.RESUBMIT, "engine_dead"),
+            Answer(AnswerKind.STATUS, payload=DEAD, from_store=True),
+        )
         await settle(line)
         assert fleet.passive == [] and fleet.submitted == [("w1", "up-1")]
         assert record.upstream_server_id == "w1"
@@ -511,11 +669,12 @@ def test_a_dead_workers_store_never_reports_the_worker_again() -> None:
 def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, clock=SteppingClock(0.01))  # BOOT_TIMEOUT_S: 100 readings
-        record, _payload = track(line, "t1")
+        record, _payload = await track(line, "t1")
         record.status = "completed"
         fleet.phase["w0"] = P.RESTARTING
-        request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(
-            worker_pool=SimpleNamespace(task_line=line))))
+        request = SimpleNamespace(
+            app=SimpleNamespace(state=SimpleNamespace(worker_pool=SimpleNamespace(task_line=line)))
+        )
 
         async def proxy(request: Any, task: Any) -> str:
             return f"result of {task.task_id} from {task.upstream_base_url}"
@@ -530,8 +689,13 @@ def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not()
         await asyncio.sleep(0.02)
         assert not waiting.done()  # holds the caller's connection while the worker boots
         fleet.phase["w0"], fleet.servers["w0"].base_url = P.HEALTHY, "http://w0:2"
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w0",
-                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        line.supervisor.on_event(
+            SimpleNamespace(
+                kind=_native.PollerEventKind.AUDIT,
+                worker_id="w0",
+                audit=SimpleNamespace(to_phase=P.HEALTHY),
+            )
+        )
         assert await asyncio.wait_for(waiting, 5.0) == "result of t1 from http://w0:2"
 
         fleet.phase["w0"] = P.GAVE_UP  # never back: 503 once BOOT_TIMEOUT_S has passed
@@ -545,7 +709,7 @@ def test_file_parse_waits_for_the_restarted_instance_a_result_request_does_not()
 def test_restarted_worker_that_does_not_know_the_task_gets_it_again() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        record, _ = track(line, "t1")
+        record, _ = await track(line, "t1")
         fleet.servers["w0"].base_url = "http://w0:2"
         fleet.answers["http://w0:2/tasks/first-t1"] = 404
         fleet.phase["w1"] = P.FAILED  # only the restarted worker is healthy
@@ -565,8 +729,13 @@ def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
         assert held.status == "pending" and workers_tried(held) == []
         await asyncio.sleep(0.1)
         fleet.phase["w1"] = P.HEALTHY  # back: the held task goes out
-        line.supervisor.on_event(SimpleNamespace(kind=_native.PollerEventKind.AUDIT, worker_id="w1",
-                                            audit=SimpleNamespace(to_phase=P.HEALTHY)))
+        line.supervisor.on_event(
+            SimpleNamespace(
+                kind=_native.PollerEventKind.AUDIT,
+                worker_id="w1",
+                audit=SimpleNamespace(to_phase=P.HEALTHY),
+            )
+        )
         await settle(line)
         assert fleet.submitted == [("w1", "up-1")] and workers_tried(held) == ["w1"]
 
@@ -574,7 +743,7 @@ def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
         assert line.supervisor.healing()  # ejected a moment before it is declared failed
         fleet.phase = {"w0": P.GAVE_UP, "w1": P.GAVE_UP}
         assert not line.supervisor.healing()  # nothing is coming back: MinerU's 503 stands
-        record, _ = track(line, "t2", server="w1")
+        record, _ = await track(line, "t2", server="w1")
         fleet.answers["http://w1:1/tasks/first-t2"] = DEAD
         await line.refresh(record)
         await settle(line)  # waits BOOT_TIMEOUT_S (1 s here), then gives up
@@ -586,7 +755,7 @@ def test_no_healthy_worker_holds_then_fails_with_a_clear_error() -> None:
 def test_close_releases_every_upload() -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet)
-        payloads = [track(line, f"t{i}")[1] for i in range(3)]
+        payloads = [(await track(line, f"t{i}"))[1] for i in range(3)]
         await line.supervisor.close()
         assert [p.released for p in payloads] == [1, 1, 1] and line.supervisor.in_flight == 0
 
@@ -599,8 +768,8 @@ def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
     async def scenario(fleet: Fleet) -> None:
         line = line_for(fleet, max_kept_tasks=2)
         line.supervisor.admit(0).close()
-        track(line, "t0")
-        track(line, "t1")
+        await track(line, "t0")
+        await track(line, "t1")
         with pytest.raises(Refused) as refused:
             line.supervisor.admit(0)
         assert refused.value.status == 503 and refused.value.headers["Retry-After"]
@@ -622,7 +791,7 @@ def test_kept_uploads_are_capped_in_count_and_bytes(tmp_path: Path) -> None:
         big.write_bytes(b"\0" * (1024 * 1024))
         record, payload = new_record("t2", "w0"), Payload()
         payload.uploads = [SimpleNamespace(upload_name="big.pdf", path=str(big))]
-        by_size.track(record, payload, "digest", Registry())
+        await by_size.track(record, payload, "digest", Registry())
         with pytest.raises(Refused) as refused:
             by_size.supervisor.admit(1)
         assert "MINERU_ROUTER_HEALTH_MAX_KEPT_MB=1" in refused.value.detail

@@ -38,8 +38,12 @@ def test_traceback_text_during_handling_and_qualified_names() -> None:
         "second line of the message\n"
     )
     frames = frames_from_text(text)
-    assert frames[0] == Frame("vllm.v1.engine.exceptions", "EngineDeadError", (),
-                              "EngineCore encountered an issue.\nsecond line of the message")
+    assert frames[0] == Frame(
+        "vllm.v1.engine.exceptions",
+        "EngineDeadError",
+        (),
+        "EngineCore encountered an issue.\nsecond line of the message",
+    )
     assert (frames[1].module, frames[1].type_name) == ("zmq.error", "ZMQError")
 
 
@@ -65,12 +69,16 @@ def test_traceback_text_exception_group() -> None:
         ("torch.OutOfMemoryError", Frame("torch", "OutOfMemoryError", (), "")),
         ("Timeout", Frame("", "", (), "Timeout")),
         # "Name: text" is an exception line only when Name looks like a class.
-        ("Failed: Cuda error x.cuh:455 'invalid argument'",
-         Frame("", "", (), "Failed: Cuda error x.cuh:455 'invalid argument'")),
+        (
+            "Failed: Cuda error x.cuh:455 'invalid argument'",
+            Frame("", "", (), "Failed: Cuda error x.cuh:455 'invalid argument'"),
+        ),
         ("EI0009: Transport init error.", Frame("", "", (), "EI0009: Transport init error.")),
         ("KeyboardInterrupt: ", Frame("", "KeyboardInterrupt", (), "")),
-        ("vllm.v1.engine.exceptions.EngineDeadError: x",
-         Frame("vllm.v1.engine.exceptions", "EngineDeadError", (), "x")),
+        (
+            "vllm.v1.engine.exceptions.EngineDeadError: x",
+            Frame("vllm.v1.engine.exceptions", "EngineDeadError", (), "x"),
+        ),
     ],
 )
 def test_plain_messages(text: str, expected: Frame) -> None:
@@ -95,7 +103,8 @@ def test_raise_site_and_links_from_text() -> None:
     frames = frames_from_text(text)
     assert [(f.type_name, f.raised_in, f.via, f.depth) for f in frames] == [
         ("EngineDeadError", "vllm.v1.engine.async_llm", Via.ROOT, 0),
-        ("CancelledError", "asyncio.tasks", Via.CONTEXT, 1)]
+        ("CancelledError", "asyncio.tasks", Via.CONTEXT, 1),
+    ]
 
 
 def test_cython_and_checkout_paths() -> None:

@@ -57,8 +57,9 @@ def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(bounded())
 
 
-async def get(client: httpx.AsyncClient, url: str = "http://w1:8000/tasks/t",
-              timeout_s: float = 0.5) -> httpx.Response:
+async def get(
+    client: httpx.AsyncClient, url: str = "http://w1:8000/tasks/t", timeout_s: float = 0.5
+) -> httpx.Response:
     async with client:
         return await client.get(url, timeout=timeout_s)
 
@@ -208,8 +209,10 @@ def test_a_worker_that_holds_its_turns_delays_no_other_worker() -> None:
 
     async def scenario() -> tuple[list[BaseException | httpx.Response], bool]:
         async with client:
-            slow = [asyncio.create_task(client.get("http://slow:1/tasks/a", timeout=0.4))
-                    for _ in range(6)]
+            slow = [
+                asyncio.create_task(client.get("http://slow:1/tasks/a", timeout=0.4))
+                for _ in range(6)
+            ]
             await asyncio.sleep(0.05)  # all six under way: two hold the slow worker's turns
             answer = await client.get("http://fast:1/tasks/b", timeout=0.4)
             assert answer.json() == {"status": "done"}
@@ -264,8 +267,10 @@ def test_the_counter_is_read_at_scrape_time() -> None:
         scraped = metrics.exposition().decode()
     finally:
         metrics.router.bind_upstream_reads(None)
-    assert ('mineru_router_upstream_bounds_broken_total{bound="size",worker="http://w1:8000"} 1.0'
-            in scraped)
+    assert (
+        'mineru_router_upstream_bounds_broken_total{bound="size",worker="http://w1:8000"} 1.0'
+        in scraped
+    )
 
 
 def test_ask_status_takes_a_broken_bound_as_the_worker_answering_badly() -> None:
@@ -277,6 +282,17 @@ def test_ask_status_takes_a_broken_bound_as_the_worker_answering_badly() -> None
     answer = run(ask_status(fleet, "http://w1:8000", "/tasks/t", 0.5))
     assert answer.kind is AnswerKind.BAD_ANSWER
     assert "MAX_STATUS_MB" in answer.detail
+
+
+def test_ask_status_takes_a_status_too_slow_as_no_answer_in_time() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Body(8, 10, pause_s=0.2))
+
+    client = client_for(handler)
+    fleet: Any = SimpleNamespace(client=client)
+    answer = run(ask_status(fleet, "http://w1:8000", "/tasks/t", 0.5))
+    assert answer.kind is AnswerKind.UNREACHABLE  # waited on, like a read timeout
+    assert "took more than 0.5 s" in answer.detail
 
 
 def test_ask_status_parses_a_large_status_off_the_loop() -> None:
@@ -292,8 +308,9 @@ def test_ask_status_parses_a_large_status_off_the_loop() -> None:
 
 def sync_client(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.Client:
     reads = upstream_reads.UpstreamReads(upstream_reads.Bounds.of(SETTINGS))
-    return httpx.Client(transport=upstream_reads.SyncBoundedTransport(
-        httpx.MockTransport(handler), reads))
+    return httpx.Client(
+        transport=upstream_reads.SyncBoundedTransport(httpx.MockTransport(handler), reads)
+    )
 
 
 def test_a_blocking_client_reads_an_answer_within_the_bounds_too() -> None:

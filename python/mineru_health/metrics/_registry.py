@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 class ProcessRegistry:
-    """A registry with the standard ``process_*``/``python_info`` collectors and lazy metric sets."""
+    """A registry with the standard ``process_*``/``python_info`` collectors, lazy metric sets."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -2,14 +2,32 @@
 
 Two kinds, by where the truth lives:
 
-- **State** belongs to the native restart policy. ``bind_worker_statuses(fn)``
-  registers ``fn`` (the poller's ``statuses()``); a custom collector calls it
-  at every scrape, as prometheus-client's ``ProcessCollector`` reads /proc, so
-  these gauges cannot drift from ``/health``:
+- **State and events** belong to the native poller, which makes every probe
+  and every restart-policy call and counts them where they happen
+  (``worker_counters.h``). ``bind_worker_statuses(fn)`` registers ``fn`` (the
+  poller's ``statuses()``); a custom collector calls it at every scrape, as
+  prometheus-client's ``ProcessCollector`` reads /proc, so these cannot drift
+  from ``/health`` or miss an event the router did not drain; a worker that
+  leaves the pool takes its series with it:
 
   - ``mineru_router_worker_state{worker,state}`` gauge: 1 for the worker's
     current phase, 0 for the six others (all seven series always exist).
   - ``mineru_router_worker_consecutive_failures{worker}`` gauge.
+  - ``mineru_router_probe_duration_seconds{worker}`` histogram and
+    ``mineru_router_probes_total{worker,status}`` counter (``status`` is the
+    probe classification: ``healthy``, ``timeout``, ``engine_dead`` ...), and
+    ``mineru_router_last_probe_timestamp_seconds{worker}`` gauge (unix time).
+    The poller has no sweeps -- each worker is probed on its own jittered
+    schedule -- so instead of a sweep duration we expose when each worker was
+    last probed: ``time() - x`` growing past a few intervals means probes are
+    falling behind (the failure mode a sweep duration would reveal).
+  - From its audit events: ``mineru_router_audit_events_total{worker,action}``,
+    ``mineru_router_restarts_total{worker,outcome}`` (``started``, then
+    ``succeeded`` once the worker stayed healthy for the stability window, or
+    ``failed``), ``mineru_router_gave_up_total{worker}`` and
+    ``mineru_router_ejections_total{worker,reason}``; ``reason`` is a probe
+    status, ``process_exit``, ``passive_failure`` or ``other`` (never free
+    text: labels must stay bounded).
 
 - The **poller's own counters** (``bind_poller_stats(fn)``, the poller's
   ``stats()``), read the same way: ``mineru_router_poller_dropped_events_total``
@@ -22,35 +40,35 @@ Two kinds, by where the truth lives:
 - **Admission refusals** (``bind_admission_refusals(fn)``, the supervisor's
   ``refusal_counts``), read the same way:
   ``mineru_router_storage_full_refusals_total`` (submissions answered 507:
-  the router could not keep them on its disk) and
+  the router could not keep them on its disk),
   ``mineru_router_kept_cap_refusals_total`` (answered 503: the caps on kept
-  submissions and bytes were reached).
+  submissions and bytes were reached) and
+  ``mineru_router_store_unreachable_refusals_total`` (answered 503: the
+  router's store, a database, could not be reached).
+
+- A **lease in a shared store** (``bind_lease(fn)``, the lease's ``counts()``;
+  ``runtime.router.leases``), read the same way:
+  ``mineru_router_store_fenced_writes_total`` (writes the store refused: another
+  router owns the row now, or wrote it since), ``mineru_router_lease_lapses_total``
+  (renewals that found this router's lease had run out) and
+  ``mineru_router_takeovers_total`` (expired routers whose submissions this one
+  took over).
 
 - The **bounds broken by worker answers** (``bind_upstream_reads(fn)``, the
   ``broken()`` of ``runtime.router.upstream_reads``, where the count lives):
   ``mineru_router_upstream_bounds_broken_total{worker,bound}``, ``worker``
   the worker's address, ``bound`` one of ``size``, ``time``, ``encoding``.
 
-- **Events** are counted as they are handled on the router's loop:
+- **Workers found by DNS** (``bind_dns(fn)``, the discovery's ``stats()``;
+  ``runtime.router.discovery``), read the same way:
+  ``mineru_router_dns_workers{state}`` gauge (``active``, ``draining``),
+  ``mineru_router_dns_lookups_total{outcome}`` (``addresses``, ``empty``,
+  ``failed``: the last two keep the last good set) and
+  ``mineru_router_dns_worker_changes_total{change}`` (``admitted``,
+  ``draining``, ``restored``, ``forgotten``).
 
-  - ``observe_probe(worker, latency_s, status, unix_time)`` -- every finished
-    probe: ``mineru_router_probe_duration_seconds{worker}`` histogram,
-    ``mineru_router_probes_total{worker,status}`` counter (``status`` is the
-    probe classification: ``healthy``, ``timeout``, ``engine_dead`` ...) and
-    ``mineru_router_last_probe_timestamp_seconds{worker}`` gauge (unix time).
-    The poller has no sweeps -- each worker is probed on its own jittered
-    schedule -- so instead of a sweep duration we expose when each worker was
-    last probed: ``time() - x`` growing past a few intervals means probes are
-    falling behind (the failure mode a sweep duration would reveal).
-  - ``record_audit(worker, action, reason_kind="")`` -- every audit record:
-    ``mineru_router_audit_events_total{worker,action}``,
-    ``mineru_router_restarts_total{worker,outcome}`` (``started``, then
-    ``succeeded`` once the worker stayed healthy for the stability window, or
-    ``failed``), ``mineru_router_gave_up_total{worker}`` and
-    ``mineru_router_ejections_total{worker,reason}``; ``reason`` is a probe
-    status, ``process_exit``, ``passive_failure`` or ``other`` (never free
-    text: labels must stay bounded).
-  - ``forget_worker(worker)`` -- a worker left the pool: drops its counters.
+- **Events of the supervisor** are counted as they are handled on the router's loop:
+
   - ``record_resubmission(reason)`` -- a task sent again to another worker:
     ``mineru_router_task_resubmissions_total{reason}``, one series per
     ``policy.ResubmitReason`` (``engine_dead``: its upstream failed with the
@@ -71,12 +89,12 @@ native module's ``to_string`` spellings, enumerated from its enums.
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from mineru_health import _native
 from mineru_health._names import enum_name, enum_names
@@ -90,17 +108,16 @@ __all__ = [
     "METRIC_NAMES",
     "WORKER_STATES",
     "AdmissionRefusalCollector",
+    "DnsCollector",
     "PollerStatsCollector",
     "WorkerStatusCollector",
     "bind_admission_refusals",
+    "bind_dns",
+    "bind_lease",
     "bind_poller_stats",
     "bind_upstream_reads",
     "bind_worker_statuses",
     "ensure_families",
-    "forget_worker",
-    "observe_probe",
-    "record_audit",
-    "record_ejection",
     "record_poison_document",
     "record_resubmission",
     "record_resubmission_refused",
@@ -113,6 +130,13 @@ WORKER_STATES: tuple[str, ...] = enum_names(_native.WorkerPhase)
 AUDIT_ACTIONS: tuple[str, ...] = enum_names(_native.AuditAction)
 
 _HEALTHY_PROBE = enum_name(_native.ProbeStatus.HEALTHY)
+#: Audit actions (their to_string spellings) behind the restart and gave-up counters.
+_RESTART_OUTCOMES = {
+    "auto_restart_requested": "started",
+    "auto_restart_success": "succeeded",
+    "auto_restart_failed": "failed",
+}
+_GAVE_UP = "auto_restart_gave_up"
 
 # Every cause the native policy names (probe failure classifications, then
 # process_exit, passive_failure, ...); anything else is counted as "other" so
@@ -138,7 +162,14 @@ METRIC_NAMES: tuple[str, ...] = (
     "mineru_router_poison_documents_total",
     "mineru_router_storage_full_refusals_total",
     "mineru_router_kept_cap_refusals_total",
+    "mineru_router_store_unreachable_refusals_total",
+    "mineru_router_store_fenced_writes_total",
+    "mineru_router_lease_lapses_total",
+    "mineru_router_takeovers_total",
     "mineru_router_upstream_bounds_broken_total",
+    "mineru_router_dns_workers",
+    "mineru_router_dns_lookups_total",
+    "mineru_router_dns_worker_changes_total",
 )
 
 #: Label values of the resubmission counters (anything else is counted as "other").
@@ -146,17 +177,14 @@ METRIC_NAMES: tuple[str, ...] = (
 RESUBMIT_REASONS: tuple[str, ...] = tuple(r.value for r in ResubmitReason)
 REFUSAL_CAUSES: tuple[str, ...] = tuple(r.value for r in Refusal)
 
-# Healthy probes answer in milliseconds; failing ones run up to the probe
-# timeout (1.5 s by default, 10 s in the slowest preset).
-_PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
 StatusSource = Callable[[], Iterable[Any]]
 StatsSource = Callable[[], Any]
 
 
 class WorkerStatusCollector(BoundSourceCollector):
-    """The state gauges, from the poller's ``statuses()`` (``id``, ``phase``,
-    ``consecutive_failures`` of each ``WorkerStatus``) at every scrape."""
+    """Each worker's state gauges and event counters, from the poller's ``statuses()`` at
+    every scrape: ``phase`` and ``consecutive_failures``, and ``counters`` (the poller's
+    own count of its probes and policy events, ``WorkerCounters``)."""
 
     what = "worker statuses"
 
@@ -172,10 +200,49 @@ class WorkerStatusCollector(BoundSourceCollector):
                 "Failed probes in a row for the worker.",
                 labels=["worker"],
             ),
+            # The registry's collectors handle any family; Family names the two most use.
+            cast(
+                Family,
+                HistogramMetricFamily(
+                    "mineru_router_probe_duration_seconds",
+                    "Time one GET /health probe took, failures included.",
+                    labels=["worker"],
+                ),
+            ),
+            CounterMetricFamily(
+                "mineru_router_probes",
+                "Finished probes, by classification.",
+                labels=["worker", "status"],
+            ),
+            GaugeMetricFamily(
+                "mineru_router_last_probe_timestamp_seconds",
+                "Unix time the worker's last probe finished.",
+                labels=["worker"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_restarts",
+                "Restart attempts of router-managed workers: started, succeeded (stable), failed.",
+                labels=["worker", "outcome"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_gave_up",
+                "Times the router stopped restarting a worker after max attempts.",
+                labels=["worker"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_ejections",
+                "Times a worker was taken out of rotation, by cause.",
+                labels=["worker", "reason"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_audit_events",
+                "Audit records written, by action.",
+                labels=["worker", "action"],
+            ),
         )
 
     def fill(self, families: tuple[Family, ...], value: Iterable[Any]) -> None:
-        state, failures = families
+        state, failures, *counted = families
         for status in value:
             try:
                 phase = enum_name(status.phase)
@@ -186,6 +253,44 @@ class WorkerStatusCollector(BoundSourceCollector):
             for name in WORKER_STATES:
                 state.add_metric([worker, name], 1.0 if name == phase else 0.0)
             failures.add_metric([worker], count)
+            counters = getattr(status, "counters", None)
+            if counters is not None:
+                _fill_counters(counted, worker, counters)
+
+
+def _fill_counters(families: list[Family], worker: str, counters: Any) -> None:
+    """One worker's ``WorkerCounters`` as its families; label values stay bounded."""
+    histogram, probes, last_probe, restarts, gave_up, ejections, audit = families
+    duration = cast(HistogramMetricFamily, histogram)
+    cumulative, buckets = 0, []
+    for bound, count in zip(
+        (*_native.WorkerCounters.latency_bounds(), math.inf), counters.latency_counts, strict=True
+    ):
+        cumulative += int(count)
+        buckets.append(("+Inf" if math.isinf(bound) else repr(bound), float(cumulative)))
+    duration.add_metric([worker], buckets, float(counters.latency_sum_s))
+    by_status: dict[str, float] = {}
+    for status, count in counters.probes.items():
+        name = status if status == _HEALTHY_PROBE or status in EJECTION_REASONS else "other"
+        by_status[name] = by_status.get(name, 0.0) + count
+    for name, count in by_status.items():
+        probes.add_metric([worker, name], count)
+    if counters.last_probe_unix_time is not None:
+        last_probe.add_metric([worker], float(counters.last_probe_unix_time))
+    actions = dict(counters.audits)
+    for action, outcome in _RESTART_OUTCOMES.items():
+        if action in actions:
+            restarts.add_metric([worker, outcome], float(actions[action]))
+    if _GAVE_UP in actions:
+        gave_up.add_metric([worker], float(actions[_GAVE_UP]))
+    by_cause: dict[str, float] = {}
+    for cause, count in counters.ejections.items():
+        name = cause if cause in EJECTION_REASONS else "other"
+        by_cause[name] = by_cause.get(name, 0.0) + count
+    for name, count in by_cause.items():
+        ejections.add_metric([worker, name], count)
+    for action, count in actions.items():
+        audit.add_metric([worker, action if action in AUDIT_ACTIONS else "other"], float(count))
 
 
 class PollerStatsCollector(BoundSourceCollector):
@@ -224,7 +329,7 @@ class PollerStatsCollector(BoundSourceCollector):
 
 class AdmissionRefusalCollector(BoundSourceCollector):
     """Submissions the router refused at admission, from the supervisor's counts
-    (``{"storage_full": n, "kept_cap": n}``), read at every scrape."""
+    (``{"storage_full": n, "kept_cap": n, "store_unreachable": n}``), read at every scrape."""
 
     what = "admission refusals"
 
@@ -238,12 +343,46 @@ class AdmissionRefusalCollector(BoundSourceCollector):
                 "mineru_router_kept_cap_refusals",
                 "Submissions refused with 503: the caps on kept submissions or bytes.",
             ),
+            CounterMetricFamily(
+                "mineru_router_store_unreachable_refusals",
+                "Submissions refused with 503: the router's store (a database) was unreachable.",
+            ),
         )
 
     def fill(self, families: tuple[Family, ...], value: Any) -> None:
-        storage, cap = families
+        storage, cap, unreachable = families
         storage.add_metric([], float(value.get("storage_full", 0)))
         cap.add_metric([], float(value.get("kept_cap", 0)))
+        unreachable.add_metric([], float(value.get("store_unreachable", 0)))
+
+
+class LeaseCollector(BoundSourceCollector):
+    """This router's lease in a shared store, from ``Lease.counts()`` (``{"fenced": n,
+    "lapses": n, "takeovers": n}``), read at every scrape."""
+
+    what = "the router's lease"
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            CounterMetricFamily(
+                "mineru_router_store_fenced_writes",
+                "Writes the shared store refused (fenced): another router owns the row now.",
+            ),
+            CounterMetricFamily(
+                "mineru_router_lease_lapses",
+                "Renewals that found this router's lease had run out (a pause, a partition).",
+            ),
+            CounterMetricFamily(
+                "mineru_router_takeovers",
+                "Expired routers whose submissions this router took over.",
+            ),
+        )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        fenced, lapses, takeovers = families
+        fenced.add_metric([], float(value.get("fenced", 0)))
+        lapses.add_metric([], float(value.get("lapses", 0)))
+        takeovers.add_metric([], float(value.get("takeovers", 0)))
 
 
 class UpstreamReadsCollector(BoundSourceCollector):
@@ -255,7 +394,7 @@ class UpstreamReadsCollector(BoundSourceCollector):
         return (
             CounterMetricFamily(
                 "mineru_router_upstream_bounds_broken",
-                "Worker answers cut for breaking a bound (size, time, encoding), by worker address.",
+                "Worker answers cut for breaking a bound (size, time, encoding), by worker.",
                 labels=["worker", "bound"],
             ),
         )
@@ -266,59 +405,56 @@ class UpstreamReadsCollector(BoundSourceCollector):
             broken.add_metric([str(worker), str(bound)], float(count))
 
 
+class DnsCollector(BoundSourceCollector):
+    """Workers found by DNS, from the discovery's ``stats()`` (``active``, ``draining``,
+    ``lookups`` and ``changes`` by name), read at every scrape."""
+
+    what = "workers found by DNS"
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            GaugeMetricFamily(
+                "mineru_router_dns_workers",
+                "Workers found by DNS, by state (active, draining).",
+                labels=["state"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_dns_lookups",
+                "Lookups of UPSTREAM_DNS, by outcome (addresses, empty, "
+                "failed; the last two keep the last good set).",
+                labels=["outcome"],
+            ),
+            CounterMetricFamily(
+                "mineru_router_dns_worker_changes",
+                "Workers found by DNS admitted, drained, taken back, forgotten.",
+                labels=["change"],
+            ),
+        )
+
+    def fill(self, families: tuple[Family, ...], value: Any) -> None:
+        workers, lookups, changes = families
+        workers.add_metric(["active"], float(value.active))
+        workers.add_metric(["draining"], float(value.draining))
+        for outcome, count in dict(value.lookups).items():
+            lookups.add_metric([str(outcome)], float(count))
+        for change, count in dict(value.changes).items():
+            changes.add_metric([str(change)], float(count))
+
+
 class _RouterMetrics:
     def __init__(self, reg: CollectorRegistry) -> None:
+        self.dns = DnsCollector()
+        reg.register(self.dns)
         self.admission = AdmissionRefusalCollector()
         reg.register(self.admission)
+        self.lease = LeaseCollector()
+        reg.register(self.lease)
         self.upstream_reads = UpstreamReadsCollector()
         reg.register(self.upstream_reads)
         self.statuses = WorkerStatusCollector()
         reg.register(self.statuses)
         self.poller = PollerStatsCollector()
         reg.register(self.poller)
-        self.probe_duration = Histogram(
-            "mineru_router_probe_duration_seconds",
-            "Time one GET /health probe took, failures included.",
-            ["worker"],
-            buckets=_PROBE_BUCKETS,
-            registry=reg,
-        )
-        self.probes = Counter(
-            "mineru_router_probes",
-            "Finished probes, by classification.",
-            ["worker", "status"],
-            registry=reg,
-        )
-        self.last_probe = Gauge(
-            "mineru_router_last_probe_timestamp_seconds",
-            "Unix time the worker's last probe finished.",
-            ["worker"],
-            registry=reg,
-        )
-        self.restarts = Counter(
-            "mineru_router_restarts",
-            "Restart attempts of router-managed workers: started, succeeded (stable), failed.",
-            ["worker", "outcome"],
-            registry=reg,
-        )
-        self.gave_up = Counter(
-            "mineru_router_gave_up",
-            "Times the router stopped restarting a worker after max attempts.",
-            ["worker"],
-            registry=reg,
-        )
-        self.ejections = Counter(
-            "mineru_router_ejections",
-            "Times a worker was taken out of rotation, by cause.",
-            ["worker", "reason"],
-            registry=reg,
-        )
-        self.audit = Counter(
-            "mineru_router_audit_events",
-            "Audit records written, by action.",
-            ["worker", "action"],
-            registry=reg,
-        )
         self.resubmissions = Counter(
             "mineru_router_task_resubmissions",
             "Tasks sent again to another worker, by reason.",
@@ -340,18 +476,6 @@ class _RouterMetrics:
 
 def _metrics() -> _RouterMetrics:
     return current().metric_set(_RouterMetrics)
-
-
-_ENUMS = (_native.ProbeStatus, _native.WorkerPhase, _native.AuditAction)
-
-
-def _name(value: object) -> str:
-    """A native enum member's to_string() spelling; strings pass through; anything else "other"."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, _ENUMS):
-        return enum_name(value)
-    return "other"
 
 
 def ensure_families() -> None:
@@ -378,56 +502,19 @@ def bind_admission_refusals(source: Callable[[], Any] | None) -> None:
     _metrics().admission.bind(source)
 
 
+def bind_lease(source: Callable[[], Any] | None) -> None:
+    """Makes the lease counters read ``source()`` (the lease's ``counts``) at every scrape."""
+    _metrics().lease.bind(source)
+
+
+def bind_dns(source: StatsSource | None) -> None:
+    """Makes the DNS families read ``source()`` (``Discovery.stats``) at every scrape."""
+    _metrics().dns.bind(source)
+
+
 def bind_upstream_reads(source: StatsSource | None) -> None:
     """Makes the bounds-broken counter read ``source()`` (``UpstreamReads.broken``) at scrapes."""
     _metrics().upstream_reads.bind(source)
-
-
-def observe_probe(
-    worker: str, latency_s: float, status: object = _HEALTHY_PROBE, unix_time: float | None = None
-) -> None:
-    """Records one finished probe: its latency, its classification and when it ended.
-
-    ``status`` is the probe classification ("healthy", "timeout", ... or the
-    native enum member); anything else is counted as "other".
-    """
-    metrics = _metrics()
-    name = _name(status)
-    if name != _HEALTHY_PROBE and name not in EJECTION_REASONS:
-        name = "other"
-    metrics.probe_duration.labels(worker=worker).observe(max(0.0, float(latency_s)))
-    metrics.probes.labels(worker=worker, status=name).inc()
-    metrics.last_probe.labels(worker=worker).set(time.time() if unix_time is None else unix_time)
-
-
-def record_ejection(worker: str, reason_kind: str) -> None:
-    """Counts one removal from rotation; ``reason_kind`` outside EJECTION_REASONS is "other"."""
-    kind = reason_kind if reason_kind in EJECTION_REASONS else "other"
-    _metrics().ejections.labels(worker=worker, reason=kind).inc()
-
-
-def record_audit(worker: str, action: object, reason_kind: str = "") -> None:
-    """Counts one audit record and the counter it implies.
-
-    ``action`` is the audit log's action name (AUDIT_ACTIONS) or the native
-    enum member. ``reason_kind`` matters for ``ejected`` only: the cause the
-    native policy recorded (a probe status, ``process_exit``, ``passive_failure``...).
-    """
-    name = _name(action)
-    if name not in AUDIT_ACTIONS:
-        name = "other"
-    metrics = _metrics()
-    metrics.audit.labels(worker=worker, action=name).inc()
-    if name == "auto_restart_requested":
-        metrics.restarts.labels(worker=worker, outcome="started").inc()
-    elif name == "auto_restart_success":
-        metrics.restarts.labels(worker=worker, outcome="succeeded").inc()
-    elif name == "auto_restart_failed":
-        metrics.restarts.labels(worker=worker, outcome="failed").inc()
-    elif name == "auto_restart_gave_up":
-        metrics.gave_up.labels(worker=worker).inc()
-    elif name == "ejected":
-        record_ejection(worker, reason_kind)
 
 
 def record_resubmission(reason: str) -> None:
@@ -442,29 +529,3 @@ def record_resubmission_refused(cause: str) -> None:
 
 def record_poison_document() -> None:
     _metrics().poison.inc()
-
-
-def forget_worker(worker: str) -> None:
-    """Drops the worker's event series (it left the pool); counters restart at 0 if it returns.
-
-    Its state series need nothing: they disappear with its status.
-    """
-    metrics = _metrics()
-    _remove(metrics.probe_duration, worker)
-    _remove(metrics.last_probe, worker)
-    _remove(metrics.gave_up, worker)
-    for status in (*EJECTION_REASONS, _HEALTHY_PROBE):
-        _remove(metrics.probes, worker, status)
-    for outcome in ("started", "succeeded", "failed"):
-        _remove(metrics.restarts, worker, outcome)
-    for reason in EJECTION_REASONS:
-        _remove(metrics.ejections, worker, reason)
-    for action in (*AUDIT_ACTIONS, "other"):
-        _remove(metrics.audit, worker, action)
-
-
-def _remove(metric: Gauge | Counter | Histogram, *labels: str) -> None:
-    try:
-        metric.remove(*labels)
-    except KeyError:
-        pass  # that combination was never recorded

@@ -42,7 +42,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ._registry import BoundSourceCollector, Family, current
+from ._registry import BoundSourceCollector, Family, ProcessRegistry, current
 
 __all__ = [
     "METRIC_NAMES",
@@ -69,44 +69,73 @@ METRIC_NAMES: tuple[str, ...] = (
 
 class WorkerSnapshotCollector(BoundSourceCollector):
     """The engine and event-loop gauges, from the worker's ``HealthSnapshot``
-    (``mineru_health.worker``) at every scrape."""
+    (``mineru_health.runtime.worker.health``) at every scrape."""
 
     what = "the worker state"
 
     def families(self) -> tuple[Family, ...]:
         return (
-            CounterMetricFamily("mineru_worker_fatal_errors",
-                                "Fatal records of this worker's engine, by rule and category.",
-                                labels=["rule", "category"]),
-            CounterMetricFamily("mineru_worker_task_local_failures",
-                                "Task failures that were classified as affecting one task only."),
-            CounterMetricFamily("mineru_worker_remote_engine_failures",
-                                "Task failures of a remote engine (http-client backends); "
-                                "task-local here."),
-            GaugeMetricFamily("mineru_worker_loop_lag_seconds",
-                              "Seconds since the worker's event loop last ticked."),
-            GaugeMetricFamily("mineru_worker_engine_calls_in_flight",
-                              "Engine calls (batches or windows of pages) in flight."),
-            GaugeMetricFamily("mineru_worker_seconds_since_progress",
-                              "While engine calls are in flight: seconds since one completed."),
-            CounterMetricFamily("mineru_worker_ambiguous_errors",
-                                "Ambiguous device errors (counted against the error budget)."),
-            CounterMetricFamily("mineru_worker_storage_full_refusals",
-                                "Submissions answered 507: the worker's storage is full."),
-            CounterMetricFamily("mineru_worker_remote_wait_failures",
-                                "Tasks failed by their remote wait's bounds, by reason "
-                                "(silent: nothing heard; total: waited too long).",
-                                labels=["reason"]),
-            GaugeMetricFamily("mineru_worker_remote_waits",
-                              "Tasks waiting on a remote engine server now."),
+            CounterMetricFamily(
+                "mineru_worker_fatal_errors",
+                "Fatal records of this worker's engine, by rule and category.",
+                labels=["rule", "category"],
+            ),
+            CounterMetricFamily(
+                "mineru_worker_task_local_failures",
+                "Task failures that were classified as affecting one task only.",
+            ),
+            CounterMetricFamily(
+                "mineru_worker_remote_engine_failures",
+                "Task failures of a remote engine (http-client backends); task-local here.",
+            ),
+            GaugeMetricFamily(
+                "mineru_worker_loop_lag_seconds",
+                "Seconds since the worker's event loop last ticked.",
+            ),
+            GaugeMetricFamily(
+                "mineru_worker_engine_calls_in_flight",
+                "Engine calls (batches or windows of pages) in flight.",
+            ),
+            GaugeMetricFamily(
+                "mineru_worker_seconds_since_progress",
+                "While engine calls are in flight: seconds since one completed.",
+            ),
+            CounterMetricFamily(
+                "mineru_worker_ambiguous_errors",
+                "Ambiguous device errors (counted against the error budget).",
+            ),
+            CounterMetricFamily(
+                "mineru_worker_storage_full_refusals",
+                "Submissions answered 507: the worker's storage is full.",
+            ),
+            CounterMetricFamily(
+                "mineru_worker_remote_wait_failures",
+                "Tasks failed by their remote wait's bounds, by reason "
+                "(silent: nothing heard; total: waited too long).",
+                labels=["reason"],
+            ),
+            GaugeMetricFamily(
+                "mineru_worker_remote_waits", "Tasks waiting on a remote engine server now."
+            ),
         )
 
     def fill(self, families: tuple[Family, ...], value: Any) -> None:
-        (fatal, task_local, remote, lag, in_flight, quiet, ambiguous, storage, remote_failed,
-         remote_waits) = families
+        (
+            fatal,
+            task_local,
+            remote,
+            lag,
+            in_flight,
+            quiet,
+            ambiguous,
+            storage,
+            remote_failed,
+            remote_waits,
+        ) = families
         for counted in value.fatal_counts:
-            fatal.add_metric([counted.rule or "unknown", counted.category or "unknown"],
-                             float(counted.count))
+            fatal.add_metric(
+                [counted.rule or "unknown", counted.category or "unknown"], float(counted.count)
+            )
         task_local.add_metric([], float(value.task_local_count))
         remote.add_metric([], float(value.remote_engine_failure_count))
         if value.loop_lag_s is not None:
@@ -134,17 +163,19 @@ class _WorkerMetrics:
         reg.register(self.snapshot)
 
 
-def _metrics() -> _WorkerMetrics:
-    return current().metric_set(_WorkerMetrics)
+def _metrics(registry: ProcessRegistry | None) -> _WorkerMetrics:
+    return (registry if registry is not None else current()).metric_set(_WorkerMetrics)
 
 
-def ensure_families() -> None:
-    """Creates the worker families, so they show from the first scrape."""
-    _metrics()
+def ensure_families(registry: ProcessRegistry | None = None) -> None:
+    """Creates the worker families in ``registry`` (a worker runtime's; the process's
+    otherwise), so they show from the first scrape."""
+    _metrics(registry)
 
 
-def bind_worker_healthy(fn: Callable[[], bool]) -> None:
-    """Makes the healthy gauge call ``fn`` at every scrape.
+def bind_worker_healthy(fn: Callable[[], bool], registry: ProcessRegistry | None = None) -> None:
+    """Makes the healthy gauge (of ``registry``, as for :func:`ensure_families`) call ``fn``
+    at every scrape.
 
     ``fn`` runs on the scraping thread; it must be cheap, must not block and
     must not raise.
@@ -153,10 +184,12 @@ def bind_worker_healthy(fn: Callable[[], bool]) -> None:
     def read() -> float:
         return 1.0 if fn() else 0.0
 
-    _metrics().healthy.set_function(read)
+    _metrics(registry).healthy.set_function(read)
 
 
-def bind_worker_snapshot(fn: Callable[[], Any] | None) -> None:
-    """Makes the worker families read ``fn()`` (the native ``WorkerSnapshot``) at every
-    scrape."""
-    _metrics().snapshot.bind(fn)
+def bind_worker_snapshot(
+    fn: Callable[[], Any] | None, registry: ProcessRegistry | None = None
+) -> None:
+    """Makes the worker families (of ``registry``) read ``fn()`` (the native
+    ``WorkerSnapshot``) at every scrape."""
+    _metrics(registry).snapshot.bind(fn)

@@ -1,5 +1,8 @@
 """The worker's verdict on a failed task: the one message that crosses from worker to router.
 
+Both halves import it and nothing else of each other (with ``REFUSAL_ERROR_PREFIX``,
+the worker's verdict on a submission it refuses).
+
     >>> verdict = TaskVerdict.engine_dead(Role.TRIGGER, "vllm.engine_dead", "engine_dead")
     >>> wire = verdict.to_wire()           # the worker: into the task's status answer
     >>> TaskVerdict.from_wire(wire) == verdict   # the router: out of it
@@ -28,7 +31,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HUNG_CATEGORY", "HUNG_RULE", "VERSION", "Kind", "Role", "TaskVerdict"]
+__all__ = [
+    "HUNG_CATEGORY",
+    "HUNG_RULE",
+    "REFUSAL_ERROR_PREFIX",
+    "VERSION",
+    "Kind",
+    "Role",
+    "TaskVerdict",
+]
+
+#: How the ``error`` of a dead worker's 503 refusal of a submission begins: its verdict
+#: on a submission, before any task exists. MinerU's router reports a refused submission
+#: as "503 <error>"; our router recognises the worker's own verdict by this prefix, never
+#: by classifying text (the rest of the line names the category and rule).
+REFUSAL_ERROR_PREFIX = "engine_unusable:"
 
 #: The wire version this release writes.
 VERSION = 2
@@ -139,7 +156,6 @@ class TaskVerdict:
             restored=wire.get("restored") is True,
             verification=verification if isinstance(verification, Mapping) else None,
         )
-
 
     @staticmethod
     def restored_wire(wire: Mapping[str, Any]) -> dict[str, Any]:

@@ -47,8 +47,9 @@ def tiny_vlm_home(tmp_path_factory: pytest.TempPathFactory, python4_llama: str) 
 
 @pytest.fixture(scope="session")
 def site4_llama(tmp_path_factory: pytest.TempPathFactory, python4_llama: str) -> Path:
-    site = sandbox.patched_site4(tmp_path_factory.mktemp("mineru4-llama-site"), python4_llama,
-                                 faults=False)
+    site = sandbox.patched_site4(
+        tmp_path_factory.mktemp("mineru4-llama-site"), python4_llama, faults=False
+    )
     return install_into_site(site)
 
 
@@ -62,8 +63,11 @@ def big_page_pdf(lines: int = 40) -> bytes:
     height = A1[1]
     for page in range(2):
         for line in range(lines):
-            pdf.drawString(48, height - 60 - line * 14,
-                           f"Oversized page {page}, line {line}: the quick brown fox")
+            pdf.drawString(
+                48,
+                height - 60 - line * 14,
+                f"Oversized page {page}, line {line}: the quick brown fox",
+            )
         pdf.showPage()
     pdf.save()
     return buffer.getvalue()

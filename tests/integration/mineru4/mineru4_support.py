@@ -43,23 +43,30 @@ def _insist_on_own_install(python: str) -> None:
 
     import mineru_health
 
-    digest = ("import hashlib, pathlib, mineru_health as m; d = hashlib.sha256(); "
-              "root = pathlib.Path(m.__file__).parent; "
-              "[d.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
-              "for p in sorted(root.rglob('*.py'))]; print(m.__file__); print(d.hexdigest())")
-    done = subprocess.run([python, "-I", "-c", digest], capture_output=True, text=True,
-                          timeout=60, check=False)
+    digest = (
+        "import hashlib, pathlib, mineru_health as m; d = hashlib.sha256(); "
+        "root = pathlib.Path(m.__file__).parent; "
+        "[d.update(p.relative_to(root).as_posix().encode() + p.read_bytes()) "
+        "for p in sorted(root.rglob('*.py'))]; print(m.__file__); print(d.hexdigest())"
+    )
+    done = subprocess.run(
+        [python, "-I", "-c", digest], capture_output=True, text=True, timeout=60, check=False
+    )
     ours = hashlib.sha256()
     root = Path(mineru_health.__file__).parent
     for path in sorted(root.rglob("*.py")):
         ours.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
     lines = done.stdout.split()
     if done.returncode != 0 or len(lines) != 2:
-        pytest.fail(f"mineru-health is not installed in the MinerU 4.0 venv ({python}): "
-                    f"pip install this checkout into it (scripts/setup.sh does) | {done.stderr[-300:]}")
+        pytest.fail(
+            f"mineru-health is not installed in the MinerU 4.0 venv ({python}): "
+            f"pip install this checkout into it (scripts/setup.sh does) | {done.stderr[-300:]}"
+        )
     if lines[1] != ours.hexdigest():
-        pytest.fail(f"the MinerU 4.0 venv's mineru-health ({lines[0]}) is not this checkout's: "
-                    "reinstall it (scripts/test.sh does)")
+        pytest.fail(
+            f"the MinerU 4.0 venv's mineru-health ({lines[0]}) is not this checkout's: "
+            "reinstall it (scripts/test.sh does)"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -72,13 +79,27 @@ def start_worker4(tmp_path: Path, python4: str, site4: Path) -> Iterator[Any]:
     with Processes() as processes:
         count = 0
 
-        def start(extra_env: Mapping[str, str] | None = None, args: tuple[str, ...] = (),
-                  upload_dir: Path | None = None) -> Worker:
+        def start(
+            extra_env: Mapping[str, str] | None = None,
+            args: tuple[str, ...] = (),
+            upload_dir: Path | None = None,
+        ) -> Worker:
             nonlocal count
             count += 1
-            return start_worker(processes, LINE4, site4, python4, tmp_path / f"worker{count}",
-                                env=extra_env, native=True, faults=True, args=args,
-                                uploads=upload_dir, timeout_s=180.0, name="mineru-api-4")
+            return start_worker(
+                processes,
+                LINE4,
+                site4,
+                python4,
+                tmp_path / f"worker{count}",
+                env=extra_env,
+                native=True,
+                faults=True,
+                args=args,
+                uploads=upload_dir,
+                timeout_s=180.0,
+                name="mineru-api-4",
+            )
 
         yield start
 

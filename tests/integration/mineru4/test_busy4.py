@@ -35,11 +35,14 @@ def large_pdf() -> bytes:
     return make_pdf(PAGES, images_per_page=1, image_px=256, lines_per_page=40, seed=4)
 
 
-def test_native_endpoint_answers_while_v1_health_waits(start_worker4: Any,
-                                                        large_pdf: bytes) -> None:
+def test_native_endpoint_answers_while_v1_health_waits(
+    start_worker4: Any, large_pdf: bytes
+) -> None:
     worker: Worker = start_worker4({"MINERU_HEALTH_LOOP_HANG_S": "600"})
-    with Prober(f"{worker.native_url}/health", timeout_s=300.0) as native, \
-            Prober(f"{worker.base_url}/v1/health", timeout_s=300.0) as main:
+    with (
+        Prober(f"{worker.native_url}/health", timeout_s=300.0) as native,
+        Prober(f"{worker.base_url}/v1/health", timeout_s=300.0) as main,
+    ):
         submitted = worker.submit(large_pdf, formats=("markdown", "middle_json"), timeout_s=300)
         assert submitted.status_code == 202, submitted.text
         job = worker.wait_terminal(submitted.json()["task_id"], JOB_TIMEOUT_S)

@@ -33,7 +33,11 @@ def test_engine_death_demo_on_4_0_kills_a_real_engine_and_loses_no_job() -> None
     env = {**os.environ, MINERU_PYTHON_ENV: python4}
     done = subprocess.run(
         [sys.executable, "-m", "mineru_health", "demo", "--scenario", "engine-death", "--json"],
-        capture_output=True, text=True, timeout=900, check=False, env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=env,
     )
     summary = _verdict_first(done)
     assert summary["line"] == "4.0" and summary["outcome"] == "pass"
@@ -48,16 +52,21 @@ def test_engine_death_demo_on_4_0_kills_a_real_engine_and_loses_no_job() -> None
     assert 1 <= tasks["most_in_flight"] <= tasks["in_flight_limit"] == 4, tasks
     assert summary["recovery_s"] is not None
     texts = [e["text"] for e in summary["timeline"]]
-    actions = {t.split(": ", 1)[1].split(" ", 1)[0]
-               for e, t in zip(summary["timeline"], texts, strict=True)
-               if e["source"] == "audit" and ": " in t}
+    actions = {
+        t.split(": ", 1)[1].split(" ", 1)[0]
+        for e, t in zip(summary["timeline"], texts, strict=True)
+        if e["source"] == "audit" and ": " in t
+    }
     assert "ejected" in actions and "admitted" in actions, actions
     # The engine's own failure, verified on the real object (no plan was written): the
     # victim's /v1/health said so while it waited for its restart.
     assert any("503 engine dead (rule verify.llama_cpp" in t for t in texts), texts
     assert not any("wrote plan" in t for t in texts), texts
-    resubmitted = sum(v for k, v in summary["router_metrics"].items()
-                      if k.startswith("mineru_router_task_resubmissions_total"))
+    resubmitted = sum(
+        v
+        for k, v in summary["router_metrics"].items()
+        if k.startswith("mineru_router_task_resubmissions_total")
+    )
     assert resubmitted >= 1, summary["router_metrics"]
 
 

@@ -40,8 +40,7 @@ ENV = {
     "MINERU_ROUTER_HEALTH_MAX_RESULT_MB": "64",
     "MINERU_ROUTER_HEALTH_MAX_RESULT_S": "4",
 }
-HOSTILE = ("huge-status", "endless-status", "trickle-status", "endless-result",
-           "trickle-result")
+HOSTILE = ("huge-status", "endless-status", "trickle-status", "endless-result", "trickle-result")
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -66,9 +65,13 @@ def router(fakes: HostileWorkers, python4: str, site4: Path, tmp_path: Path) -> 
         argv = [*LINE4.router_argv(python4, port, "none")]
         for url in fakes.urls:
             argv += ["--upstream-url", url]
-        proc = processes.start("mineru-router", argv,
-                               env=LINE4.env(site4, tmp_path, python4, ENV),
-                               log_path=tmp_path / "router.log", cwd=tmp_path)
+        proc = processes.start(
+            "mineru-router",
+            argv,
+            env=LINE4.env(site4, tmp_path, python4, ENV),
+            log_path=tmp_path / "router.log",
+            cwd=tmp_path,
+        )
         proc.base_url = f"http://{HOST}:{port}"
         router = Router(LINE4, proc, tmp_path, 2)
         router.wait_in_rotation(120.0)
@@ -79,9 +82,14 @@ def router(fakes: HostileWorkers, python4: str, site4: Path, tmp_path: Path) -> 
 
 
 def submit(client: httpx.Client, name: str) -> str:
-    answer = client.post("/v1/parse/jobs", json={
-        "tier": "flash", "output_formats": ["markdown"],
-        "files": [{"source": {"type": "url", "url": f"http://127.0.0.1:9/{name}"}}]})
+    answer = client.post(
+        "/v1/parse/jobs",
+        json={
+            "tier": "flash",
+            "output_formats": ["markdown"],
+            "files": [{"source": {"type": "url", "url": f"http://127.0.0.1:9/{name}"}}],
+        },
+    )
     assert answer.status_code in (200, 201, 202), answer.text
     job_id: str = answer.json()["job_id"]
     return job_id
@@ -144,8 +152,7 @@ def output_file(client: httpx.Client, job_id: str) -> str:
     raise AssertionError(f"{job_id} never completed")
 
 
-def test_hostile_answers_leave_the_4_0_router_whole(router: Router,
-                                                    fakes: HostileWorkers) -> None:
+def test_hostile_answers_leave_the_4_0_router_whole(router: Router, fakes: HostileWorkers) -> None:
     placed, honest = place(router, fakes)
     pid = router.proc.pid
     before = memory_mb(pid)
@@ -159,8 +166,9 @@ def test_hostile_answers_leave_the_4_0_router_whole(router: Router,
 
         def ask(name: str) -> httpx.Response | str:
             try:
-                return client.get(f"/v1/parse/jobs/{placed[name]}",
-                                  timeout=5 if name == "trickle-status" else 60)
+                return client.get(
+                    f"/v1/parse/jobs/{placed[name]}", timeout=5 if name == "trickle-status" else 60
+                )
             except httpx.TimeoutException:
                 return name
 
@@ -205,8 +213,10 @@ def test_hostile_answers_leave_the_4_0_router_whole(router: Router,
     assert got["trickle-result"] < 64 * MIB, report  # cut at MAX_RESULT_S
     peak = memory_mb(pid)["VmHWM"]
     assert peak - before["VmRSS"] < GROWTH_BOUND_MB, report
-    broken = {bound: router.metric("mineru_router_upstream_bounds_broken_total", bound=bound)
-              for bound in ("size", "time")}
+    broken = {
+        bound: router.metric("mineru_router_upstream_bounds_broken_total", bound=bound)
+        for bound in ("size", "time")
+    }
     # Sizes: the two endless and the two huge statuses, the endless output; time: the trickling
     # output (the trickling statuses' 60 s are still running).
     assert broken["size"] >= 5 and broken["time"] >= 1, (broken, report)

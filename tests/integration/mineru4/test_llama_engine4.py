@@ -2,8 +2,8 @@
 
 Standard-tier ``mineru-api`` 4.0.12 workers run MinerU's own VLM path in-process on
 ``mineru_llama_cpp.Engine`` (4.0's default engine on CPU) with the tiny random-weight
-MinerU 2.5 model of ``mineru_health.demo.engine`` (generated once a run). No fault plugin: failures are
-the engine's own.
+MinerU 2.5 model of ``mineru_health.demo.engine`` (generated once a run). No
+fault plugin: failures are the engine's own.
 
 * A document parses through the real engine; a document whose page is too large for the
   model's context meets llama.cpp's real ``ContextExceededError`` and fails alone: the
@@ -54,11 +54,25 @@ def processes() -> Iterator[Processes]:
         yield procs
 
 
-def _worker(processes: Processes, tmp_path: Path, python: str, site: Path, home: Path,
-            arm: Path | None = None) -> Worker:
-    return start_worker(processes, LINE4_STANDARD, site, python, tmp_path / "worker",
-                        env=worker_env(home, arm), native=True, timeout_s=180.0,
-                        name="mineru-api-4-llama")
+def _worker(
+    processes: Processes,
+    tmp_path: Path,
+    python: str,
+    site: Path,
+    home: Path,
+    arm: Path | None = None,
+) -> Worker:
+    return start_worker(
+        processes,
+        LINE4_STANDARD,
+        site,
+        python,
+        tmp_path / "worker",
+        env=worker_env(home, arm),
+        native=True,
+        timeout_s=180.0,
+        name="mineru-api-4-llama",
+    )
 
 
 def _run(worker: Worker, pdf: bytes, name: str) -> dict[str, Any]:
@@ -73,8 +87,8 @@ def _native(worker: Worker) -> tuple[int, dict[str, Any]]:
 
 
 def test_parse_and_context_overflow_on_the_real_engine(
-        processes: Processes, tmp_path: Path, python4_llama: str, site4_llama: Path,
-        tiny_vlm_home: Path) -> None:
+    processes: Processes, tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path
+) -> None:
     """~10 s: a job parses through llama.cpp; an oversized page fails alone, worker healthy."""
     worker = _worker(processes, tmp_path, python4_llama, site4_llama, tiny_vlm_home)
 
@@ -97,8 +111,8 @@ def test_parse_and_context_overflow_on_the_real_engine(
 
 
 def test_released_engine_is_verified_dead(
-        processes: Processes, tmp_path: Path, python4_llama: str, site4_llama: Path,
-        tiny_vlm_home: Path) -> None:
+    processes: Processes, tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path
+) -> None:
     """~8 s: the engine closed after one page; the job's next page finds it released."""
     arm = tmp_path / "close-engine"
     arm.touch()
@@ -121,22 +135,27 @@ def test_released_engine_is_verified_dead(
 
 
 def test_fleet_heals_a_released_engine_with_no_job_lost(
-        tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path) -> None:
+    tmp_path: Path, python4_llama: str, site4_llama: Path, tiny_vlm_home: Path
+) -> None:
     """~40 s: two standard workers behind the patched router; one engine released mid-job."""
     arm = tmp_path / "close-engine"
     env = {**FLEET4_ENV, **worker_env(tiny_vlm_home, arm)}
     with Processes() as procs:
-        router: Router = start_router(procs, LINE4_STANDARD, site4_llama, python4_llama,
-                                      tmp_path / "fleet", env=env)
+        router: Router = start_router(
+            procs, LINE4_STANDARD, site4_llama, python4_llama, tmp_path / "fleet", env=env
+        )
         router.wait_in_rotation(240.0)
-        run = run_fault(router, arm.touch, warm=2, every_s=1.5, after_s=3.0,
-                        recovery_timeout_s=150.0)
+        run = run_fault(
+            router, arm.touch, warm=2, every_s=1.5, after_s=3.0, recovery_timeout_s=150.0
+        )
         records = router.audit_records(since=run.fault_at)
         resubmitted = router.metric("mineru_router_task_resubmissions_total", reason="engine_dead")
         tail = router.proc.log_tail(6000)
     assert not arm.exists(), "no engine was closed"
-    lost = [(o.number, o.status, [f.get("error") for f in o.detail.get("files") or []] or o.detail)
-            for o in run.lost]
+    lost = [
+        (o.number, o.status, [f.get("error") for f in o.detail.get("files") or []] or o.detail)
+        for o in run.lost
+    ]
     assert lost == [], (lost, tail)
     assert "engine_dead" in {r.get("cause") for r in records}, records
     assert any(r["action"] == "admitted" and r["from"] == "restarting" for r in records), records

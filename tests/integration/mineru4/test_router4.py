@@ -34,8 +34,10 @@ from mineru_health.demo.fleet import (
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(sandbox.mineru4_python() is None,
-                       reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
+    pytest.mark.skipif(
+        sandbox.mineru4_python() is None,
+        reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python",
+    ),
 ]
 
 
@@ -48,16 +50,20 @@ def router(tmp_path: Path) -> Iterator[Router]:
 
 
 def _metrics_states(router: Router) -> dict[str, str]:
-    return {s.labels["worker"]: s.labels["state"]
-            for s in router.metric_samples("mineru_router_worker_state") if s.value == 1.0}
+    return {
+        s.labels["worker"]: s.labels["state"]
+        for s in router.metric_samples("mineru_router_worker_state")
+        if s.value == 1.0
+    }
 
 
 def _check(router: Router, inject: Callable[[], None], cause: str) -> FaultRun:
     run = run_fault(router, inject)
     records = router.audit_records(since=run.fault_at)
     assert cause in {r.get("cause") for r in records}, records
-    assert any(r["action"] == "admitted" and r.get("from") == "restarting"
-               for r in records), records
+    assert any(r["action"] == "admitted" and r.get("from") == "restarting" for r in records), (
+        records
+    )
     assert run.back_at is not None, router.proc.log_tail()
     assert _metrics_states(router) == {"local-0-1": "healthy", "local-1-2": "healthy"}
     lost = [(o.number, o.detail.get("files") or o.detail) for o in run.lost]
@@ -129,5 +135,6 @@ def test_poison_document_is_quarantined_after_two_deaths_and_loses_nothing(
     os.kill(router.worker_pids()[0], signal.SIGKILL)
     assert sandbox.wait_until(lambda: router.line.rotation(router.base)[0] == 1, 30.0, 0.1)
     assert sandbox.wait_until(lambda: router.line.rotation(router.base)[0] == 2, 120.0, 0.2), (
-        router.proc.log_tail())
+        router.proc.log_tail()
+    )
     _assert_downloadable(router, run.before)

@@ -19,8 +19,10 @@ from vanished_store import nothing_lost, vanish_and_restart
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(sandbox.mineru4_python() is None,
-                       reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
+    pytest.mark.skipif(
+        sandbox.mineru4_python() is None,
+        reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python",
+    ),
 ]
 
 
@@ -38,11 +40,24 @@ def test_a_store_deleted_then_truncated_under_a_live_4_router_loses_no_job(
         def start() -> Router:
             nonlocal count
             count += 1
-            router = start_router(procs, LINE4, site, python, tmp_path / f"router-{count}",
-                                  env=env, fault_plan=None, local_gpus="0")
+            router = start_router(
+                procs,
+                LINE4,
+                site,
+                python,
+                tmp_path / f"router-{count}",
+                env=env,
+                fault_plan=None,
+                local_gpus="0",
+            )
             router.wait_in_rotation()
             return router
 
-        run = vanish_and_restart(start(), start, lambda r: Client(r.base, r.line),
-                                 lambda n: (f"doc{n}.pdf", text_pdf(1, seed=n)), state)
+        run = vanish_and_restart(
+            start(),
+            start,
+            lambda r: Client(r.base, r.line),
+            lambda n: (f"doc{n}.pdf", text_pdf(1, seed=n)),
+            state,
+        )
         nothing_lost(run, state)

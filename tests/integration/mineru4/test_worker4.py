@@ -160,8 +160,9 @@ def test_native_endpoint_answers_while_the_loop_hangs(start_worker4: Any) -> Non
 
 
 def test_exit_on_fatal(start_worker4: Any) -> None:
-    worker: Worker = start_worker4({"MINERU_HEALTH_EXIT_ON_FATAL": "1",
-                                     "MINERU_HEALTH_EXIT_GRACE_S": "3"})
+    worker: Worker = start_worker4(
+        {"MINERU_HEALTH_EXIT_ON_FATAL": "1", "MINERU_HEALTH_EXIT_GRACE_S": "3"}
+    )
     write_plan(worker.plan, "cuda_illegal_address")
     plan_consumed(worker)
     job = worker.wait_terminal(worker.submit(text_pdf()).json()["task_id"])
@@ -202,18 +203,28 @@ def test_a_hung_parse_ends_as_task_hung_and_stalls_a_worker_with_nothing_else(
 
 
 def test_building_the_app_installs_the_hooks_and_writes_no_store(
-        python4: str, site4: Any, tmp_path: Any) -> None:
+    python4: str, site4: Any, tmp_path: Any
+) -> None:
     """Issue 25: 4.0 builds its app in ``create_app`` (no app at import); building it installs
     the hooks, and the task store is opened only when the worker starts serving."""
     import subprocess
 
     from mineru_health.demo import sandbox
 
-    code = ("from mineru.parser.api_server import create_app; "
-            "app = create_app(upload_dir='uploads'); "
-            "print([m.cls.__name__ for m in app.user_middleware])")
-    done = subprocess.run([python4, "-c", code], cwd=tmp_path, env=sandbox.mineru_env(site4),
-                          capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "from mineru.parser.api_server import create_app; "
+        "app = create_app(upload_dir='uploads'); "
+        "print([m.cls.__name__ for m in app.user_middleware])"
+    )
+    done = subprocess.run(
+        [python4, "-c", code],
+        cwd=tmp_path,
+        env=sandbox.mineru_env(site4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "'Gate'" in done.stdout, done.stdout
     written = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())

@@ -41,8 +41,10 @@ from mineru_health.runtime.router.scratch import SCRATCH_PREFIX
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(sandbox.mineru4_python() is None,
-                       reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python"),
+    pytest.mark.skipif(
+        sandbox.mineru4_python() is None,
+        reason=f"set {sandbox.MINERU4_PYTHON_ENV} to a MinerU 4.0 Python",
+    ),
 ]
 
 GONE_WITHIN_S = 60.0
@@ -62,8 +64,9 @@ class Fleet:
 
 
 @pytest.fixture(scope="module", params=["cgroup", "process_group"])
-def fleet(request: pytest.FixtureRequest,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
     mode = str(request.param)
     no_cgroup = cgroups_here() if mode == "cgroup" else ""
     if no_cgroup:
@@ -75,18 +78,26 @@ def fleet(request: pytest.FixtureRequest,
     children.mkdir()
     tmp.mkdir()
     site = LINE4.site(scratch / "mineru-site", python)
-    env = {**ENV, CHILDREN_ENV: str(children), "TMPDIR": str(tmp),
-           "MINERU_ROUTER_HEALTH_WORKER_CGROUPS": "1" if mode == "cgroup" else "0"}
+    env = {
+        **ENV,
+        CHILDREN_ENV: str(children),
+        "TMPDIR": str(tmp),
+        "MINERU_ROUTER_HEALTH_WORKER_CGROUPS": "1" if mode == "cgroup" else "0",
+    }
     with Processes() as procs:
-        router = start_router(procs, LINE4, site, python, scratch / "router", env=env,
-                              fault_plan="plan-{port}")
+        router = start_router(
+            procs, LINE4, site, python, scratch / "router", env=env, fault_plan="plan-{port}"
+        )
         router.wait_in_rotation()
         yield Fleet(router, mode, children, tmp, env, site, python)
 
 
 def _launches(router: Router, worker_id: str = "") -> list[dict[str, Any]]:
-    return [r for r in router.audit_records() if r["action"] == "worker_processes"
-            and (not worker_id or r["worker_id"] == worker_id)]
+    return [
+        r
+        for r in router.audit_records()
+        if r["action"] == "worker_processes" and (not worker_id or r["worker_id"] == worker_id)
+    ]
 
 
 def _worker_url(pid: int) -> str:
@@ -100,24 +111,29 @@ def _current(fleet: Fleet, worker_id: str) -> dict[str, Any]:
     return _launches(fleet.router, worker_id)[-1]
 
 
-def _assert_gone_after(fleet: Fleet, worker_id: str, inject: Callable[[str, int], object],
-                       after: str) -> None:
+def _assert_gone_after(
+    fleet: Fleet, worker_id: str, inject: Callable[[str, int], object], after: str
+) -> None:
     launch = _current(fleet, worker_id)
     assert launch["scope"] == fleet.mode, launch
     pid = int(launch["pid"])
     members = family(fleet.children, pid)
-    ended_before = [r for r in fleet.router.audit_records()
-                    if r["action"] == "worker_processes_ended"]
+    ended_before = [
+        r for r in fleet.router.audit_records() if r["action"] == "worker_processes_ended"
+    ]
     inject(_worker_url(pid), pid)
 
     def replaced() -> bool:
-        return (int(_launches(fleet.router, worker_id)[-1]["pid"]) != pid
-                and fleet.router.routable() == 2)
+        return (
+            int(_launches(fleet.router, worker_id)[-1]["pid"]) != pid
+            and fleet.router.routable() == 2
+        )
 
     assert wait_until(replaced, RESTARTED_WITHIN_S, 0.5), fleet.router.proc.log_tail()
     assert wait_until(lambda: not survivors(members), GONE_WITHIN_S, 0.2), survivors(members)
-    ended = [r for r in fleet.router.audit_records()
-             if r["action"] == "worker_processes_ended"][len(ended_before):]
+    ended = [r for r in fleet.router.audit_records() if r["action"] == "worker_processes_ended"][
+        len(ended_before) :
+    ]
     mine = [r for r in ended if r["worker_id"] == worker_id]
     assert mine and mine[0]["after"] == after and mine[0]["survivors"] == 0, ended
     new = _current(fleet, worker_id)
@@ -130,8 +146,9 @@ def _worker_ids(fleet: Fleet) -> list[str]:
 
 
 def test_kill_9_of_a_worker_ends_its_children(fleet: Fleet) -> None:
-    _assert_gone_after(fleet, _worker_ids(fleet)[0],
-                       lambda url, pid: os.kill(pid, signal.SIGKILL), "exit")
+    _assert_gone_after(
+        fleet, _worker_ids(fleet)[0], lambda url, pid: os.kill(pid, signal.SIGKILL), "exit"
+    )
 
 
 def test_engine_death_ends_the_replaced_workers_children(fleet: Fleet) -> None:
@@ -143,13 +160,21 @@ def test_engine_death_ends_the_replaced_workers_children(fleet: Fleet) -> None:
 
     worker_id = _worker_ids(fleet)[1]
     _assert_gone_after(fleet, worker_id, engine_dies, "restart")
-    assert any(r["action"] == "health_failed" and r["cause"] == "engine_dead"
-               and r["worker_id"] == worker_id for r in fleet.router.audit_records())
+    assert any(
+        r["action"] == "health_failed"
+        and r["cause"] == "engine_dead"
+        and r["worker_id"] == worker_id
+        for r in fleet.router.audit_records()
+    )
 
 
 def test_hung_worker_is_restarted_without_its_children(fleet: Fleet) -> None:
-    _assert_gone_after(fleet, _worker_ids(fleet)[0],
-                       lambda url, pid: fleet.router.write_plan("hang", url), "restart")
+    _assert_gone_after(
+        fleet,
+        _worker_ids(fleet)[0],
+        lambda url, pid: fleet.router.write_plan("hang", url),
+        "restart",
+    )
 
 
 def test_zz_router_kill_9_leaves_no_process_and_the_next_router_sweeps(fleet: Fleet) -> None:
@@ -169,14 +194,21 @@ def test_zz_router_kill_9_leaves_no_process_and_the_next_router_sweeps(fleet: Fl
 
     os.kill(router.proc.pid, signal.SIGKILL)
     assert router.proc.wait(30.0) == -signal.SIGKILL
-    assert wait_until(lambda: not any(survivors(f) for f in families), GONE_WITHIN_S, 0.2), (
-        [survivors(f) for f in families])
+    assert wait_until(lambda: not any(survivors(f) for f in families), GONE_WITHIN_S, 0.2), [
+        survivors(f) for f in families
+    ]
     assert scratch_dirs[0].is_dir()  # a killed router cannot remove it...
 
     with Processes() as procs:  # ... the next one does
         started = time.time()
-        nxt = start_router(procs, LINE4, fleet.site, fleet.python,
-                           fleet.children.parent / "router-next", env=fleet.env)
+        nxt = start_router(
+            procs,
+            LINE4,
+            fleet.site,
+            fleet.python,
+            fleet.children.parent / "router-next",
+            env=fleet.env,
+        )
         nxt.wait_in_rotation()
         assert not scratch_dirs[0].exists()
         assert all(not Path(c).exists() for c in cgroups), cgroups

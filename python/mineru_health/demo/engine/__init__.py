@@ -22,7 +22,6 @@ pieces from here. Nothing of the worker or router integration imports this packa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,8 +30,20 @@ from typing import Any
 
 from .engine_switch import ARM_ENV, install_into_site
 
-__all__ = ["ARM_ENV", "REQUIRED", "WORKER_ENV", "EngineSetupError", "RealEngine",
-           "install_into_site", "missing", "prepare", "worker_env", "write_home"]
+__all__ = [
+    "ARM_ENV",
+    "REQUIRED",
+    "WORKER_ENV",
+    "EngineSetupError",
+    "RealEngine",
+    "install_into_site",
+    "missing",
+    "missing_modules",
+    "prepare",
+    "run_writer",
+    "worker_env",
+    "write_home",
+]
 
 #: What MinerU's Python needs for a real engine: the engine, and the writers of the models.
 REQUIRED = ("mineru_llama_cpp", "gguf", "onnx")
@@ -40,55 +51,97 @@ REQUIRED = ("mineru_llama_cpp", "gguf", "onnx")
 #: page per processing window, so that a job's pages reach the engine one after another (an
 #: engine closed after one page fails the next page of the same job).
 WORKER_ENV = {"MINERU_PROCESSING_WINDOW_SIZE": "1", "MINERU_MODEL_SOURCE": "local"}
+# Imported (a module that is there but does not load counts as missing), or only found.
 _MISSING = (
-    "import importlib, sys\n"
-    "for name in sys.argv[1:]:\n"
+    "import importlib, importlib.util, sys\n"
+    "find = sys.argv[1] == 'find'\n"
+    "for name in sys.argv[2:]:\n"
     "    try:\n"
-    "        importlib.import_module(name)\n"
+    "        assert importlib.util.find_spec(name) if find else importlib.import_module(name)\n"
     "    except Exception:\n"
     "        print(name)\n"
 )
 
 
-class EngineSetupError(Exception):
+class EngineSetupError(RuntimeError):
     """The tiny model could not be written, or MinerU's Python could not be asked."""
 
 
-def missing(python: str, env: Mapping[str, str] | None = None,
-            timeout_s: float = 120.0) -> list[str]:
-    """The :data:`REQUIRED` modules that ``python`` cannot import (all of them if it fails)."""
+def missing_modules(
+    python: str,
+    names: tuple[str, ...],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 120.0,
+    find_only: bool = False,
+) -> list[str]:
+    """The ``names`` that ``python`` cannot import (``find_only``: cannot find, without
+    importing them); all of them when it cannot be asked."""
     try:
-        done = subprocess.run([python, "-c", _MISSING, *REQUIRED], capture_output=True,
-                              text=True, timeout=timeout_s, check=False,
-                              env=None if env is None else dict(env))
+        done = subprocess.run(
+            [python, "-c", _MISSING, "find" if find_only else "import", *names],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=None if env is None else dict(env),
+        )
     except (OSError, subprocess.TimeoutExpired):
-        return list(REQUIRED)
+        return list(names)
     if done.returncode != 0:
-        return list(REQUIRED)
-    return [name for name in done.stdout.split() if name in REQUIRED]
+        return list(names)
+    return [name for name in done.stdout.split() if name in names]
 
 
-def write_home(python: str, home: Path, env: Mapping[str, str] | None = None,
-               timeout_s: float = 300.0) -> dict[str, Any]:
+def missing(
+    python: str, env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+) -> list[str]:
+    """The :data:`REQUIRED` modules that ``python`` cannot import (all of them if it fails)."""
+    return missing_modules(python, REQUIRED, env=env, timeout_s=timeout_s)
+
+
+def run_writer(
+    argv: list[str], what: str, *, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
+) -> str:
+    """Runs a model writer (MinerU's Python on one of this package's modules); its output.
+    Raises EngineSetupError naming ``what`` when it cannot run, times out or fails."""
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=None if env is None else dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineSetupError(f"writing {what}: {exc}") from None
+    if done.returncode != 0:
+        raise EngineSetupError(f"writing {what} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def last_json(output: str) -> dict[str, Any]:
+    """A writer's report: the last line it printed, as JSON."""
+    report: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+    return report
+
+
+def write_home(
+    python: str, home: Path, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
+) -> dict[str, Any]:
     """MinerU 4.0's model store in ``home`` (``MINERU_HOME``), written by MinerU's ``python``.
 
     ``env``: its environment (``PYTHONPATH`` must reach this package and MinerU). Returns
     :mod:`.tiny_gguf`'s report: the files' paths and sizes, the seconds it took.
     """
     argv = [python, "-m", f"{__name__}.tiny_gguf", str(home), "--mineru-home"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              check=False, env=dict(os.environ if env is None else env))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise EngineSetupError(f"writing the tiny model: {exc}") from None
-    if done.returncode != 0:
-        raise EngineSetupError(f"writing the tiny model failed:\n{done.stderr[-3000:]}")
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return report
+    return last_json(run_writer(argv, "the tiny model", env=env, timeout_s=timeout_s))
 
 
-def worker_env(home: Path, arm: Path | None = None,
-               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    home: Path, arm: Path | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """A standard-tier worker's variables: the tiny model in ``home``, the switch on ``arm``."""
     env = {**WORKER_ENV, "MINERU_HOME": str(home)}
     if arm is not None:
@@ -114,13 +167,16 @@ class RealEngine:
 
     def describe(self) -> str:
         size = sum(int(b) for b in self.report.get("bytes", {}).values())
-        return (f"wrote a tiny random-weight MinerU 2.5 model for llama.cpp and stand-in ONNX "
-                f"layout/OCR models ({size / 1024:.0f} KB, {self.report.get('seconds')}s) "
-                f"in {self.home}")
+        return (
+            f"wrote a tiny random-weight MinerU 2.5 model for llama.cpp and stand-in ONNX "
+            f"layout/OCR models ({size / 1024:.0f} KB, {self.report.get('seconds')}s) "
+            f"in {self.home}"
+        )
 
 
-def prepare(site: Path, scratch: Path, python: str,
-            env: Mapping[str, str] | None = None) -> RealEngine:
+def prepare(
+    site: Path, scratch: Path, python: str, env: Mapping[str, str] | None = None
+) -> RealEngine:
     """Readies a real engine death: the switch loaded from ``site``, the model in ``scratch``.
 
     ``python`` and ``env``: MinerU's interpreter and its environment (:func:`write_home`).

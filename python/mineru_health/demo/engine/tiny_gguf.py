@@ -39,8 +39,14 @@ COMPLETE_MARKER = ".mineru_complete"  # mineru/model/download.py
 
 END_OF_TURN = "<|im_end|>"
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", END_OF_TURN, "<|vision_start|>", "<|vision_end|>",
-    "<|image_pad|>", "<|box_start|>", "<|box_end|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    END_OF_TURN,
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|box_start|>",
+    "<|box_end|>",
 )
 # One merge: llama.cpp refuses a BPE vocabulary without a merges list.
 MERGE = ("a", "b")
@@ -134,7 +140,9 @@ def write_model(path: Path, spec: TinyVlm = TinyVlm()) -> None:
     writer.add_rope_freq_base(1_000_000.0)
     # M-RoPE: temporal, height, width (and an unused fourth) sections of head_dim / 2.
     quarter = head_dim // 2
-    writer.add_rope_dimension_sections([quarter - 2 * (quarter // 3), quarter // 3, quarter // 3, 0])
+    writer.add_rope_dimension_sections(
+        [quarter - 2 * (quarter // 3), quarter // 3, quarter // 3, 0]
+    )
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     writer.add_tokenizer_model("gpt2")
@@ -148,8 +156,10 @@ def write_model(path: Path, spec: TinyVlm = TinyVlm()) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
     # Every token near the all-ones direction; the head scores only the end-of-turn token.
-    writer.add_tensor("token_embd.weight",
-                      np.ones((n_vocab, spec.n_embd), np.float32) + _normal(rng, n_vocab, spec.n_embd))
+    writer.add_tensor(
+        "token_embd.weight",
+        np.ones((n_vocab, spec.n_embd), np.float32) + _normal(rng, n_vocab, spec.n_embd),
+    )
     head = np.zeros((n_vocab, spec.n_embd), np.float32)
     head[eot] = 1.0
     writer.add_tensor("output.weight", head)
@@ -257,8 +267,11 @@ def write_mineru_home(home: Path, spec: TinyVlm = TinyVlm()) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--mineru-home", action="store_true",
-                        help="lay the files out as MinerU's model store (OUT_DIR is MINERU_HOME)")
+    parser.add_argument(
+        "--mineru-home",
+        action="store_true",
+        help="lay the files out as MinerU's model store (OUT_DIR is MINERU_HOME)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.mineru_home:

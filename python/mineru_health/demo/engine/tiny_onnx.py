@@ -77,10 +77,16 @@ def layout_graph() -> object:
     graph = helper.make_graph(
         nodes,
         "mineru_health_tiny_layout",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["B", 3, INPUT_SIZE, INPUT_SIZE]),
-         helper.make_tensor_value_info("scale_factor", TensorProto.FLOAT, ["B", 2])],
-        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 8]),
-         helper.make_tensor_value_info("counts", TensorProto.INT64, ["B"])],
+        [
+            helper.make_tensor_value_info(
+                "image", TensorProto.FLOAT, ["B", 3, INPUT_SIZE, INPUT_SIZE]
+            ),
+            helper.make_tensor_value_info("scale_factor", TensorProto.FLOAT, ["B", 2]),
+        ],
+        [
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 8]),
+            helper.make_tensor_value_info("counts", TensorProto.INT64, ["B"]),
+        ],
     )
     # Opset 17: understood by every onnxruntime MinerU 4.0 installs.
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -96,12 +102,17 @@ def ocr_detector_graph() -> object:
 
     nodes = [
         helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=1),
-        helper.make_node("Constant", [], ["zero"],
-                         value=numpy_helper.from_array(np.array(0.0, np.float32), "zero")),
+        helper.make_node(
+            "Constant",
+            [],
+            ["zero"],
+            value=numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        ),
         helper.make_node("Mul", ["mean", "zero"], ["maps"]),
     ]
     graph = helper.make_graph(
-        nodes, "mineru_health_tiny_ocr_det",
+        nodes,
+        "mineru_health_tiny_ocr_det",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3, "H", "W"])],
         [helper.make_tensor_value_info("maps", TensorProto.FLOAT, ["B", 1, "H", "W"])],
     )
@@ -135,7 +146,8 @@ def ocr_recognizer_graph(classes: int) -> object:
         helper.make_node("Expand", ["blank_row", "out_shape"], ["scores"]),
     ]
     graph = helper.make_graph(
-        nodes, "mineru_health_tiny_ocr_rec",
+        nodes,
+        "mineru_health_tiny_ocr_rec",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3, 48, "W"])],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["B", "T", classes])],
     )
@@ -167,8 +179,11 @@ def write_small_models(models_dir: Path) -> list[Path]:
     ocr = models_dir / OCR_DIR
     _save(ocr_detector_graph(), ocr / "ch_PP-OCRv6_tiny_det_infer.onnx")
     _save(ocr_recognizer_graph(_recognizer_classes()), ocr / "ch_PP-OCRv6_small_rec_infer.onnx")
-    return [write_layout(models_dir), ocr / "ch_PP-OCRv6_tiny_det_infer.onnx",
-            ocr / "ch_PP-OCRv6_small_rec_infer.onnx"]
+    return [
+        write_layout(models_dir),
+        ocr / "ch_PP-OCRv6_tiny_det_infer.onnx",
+        ocr / "ch_PP-OCRv6_small_rec_infer.onnx",
+    ]
 
 
 def write_layout(models_dir: Path) -> Path:

@@ -123,8 +123,9 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     startup = namespace["startup_router_state"]
 
     def refused(refusal: Refused) -> NoReturn:
-        raise http_exception(status_code=refusal.status, detail=refusal.detail,
-                             headers=refusal.headers) from None
+        raise http_exception(
+            status_code=refusal.status, detail=refusal.detail, headers=refusal.headers
+        ) from None
 
     @functools.wraps(stage)
     async def stage_multipart_request(request: Any) -> Any:
@@ -171,8 +172,9 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
             digest = await asyncio.to_thread(content_digest, [u.path for u in payload.uploads])
             quarantine = supervisor.poison.quarantined(digest)
             if quarantine is not None:
-                raise http_exception(status_code=422,
-                                     detail=quarantine.message(upload_names(payload)))
+                raise http_exception(
+                    status_code=422, detail=quarantine.message(upload_names(payload))
+                )
         registry = request.app.state.router_task_registry
         try:
             try:
@@ -181,7 +183,7 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
                 if exc.status_code != 503 or not supervisor.healing():
                     raise
                 return await line.hold(payload, digest, registry)
-            line.track(record, payload, digest, registry)
+            await line.track(record, payload, digest, registry)
         except Refused as refusal:  # its row could not be written: not accepted
             refused(refusal)
         return record
@@ -191,6 +193,8 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
         line = _line(request)
         if line is not None and line.tracks(task):
             return await line.refresh(task)
+        if line is not None and line.owner(task) is not None:
+            return await line.refresh_shared(task)  # another router's: read only
         return await fetch(request, task)
 
     @functools.wraps(startup)
@@ -205,8 +209,10 @@ def install_endpoints(namespace: MutableMapping[str, Any]) -> None:
     namespace["fetch_router_task_status"] = fetch_router_task_status
     namespace["startup_router_state"] = startup_router_state
     namespace["proxy_router_task_result"] = _streaming_result(namespace)
-    for name, synchronous in (("proxy_router_task_result", False),
-                              ("build_sync_router_task_result_response", True)):
+    for name, synchronous in (
+        ("proxy_router_task_result", False),
+        ("build_sync_router_task_result_response", True),
+    ):
         namespace[name] = _following_restarts(namespace[name], http_exception, synchronous)
     _add_attempts(namespace["RouterTaskRecord"])
     namespace[_INSTALLED] = True
@@ -235,13 +241,18 @@ def _declared_size(request: Any) -> int:
 def _staging_refused(supervisor: Supervisor, error: OSError) -> Refused:
     """The 507 of an upload that could not be staged or moved for lack of storage."""
     where = Path(error.filename).parent if error.filename else Path(tempfile.gettempdir())
-    return supervisor.refuse(STORAGE, f"insufficient storage: the upload could not be written "
-                                      f"to {where} ({error.strerror or error}); retry once "
-                                      "room returns", str(where))
+    return supervisor.refuse(
+        STORAGE,
+        f"insufficient storage: the upload could not be written "
+        f"to {where} ({error.strerror or error}); retry once "
+        "room returns",
+        str(where),
+    )
 
 
-def _following_restarts(proxy: Callable[..., Any], http_exception: type,
-                        synchronous: bool) -> Callable[..., Any]:
+def _following_restarts(
+    proxy: Callable[..., Any], http_exception: type, synchronous: bool
+) -> Callable[..., Any]:
     from mineru_health.runtime.router import upstream_reads  # imports httpx: at install
 
     @functools.wraps(proxy)
@@ -251,12 +262,13 @@ def _following_restarts(proxy: Callable[..., Any], http_exception: type,
             # /file_parse's caller holds its connection for this result: wait for the
             # restarted instance (bounded) rather than answer 503 for a kept result.
             back = synchronous and await line.supervisor.wait_for_worker(
-                lambda: line.follow_restart(task))
+                lambda: line.follow_restart(task)
+            )
             if not back:
                 raise http_exception(
                     status_code=503,
                     detail=f"worker {task.upstream_server_id} is restarting; the result of "
-                           f"task {task.task_id} is kept and will be served again, retry shortly",
+                    f"task {task.task_id} is kept and will be served again, retry shortly",
                     headers={"Retry-After": str(line.supervisor.retry_after_s)},
                 )
         # A result's bounds (MAX_RESULT_MB, MAX_RESULT_S) for what the proxy fetches; a
@@ -266,9 +278,11 @@ def _following_restarts(proxy: Callable[..., Any], http_exception: type,
                 return await proxy(request, task)
             except upstream_reads.BoundBroken as exc:
                 await request.app.state.router_task_registry.increment_upstream_error(
-                    task.task_id, str(exc))
-                raise http_exception(status_code=502,
-                                     detail=f"worker {task.upstream_server_id}: {exc}") from exc
+                    task.task_id, str(exc)
+                )
+                raise http_exception(
+                    status_code=502, detail=f"worker {task.upstream_server_id}: {exc}"
+                ) from exc
 
     return proxy_to_current_instance
 
@@ -295,7 +309,8 @@ def _streaming_result(namespace: MutableMapping[str, Any]) -> Callable[..., Any]
         url = f"{task.upstream_base_url}{tasks_endpoint}/{task.upstream_task_id}/result"
         try:
             upstream = await client.send(
-                client.build_request("GET", url, timeout=download_timeout()), stream=True)
+                client.build_request("GET", url, timeout=download_timeout()), stream=True
+            )
         except httpx.HTTPError as exc:
             await registry.increment_upstream_error(task.task_id, str(exc))
             raise http_exception(status_code=502, detail=str(exc)) from exc
@@ -305,8 +320,9 @@ def _streaming_result(namespace: MutableMapping[str, Any]) -> Callable[..., Any]
             finally:
                 await upstream.aclose()
             detail = body.decode("utf-8", errors="replace").strip() or upstream.reason_phrase
-            await registry.increment_upstream_error(task.task_id,
-                                                    f"{upstream.status_code} {detail}")
+            await registry.increment_upstream_error(
+                task.task_id, f"{upstream.status_code} {detail}"
+            )
             raise http_exception(status_code=upstream.status_code, detail=detail)
         disposition = upstream.headers.get("content-disposition")
 

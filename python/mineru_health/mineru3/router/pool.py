@@ -22,27 +22,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import tempfile
 import time
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mineru_health import _native
 from mineru_health._names import enum_name
-from mineru_health.audit import iso_time
+from mineru_health.runtime.router.audit import iso_time
 from mineru_health.runtime.router.fleet import (
-    Fleet,
     expectations,
     probe_reason,
-    router_settings,
     short_reason,
 )
 from mineru_health.runtime.router.launch import PORTS, launching_class
-from mineru_health.runtime.router.policy import passive_reason
-from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
-from mineru_health.runtime.router.supervisor import Supervisor
-from mineru_health.worker import REFUSAL_ERROR_PREFIX
+from mineru_health.runtime.router.policy import Answer, passive_reason
+from mineru_health.runtime.router.runtime import RouterRuntime, RuntimeParts, open_runtime
+from mineru_health.runtime.router.stores import add_store_field
+from mineru_health.runtime.verdict import REFUSAL_ERROR_PREFIX
 
 from .tasks import TaskLine
+
+if TYPE_CHECKING:  # result_copies imports httpx: only a running router loads it
+    from mineru_health.runtime.router.result_copies import Copied, CopyReport, Served
 
 __all__ = ["HealingPool", "RetiredOutputs", "Server", "add_policy_fields", "healing_pool_class"]
 
@@ -64,37 +67,115 @@ def healing_pool_class(base: type, namespace: Mapping[str, Any]) -> type:
 
 
 class RetiredOutputs:
-    """Output directories of instances a restart replaced, kept for MinerU's retention."""
+    """Output directories of instances a restart replaced, kept for MinerU's retention; and
+    copies of the finished results of remote workers DNS drained (``result_copies.py``)."""
 
     def __init__(self, retention_s: float) -> None:
         self._retention_s = retention_s
         self._dirs: list[tuple[float, Any]] = []  # (monotonic time, TemporaryDirectory)
+        self._copies: dict[str, Copied] = {}  # a result's URL (url_key) -> its copy
+        self._copy_dirs: list[tuple[float, Any, list[str]]] = []  # (time, directory, keys)
 
     def retire(self, local_server: Any) -> None:
         """Keeps the outputs of the instance about to be stopped (MinerU's stop deletes them)."""
         temp_dir, local_server.temp_dir = local_server.temp_dir, None
         if temp_dir is None:
             return
+        self._dirs.append((time.monotonic(), temp_dir))
+        self._expire()
+
+    def _expire(self) -> None:
+        # MinerU expires those tasks after its retention; what they kept can go then.
         now = time.monotonic()
-        self._dirs.append((now, temp_dir))
-        # The new instance expires those tasks after MinerU's retention; the
-        # directory itself can go once that has passed.
-        while self._dirs and now - self._dirs[0][0] > self._retention_s > 0:
+        if self._retention_s <= 0:
+            return
+        while self._dirs and now - self._dirs[0][0] > self._retention_s:
             _remove(self._dirs.pop(0)[1])
+        while self._copy_dirs and now - self._copy_dirs[0][0] > self._retention_s:
+            _, temp_dir, keys = self._copy_dirs.pop(0)
+            for key in keys:
+                self._copies.pop(key, None)
+            _remove(temp_dir)
+
+    async def copy_results(self, client: Any, urls: Iterable[str], *, max_bytes: int) -> CopyReport:
+        """Copies the results at ``urls`` (a drained worker's ``/tasks/<id>/result``) through
+        ``client``, at most ``max_bytes`` of copies in all; they are answered from the copy
+        from then on (``transport``)."""
+        from mineru_health.runtime.router.result_copies import (
+            CopyFailed,
+            CopyReport,
+            copy_result,
+            url_key,
+        )
+
+        self._expire()
+        report, keys = CopyReport(), []
+        temp_dir = tempfile.TemporaryDirectory(prefix="mineru-health-drained-")
+        for number, url in enumerate(urls):
+            key = url_key(url)
+            if key in self._copies:
+                continue
+            room = max_bytes - sum(c.size for c in self._copies.values())
+            try:
+                copied = await copy_result(client, url, Path(temp_dir.name) / str(number), room)
+            except CopyFailed as exc:
+                report.failed.append(str(exc))
+                continue
+            self._copies[key] = copied
+            keys.append(key)
+            report.copied += 1
+            report.size += copied.size
+        if keys:
+            self._copy_dirs.append((time.monotonic(), temp_dir, keys))
+        else:
+            _remove(temp_dir)
+        return report
+
+    def answer(self, method: str, url: Any) -> Served | None:
+        """The answer to a request for a copied result, or None (not one: ask the worker)."""
+        from mineru_health.runtime.router.result_copies import FileStream, url_key
+
+        copied = self._copies.get(url_key(url)) if method == "GET" else None
+        if copied is None:
+            return None
+        headers = {"content-type": copied.content_type, "content-length": str(copied.size)}
+        if copied.content_disposition:
+            headers["content-disposition"] = copied.content_disposition
+        try:
+            return 200, headers, FileStream(copied.path)
+        except OSError:
+            return 404, {"content-type": "application/json"}, b'{"detail":"Task result not found"}'
+
+    def answer_under(self, client: Any) -> None:
+        """Puts the answers for copied results under MinerU's ``client`` (before the fleet
+        puts its bounds above them): its routes read results through it."""
+        import httpx
+
+        from mineru_health.runtime.router.result_copies import answering_transport
+
+        inner = getattr(client, "_transport", None)  # httpx's name for it since 0.18
+        if isinstance(inner, httpx.AsyncBaseTransport):
+            client._transport = answering_transport(self.answer, inner)
 
     def close(self) -> None:
         for _, temp_dir in self._dirs:
             _remove(temp_dir)
         self._dirs.clear()
+        for _, temp_dir, _keys in self._copy_dirs:
+            _remove(temp_dir)
+        self._copy_dirs.clear()
+        self._copies.clear()
 
     def __len__(self) -> int:
         return len(self._dirs)
 
 
-def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool,
-                      now: float) -> None:
+def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool, now: float) -> None:
     """Writes the policy's ``status`` of a worker into its ``/health`` ``entry``."""
     entry["state"] = enum_name(status.phase)
+    # Read here, not from MinerU's ``healthy`` attribute: the event that writes that one
+    # may still be on its way, and one answer must not say two things.
+    entry["healthy"] = bool(status.in_rotation)
     entry["in_rotation"] = bool(status.in_rotation)
     entry["restartable"] = bool(status.restartable)
     entry["consecutive_failures"] = int(status.consecutive_failures)
@@ -180,7 +261,7 @@ class Server:
         await asyncio.to_thread(local.stop)  # MinerU's stop may wait ~10 s
 
 
-class HealingPool:
+class HealingPool(RuntimeParts[RetiredOutputs]):
     """Replaces MinerU 3.x's sequential refresh loop with the fleet and the task supervisor.
 
     Mixed in before MinerU's WorkerPool (see ``healing_pool_class``).
@@ -196,27 +277,32 @@ class HealingPool:
     settings: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Configuration first: a bad value refuses the router before any
-        # worker process is spawned, and the message names the variable.
-        health_settings = router_settings()
-        # Every temporary directory of this router (workers' outputs, staged
-        # uploads) in one that the next router removes if this one is killed.
-        claim_scratch()
-        super().__init__(*args, **kwargs)
         ns = self._router
-        self.fleet = Fleet.refusing(
-            health_settings, expectations(health_settings,
-                                          protocol_version=ns.get("API_PROTOCOL_VERSION")),
-            client=self.client, native_probes=bool(health_settings.native_probes))
-        retention = getattr(self.settings, "task_retention_seconds", 0)
-        self.retired = RetiredOutputs(retention_s=float(retention or 0))
+
+        def open_mineru() -> tuple[Any, RetiredOutputs]:
+            super(HealingPool, self).__init__(*args, **kwargs)
+            retention = getattr(self.settings, "task_retention_seconds", 0)
+            retired = RetiredOutputs(retention_s=float(retention or 0))
+            retired.answer_under(self.client)  # a drained worker's results, once copied
+            return self.client, retired
+
+        self._startup_check = False
         self.task_line = TaskLine(self, ns)
-        self.supervisor = Supervisor.over(self.fleet, self.task_line)
+        # Settings, scratch, MinerU's pool, fleet, supervisor and store, discovery (runtime.py).
+        self.runtime: RouterRuntime[RetiredOutputs] = open_runtime(
+            self,
+            self.task_line,
+            open_mineru=open_mineru,
+            expect=lambda settings: expectations(
+                settings, protocol_version=ns.get("API_PROTOCOL_VERSION")
+            ),
+        )
         for server in self._servers.values():
             local = server.local_server
             if local is not None and self._local_server_class is not None:
-                fields = {f.name: getattr(local, f.name) for f in dataclasses.fields(local)
-                          if f.init}
+                fields = {
+                    f.name: getattr(local, f.name) for f in dataclasses.fields(local) if f.init
+                }
                 server.local_server = self._local_server_class(**fields)
             self.fleet.add(Server(server, self))
 
@@ -225,38 +311,78 @@ class HealingPool:
         return self.fleet.settings
 
     async def start(self) -> None:
-        # Like MinerU's start, which returns once every worker had an answer.
+        # Unlike MinerU's start, local workers are not waited for (Fleet.start): the
+        # router serves at once, holding submissions until a worker is in rotation.
         s = self.fleet.settings
+        if self.discovery is not None:
+            await self.discovery.first()
         await self.fleet.start(wait_s=float(s.boot_timeout_s))
+        if self.discovery is not None:
+            self.discovery.start()
+        # MinerU's start-up asks health_payload next and refuses to serve when no
+        # worker is healthy: that one question is answered for the workers still booting.
+        self._startup_check = True
 
     async def shutdown(self) -> None:
-        await self.supervisor.close()  # the uploads it kept are deleted
-        await self.fleet.close()
-        await super().shutdown()  # type: ignore[misc]
-        self.retired.close()  # after MinerU stopped the current instances
-        self.fleet.close_files()
-        release_scratch()  # what MinerU made there and did not remove
+        # MinerU's shutdown (it stops the current instances) in the runtime's order.
+        await self.runtime.close(super().shutdown)  # type: ignore[misc]
 
     async def refresh_all(self) -> None:
         """MinerU's probe-everything pass is the poller's job now; only check processes."""
         for server_id in self._servers:
-            self.fleet.check_process(server_id)
+            self.fleet.local.check_process(server_id)
+
+    # -- workers found by DNS (discovery.Workers) -------------------------------------------
+    def add_remote(self, worker_id: str, url: str) -> Server:
+        ns = self._router
+        state = ns["WorkerState"](
+            server_id=worker_id, source=ns["SOURCE_REMOTE"], base_url=url, gpu=None
+        )
+        self._servers[worker_id] = state
+        return Server(state, self)
+
+    def remove_remote(self, worker_id: str) -> None:
+        self._servers.pop(worker_id, None)
+
+    def in_flight(self, worker_id: str) -> bool:
+        server = self._servers.get(worker_id)
+        return server is not None and server.pending_assignments > 0
+
+    async def keep_results(self, worker_id: str) -> str:
+        """Copies the finished results of a drained worker the router still lists, so that
+        they stay downloadable once it is gone; says what it copied."""
+        from mineru_health.runtime.router.result_copies import room_for_copies
+
+        report = await self.retired.copy_results(
+            self.client,
+            self.task_line.result_urls(worker_id),
+            max_bytes=room_for_copies(self.fleet.settings),
+        )
+        return str(report)
+
+    async def acquire_submission_server(self, excluded_server_ids: set[str] | None = None) -> Any:
+        """MinerU's choice among healthy workers, draining ones left out."""
+        excluded = {i for i in self._servers if self.fleet.draining(i)}
+        return await super().acquire_submission_server(  # type: ignore[misc]
+            excluded | (excluded_server_ids or set())
+        )
 
     async def mark_submission_failure(self, server_id: str, error: str) -> None:
         """MinerU's hook for a failed submission; a dead worker's own refusal ejects it."""
         await super().mark_submission_failure(server_id, error)  # type: ignore[misc]
         if server_id not in self._servers:
             return
-        self.fleet.check_process(server_id)
+        self.fleet.local.check_process(server_id)
         # MinerU words retryable submit answers "<status> <detail>".
         refusal = f"503 {REFUSAL_ERROR_PREFIX}"
         if error.startswith(refusal):
             self.fleet.report_passive(
-                server_id, f"a submission was refused with 503 ({error[len(refusal):].strip()})")
+                server_id, f"a submission was refused with 503 ({error[len(refusal) :].strip()})"
+            )
 
     def observe_task_status(self, task: Any, payload: Any) -> None:
         """Hook: an upstream task status arrived; the worker's engine_dead verdict ejects it."""
-        reason = passive_reason(payload) if isinstance(payload, dict) else None
+        reason = passive_reason(Answer.of_status(payload)) if isinstance(payload, dict) else None
         server = self._servers.get(task.upstream_server_id)
         # A status from an instance we already replaced says nothing about the new one.
         if reason and server is not None and task.upstream_base_url == server.base_url:
@@ -264,12 +390,23 @@ class HealingPool:
 
     def health_payload(self) -> tuple[bool, dict[str, Any]]:
         healthy, payload = super().health_payload()  # type: ignore[misc]
+        if not healthy and self.supervisor.healing():
+            payload["error"] = (
+                "no worker is in rotation yet (local workers are starting or "
+                "being restarted); submissions are accepted and held until one is"
+            )
+            if self._startup_check:
+                healthy = True
+        self._startup_check = False
         statuses = {status.id: status for status in self.fleet.statuses()}
         now = time.time()
         for entry in payload.get("servers", []):
             status = statuses.get(entry.get("server_id"))
             if status is not None:
-                add_policy_fields(entry, status, restarting=self.fleet.restarting(status.id),
-                                  now=now)
-                entry["process_scope"] = self.fleet.process_scope(status.id)
+                add_policy_fields(
+                    entry, status, restarting=self.fleet.local.restarting(status.id), now=now
+                )
+                entry["process_scope"] = self.fleet.local.process_scope(status.id)
+                entry["draining"] = self.fleet.draining(status.id)
+        add_store_field(payload, self.supervisor.store)
         return healthy, payload

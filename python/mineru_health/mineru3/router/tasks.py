@@ -5,11 +5,13 @@ defers MinerU's cleanup of it): the ``TaskLine`` is the :class:`Line` of the
 runtime's :class:`~mineru_health.runtime.router.supervisor.Supervisor` for
 MinerU 3.x, and what the task endpoints call:
 
-    line.track(record, payload, digest, registry)   # MinerU registered it: keep it until it ends
+    await line.track(record, payload, digest, registry)  # MinerU registered it: kept until it ends
     await line.hold(payload, digest, registry)      # no healthy worker, one restarting: pending
     await line.refresh(record)                      # a client asked for its status
     line.follow_restart(record)                     # a result request: to the current instance
     line.resume(registry)                           # start-up: the router's store taken back
+    line.owner(record)                              # another router's task (a shared store)
+    await line.refresh_shared(record)               # its status, read only
 
 A task's status shows ``attempts`` and ``workers_tried`` (``workers_tried``).
 With the router's store, a task's row is MinerU's ``RouterTaskRecord`` and
@@ -33,6 +35,7 @@ from typing import Any
 from mineru_health import safe_text
 from mineru_health.runtime.router.admission import Refused
 from mineru_health.runtime.router.fleet import DECLARED_FAILED
+from mineru_health.runtime.router.leases import shared
 from mineru_health.runtime.router.line import (
     Kept,
     NotSent,
@@ -44,11 +47,20 @@ from mineru_health.runtime.router.line import (
 )
 from mineru_health.runtime.router.poison import content_digest
 from mineru_health.runtime.router.policy import Answer, AnswerKind, Refusal, is_terminal
+from mineru_health.runtime.router.shared_rows import StoreUnreadable, row_of_another_router
 from mineru_health.runtime.router.store import Saved
 from mineru_health.runtime.router.supervisor import Supervisor
 
-__all__ = ["RETAINED_CLASS", "WORKERS_ATTR", "Task", "TaskLine", "move_staged", "upload_bytes",
-           "upload_names", "workers_tried"]
+__all__ = [
+    "RETAINED_CLASS",
+    "WORKERS_ATTR",
+    "Task",
+    "TaskLine",
+    "move_staged",
+    "upload_bytes",
+    "upload_names",
+    "workers_tried",
+]
 
 _log = safe_text.logger("mineru_health.router.tasks")
 
@@ -56,6 +68,10 @@ _log = safe_text.logger("mineru_health.router.tasks")
 WORKERS_ATTR = "_mineru_health_workers_tried"
 #: Name in the router module's globals of the payload class whose cleanup waits (endpoints.py).
 RETAINED_CLASS = "_mineru_health_retained_payload"
+#: Attribute on a RouterTaskRecord read from another router's row: that router's id.
+OWNER_ATTR = "_mineru_health_owner"
+#: A worker's statuses that another router's task shows before its row says it ended.
+SHOWN_FROM_WORKER = frozenset({"pending", "processing", "completed"})
 
 
 def workers_tried(record: Any) -> list[str]:
@@ -134,15 +150,16 @@ class TaskLine:
         return store.kept_dir if store is not None else None
 
     # -- what the endpoints call -------------------------------------------------------
-    def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
+    async def track(self, record: Any, payload: Any, digest: str | None, registry: Any) -> None:
         """Keeps ``payload`` for ``record`` (MinerU registered the task) until it is terminal.
 
         The router's store has its row when this returns (before the client's answer);
         when it cannot be written the task leaves MinerU's registry, its staged files are
         deleted, and :class:`Refused` (507) is raised: it was never accepted.
         """
-        kept = self._keep(record, payload, digest, registry, record.upstream_server_id,
-                          record.upstream_base_url)
+        kept = await self._keep(
+            record, payload, digest, registry, record.upstream_server_id, record.upstream_base_url
+        )
         if is_terminal(record.status):
             self.supervisor.release(kept)
 
@@ -151,31 +168,65 @@ class TaskLine:
         resubmission is: ``BOOT_TIMEOUT_S``, then it fails clearly). Returns its record."""
         names = upload_names(payload)
         record = await registry.register(
-            upstream_server_id="", upstream_base_url="", upstream_task_id="",
+            upstream_server_id="",
+            upstream_base_url="",
+            upstream_task_id="",
             backend=payload.get_field_value("backend") or "",
             file_names=[PurePath(self._ns["normalize_upload_filename"](n)).stem for n in names],
-            created_at=self._ns["utc_now_iso"](), status="pending", started_at=None,
-            completed_at=None, error=None, queued_ahead=None)
-        kept = self._keep(record, payload, digest, registry, "", "")
+            created_at=self._ns["utc_now_iso"](),
+            status="pending",
+            started_at=None,
+            completed_at=None,
+            error=None,
+            queued_ahead=None,
+        )
+        kept = await self._keep(record, payload, digest, registry, "", "")
         self.supervisor.hold(kept)
         return record
 
-    def _keep(self, record: Any, payload: Any, digest: str | None, registry: Any,
-              worker_id: str, instance: str) -> Kept:
-        """The supervisor keeps the task (its admission taken over) and writes its row; a
-        row that cannot be written takes it out of MinerU's registry (Refused, 507)."""
+    async def _keep(
+        self,
+        record: Any,
+        payload: Any,
+        digest: str | None,
+        registry: Any,
+        worker_id: str,
+        instance: str,
+    ) -> Kept:
+        """The supervisor keeps the task (its admission taken over) and writes its row (on a
+        thread: the router serves meanwhile); a row that cannot be written takes it out of
+        MinerU's registry (Refused, 507)."""
         tried: list[str] = []
         setattr(record, WORKERS_ATTR, tried)
         payload.retained = True
         try:
-            return self.supervisor.keep(record.task_id, Task(record, payload, registry),
-                                        worker_id, instance, digest=digest,
-                                        size_bytes=upload_bytes(payload), workers=tried,
-                                        admission=getattr(payload, "admission", None))
+            kept = self.supervisor.keep(
+                record.task_id,
+                Task(record, payload, registry),
+                worker_id,
+                instance,
+                digest=digest,
+                size_bytes=upload_bytes(payload),
+                workers=tried,
+                save=False,
+                admission=getattr(payload, "admission", None),
+            )
+            await self.supervisor.commit_off_loop(kept)
+            return kept
         except Refused:
             # Not served as accepted: MinerU's registry has no removal, its dict is it.
             registry._tasks.pop(record.task_id, None)
             raise
+
+    def result_urls(self, worker_id: str) -> list[str]:
+        """The worker URLs of the results of the completed tasks MinerU's registry still
+        lists on ``worker_id`` (a drained worker's, copied before it is forgotten)."""
+        tasks = getattr(self._registry, "_tasks", None) or {}
+        return [
+            f"{r.upstream_base_url}{self._ns['TASKS_ENDPOINT']}/{r.upstream_task_id}/result"
+            for r in list(tasks.values())
+            if r.upstream_server_id == worker_id and r.status == self._ns["TASK_COMPLETED"]
+        ]
 
     def tracks(self, record: Any) -> bool:
         return self.supervisor.find(getattr(record, "task_id", "")) is not None
@@ -185,6 +236,12 @@ class TaskLine:
         kept = self.supervisor.find(record.task_id)
         if kept is not None:
             await self.supervisor.refresh(kept)
+            if self.supervisor.find(record.task_id) is None and not is_terminal(record.status):
+                # Let go meanwhile: another router took it over (leases.py) and its row
+                # answers now, as any other router's task.
+                shared = await self._registry.get(record.task_id)
+                if shared is not None and self.owner(shared) is not None:
+                    return await self.refresh_shared(shared)
         return record
 
     def follow_restart(self, record: Any) -> bool:
@@ -204,11 +261,67 @@ class TaskLine:
         status = self._pool.fleet.status(server.server_id)
         return status is None or status.in_rotation or status.phase not in DECLARED_FAILED
 
+    # -- tasks another router drives (a shared store) ------------------------------------
+    def _or_another_routers(self, get: Any) -> Any:
+        """MinerU's ``registry.get``, which falls back on the shared store's row of a task
+        this router does not know (another router's): every endpoint that reads a task
+        answers it then, where it answered 404 (shared_rows.py)."""
+
+        @functools.wraps(get)
+        async def get_or_shared(task_id: str) -> Any:
+            record = await get(task_id)
+            if record is not None:
+                return record
+            try:
+                found = await row_of_another_router(self.supervisor, task_id)
+            except StoreUnreadable as error:
+                raise self._ns["HTTPException"](
+                    status_code=503, detail=error.detail, headers=error.headers
+                ) from None
+            if found is None:
+                return None
+            owner, saved = found
+            record = self._record(saved)
+            setattr(record, OWNER_ATTR, owner)
+            return record
+
+        return get_or_shared
+
+    @staticmethod
+    def owner(record: Any) -> str | None:
+        """The router that drives ``record``'s task when it is another one's, else None."""
+        owner = getattr(record, OWNER_ATTR, None)
+        return owner if isinstance(owner, str) else None
+
+    async def refresh_shared(self, record: Any) -> Any:
+        """Another router's task, read only: its row's status, or its worker's when the
+        row is not terminal and the worker has it running or done (a failure there is
+        for the owner to judge: it may send the task again). Returns ``record``."""
+        if is_terminal(record.status) or not record.upstream_base_url:
+            return record
+        answer = await ask_status(
+            self._pool.fleet,
+            record.upstream_base_url,
+            f"/tasks/{record.upstream_task_id}",
+            self.supervisor.status_timeout_s,
+        )
+        payload = answer.payload or {}
+        if answer.kind is AnswerKind.STATUS and answer.status in SHOWN_FROM_WORKER:
+            record.status = answer.status
+            for name in ("started_at", "completed_at", "queued_ahead"):
+                if name in payload:
+                    setattr(record, name, payload[name])
+        return record
+
     # -- the supervisor's Line -----------------------------------------------------------
     async def ask(self, kept: Kept, url: str) -> Answer:
         record = kept.item.record
-        return await ask_status(self._pool.fleet, url, f"/tasks/{record.upstream_task_id}",
-                                self.supervisor.status_timeout_s)
+        return await ask_status(
+            self._pool.fleet,
+            url,
+            f"/tasks/{record.upstream_task_id}",
+            self.supervisor.status_timeout_s,
+        )
 
     async def stored(self, kept: Kept) -> Answer | None:
         """The task store of the dead local worker, for the instance that cannot answer.
@@ -224,20 +337,26 @@ class TaskLine:
         from mineru_health.runtime.worker import store
 
         record = kept.item.record
-        stored = await asyncio.to_thread(store.read,
-                                         self._pool.fleet.state_dirs.state_dir(kept.worker),
-                                         record.upstream_task_id)
+        stored = await asyncio.to_thread(
+            store.read, self._pool.fleet.state_dirs.state_dir(kept.worker), record.upstream_task_id
+        )
         if stored is None:
             return None
         fields, verdict = stored
-        payload = {k: fields.get(k) for k in ("status", "backend", "file_names", "started_at",
-                                              "completed_at", "error")}
+        payload = {
+            k: fields.get(k)
+            for k in ("status", "backend", "file_names", "started_at", "completed_at", "error")
+        }
         if verdict is not None:
             payload["engine_dead"] = bool(verdict.get("engine_dead"))
             payload["verdict"] = verdict
-        _log.info("task %s: %s is gone; its task store says %s", record.task_id, kept.worker,
-                  payload["status"])
-        return Answer(AnswerKind.STATUS, payload=payload, detail="task store", from_store=True)
+        _log.info(
+            "task %s: %s is gone; its task store says %s",
+            record.task_id,
+            kept.worker,
+            payload["status"],
+        )
+        return Answer.of_status(payload, detail="task store", from_store=True)
 
     async def apply(self, kept: Kept, answer: Answer, url: str, *, adopt: bool) -> None:
         record = kept.item.record
@@ -262,14 +381,17 @@ class TaskLine:
         if server is None:
             return None
         try:
-            upstream = await self._ns["submit_payload_to_upstream"](server.base_url,
-                                                                     kept.item.payload)
+            upstream = await self._ns["submit_payload_to_upstream"](
+                server.base_url, kept.item.payload
+            )
         except self._ns["UpstreamSubmissionUnavailable"] as exc:
             await pool.mark_submission_failure(server.server_id, str(exc))
             return Unavailable(server.server_id, str(exc))
         except self._ns["UpstreamSubmissionRejected"] as exc:
-            return NotSent(Refusal.REJECTED, f"submission to {server.server_id} refused: "
-                                             f"{exc.status_code} {exc.detail}")
+            return NotSent(
+                Refusal.REJECTED,
+                f"submission to {server.server_id} refused: {exc.status_code} {exc.detail}",
+            )
         finally:
             await pool.release_submission_server(server.server_id)
         record = kept.item.record
@@ -291,6 +413,10 @@ class TaskLine:
     def release(self, kept: Kept) -> None:
         kept.item.payload.release()
 
+    def disowned(self, kept: Kept) -> None:
+        # MinerU's registry has no removal, its dict is it.
+        kept.item.registry._tasks.pop(kept.key, None)
+
     def names(self, kept: Kept) -> list[str]:
         return upload_names(kept.item.payload)
 
@@ -301,30 +427,48 @@ class TaskLine:
     def snapshot(self, kept: Kept) -> Snapshot:
         record, payload = kept.item.record, kept.item.payload
         done = is_terminal(record.status)
-        uploads = [{"field_name": getattr(u, "field_name", "files"),
-                    "upload_name": str(u.upload_name),
-                    "content_type": getattr(u, "content_type", "application/octet-stream"),
-                    "path": str(u.path)} for u in getattr(payload, "uploads", [])]
-        return Snapshot(state=str(record.status), upstream_id=str(record.upstream_task_id),
-                        source="" if done else str(getattr(payload, "temp_dir", "") or ""),
-                        record={"task": _record_fields(record),
-                                "fields": [list(f) for f in getattr(payload, "fields", [])],
-                                "uploads": [] if done else uploads})
+        uploads = [
+            {
+                "field_name": getattr(u, "field_name", "files"),
+                "upload_name": str(u.upload_name),
+                "content_type": getattr(u, "content_type", "application/octet-stream"),
+                "path": str(u.path),
+            }
+            for u in getattr(payload, "uploads", [])
+        ]
+        return Snapshot(
+            state=str(record.status),
+            upstream_id=str(record.upstream_task_id),
+            source="" if done else str(getattr(payload, "temp_dir", "") or ""),
+            record={
+                "task": _record_fields(record),
+                "fields": [list(f) for f in getattr(payload, "fields", [])],
+                "uploads": [] if done else uploads,
+            },
+        )
+
+    def _record(self, saved: Saved) -> Any:
+        """MinerU's RouterTaskRecord of a stored row (not put into any registry)."""
+        fields = saved.record["task"]
+        known = {f.name for f in dataclasses.fields(self._ns["RouterTaskRecord"])}
+        record = self._ns["RouterTaskRecord"](**{k: v for k, v in fields.items() if k in known})
+        setattr(record, WORKERS_ATTR, list(saved.workers))
+        return record
 
     def revive(self, saved: Saved) -> Revived | None:
         """Puts the task back into MinerU's registry; its staged form too if it is not over."""
         registry, ns = self._registry, self._ns
-        fields = saved.record["task"]
-        known = {f.name for f in dataclasses.fields(ns["RouterTaskRecord"])}
-        record = ns["RouterTaskRecord"](**{k: v for k, v in fields.items() if k in known})
-        tried = list(saved.workers)
+        record = self._record(saved)
+        tried = workers_tried(record)
         setattr(record, WORKERS_ATTR, tried)
         registry._tasks[record.task_id] = record  # MinerU's registry has no insert by id
         if is_terminal(record.status):
             return None
         payload = ns[RETAINED_CLASS](
-            temp_dir=saved.source, fields=[tuple(f) for f in saved.record.get("fields") or []],
-            uploads=[ns["StagedUpload"](**u) for u in saved.record.get("uploads") or []])
+            temp_dir=saved.source,
+            fields=[tuple(f) for f in saved.record.get("fields") or []],
+            uploads=[ns["StagedUpload"](**u) for u in saved.record.get("uploads") or []],
+        )
         payload.retained = True
         return Revived(Task(record, payload, registry), tried, upload_bytes(payload))
 
@@ -349,6 +493,8 @@ class TaskLine:
             return expired
 
         registry.cleanup_expired_tasks = cleanup_and_forget
+        if shared(self.supervisor.store) is not None:
+            registry.get = self._or_another_routers(registry.get)
         kept_dir = self.kept_dir()
         if kept_dir is not None and kept_dir.is_dir():
             held = {Path(k.item.payload.temp_dir) for k in self.supervisor.kept()}

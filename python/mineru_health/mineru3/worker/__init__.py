@@ -11,7 +11,7 @@ What they give the worker:
 * **A native health endpoint** (``MINERU_HEALTH_PORT``): ``/health``, ``/livez`` and
   ``/readyz`` served by a native thread from the native state, so a worker
   whose event loop MinerU keeps busy answers at once (see
-  :class:`~mineru_health.worker.HealthEndpoint`).
+  :class:`~mineru_health.runtime.worker.health.HealthEndpoint`).
 * **Loop lag**: a callback on the event loop ticks every 100 ms; a loop blocked
   past ``MINERU_HEALTH_LOOP_HANG_S`` is hung (native ``/health`` 503,
   ``"loop_hung": true``), shorter blocks are busy.
@@ -35,12 +35,17 @@ What they give the worker:
 Nothing here may break MinerU: every hook catches and logs its own errors,
 except :func:`install`, which refuses a bad configuration at start-up.
 
-What is MinerU 3.x's own lives here: ``tasks`` (verdicts on its tasks,
-collateral failures, hung tasks), ``gate`` (its task figures, the gate on its
-paths), ``task_store`` (its finished tasks in the task store); this module
-installs them. The rest is the line-agnostic runtime
-(:mod:`mineru_health.runtime.worker`: install halves, shared context, the gate,
-the loop watcher, threads, engine calls, the task store).
+What is MinerU 3.x's own lives here: ``tasks`` (its ``TaskLine`` for the
+runtime: a task failed, its figures; its failure hook; verdicts in its
+status payloads), ``gate`` (the gate on its paths), ``task_store`` (its
+finished tasks in the task store), ``fairness`` (its slots shared among
+remote servers); this module installs them. The rest
+is the line-agnostic runtime (:mod:`mineru_health.runtime.worker`: install
+halves, the :class:`~mineru_health.runtime.worker.worker_runtime.WorkerRuntime`
+they share, the gate, the loop watcher and what it does on a line (hung
+tasks, a fatal record acted on once), the judge, threads, engine calls, the
+task store). ``on_task_failed`` finds the app's runtime through its task
+manager's app (``manager.app.state``).
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...runtime.worker.context import EXIT_CODE, runtime
 from ...runtime.worker.install import begin_install, finish_install
+from ...runtime.worker.worker_runtime import EXIT_CODE
 from .gate import Gate
 from .task_store import state_dir
 from .tasks import fail_outstanding_tasks, on_engine_dead, on_task_failed
@@ -70,12 +75,10 @@ def install(app: Any) -> None:
     Raises :class:`~mineru_health.errors.ConfigError` (see :func:`begin_install`);
     a bad ``MINERU_HEALTH_STATE_DIR`` too.
     """
-    started = begin_install(app, Gate)
-    if started is None:
+    runtime = begin_install(app, Gate)
+    if runtime is None:
         return
-    settings, rules, first_install = started
-    if not first_install:
-        return
+    settings = runtime.settings
     if settings.output_dir:
         # A router with a durable state directory: outputs live there, so that
         # the results this worker's task store restores outlive the router.
@@ -83,4 +86,4 @@ def install(app: Any) -> None:
     # Opened when the worker starts serving (Gate.started); a bad
     # MINERU_HEALTH_STATE_DIR stops the start-up there.
     runtime.defer_store(settings, state_dir(settings))
-    finish_install(settings, rules, "3.x")
+    finish_install(runtime, "3.x")

@@ -5,7 +5,7 @@
 MinerU runs at most ``max_concurrent_requests`` tasks at once (its slots);
 every queued task gets a processor at once, which waits for a slot. Tasks
 that name a ``server_url`` (an ``*-http-client`` backend) wait on that server,
-which may be slow or dead (its waits are bounded, :mod:`.tasks`
+which may be slow or dead (its waits are bounded, the runtime's ``line``
 ``fail_remote_waits``), so one server's tasks may hold at most a *share* of
 the slots, ``max(1, floor(share x slots))``, while a task for another server
 waits for one; a task over its server's share waits unstarted (status
@@ -63,8 +63,9 @@ class ServerShare:
             return False
         if self._within_share(key, slots):
             return True
-        return not any(other != key and self._within_share(other, slots)
-                       for other, _ in self._waiting)
+        return not any(
+            other != key and self._within_share(other, slots) for other, _ in self._waiting
+        )
 
     async def enter(self, key: str, slots: int) -> None:
         """Waits (holding no slot) until ``key`` may take one, then takes it."""

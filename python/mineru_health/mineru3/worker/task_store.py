@@ -1,11 +1,12 @@
-"""MinerU 3.x's finished tasks in the runtime's task store (:mod:`~mineru_health.runtime.worker.store`).
+"""MinerU 3.x's finished tasks in the runtime's task store
+(:mod:`~mineru_health.runtime.worker.store`).
 
 A row is a task's fields, as its dataclass declares them (options, names,
 timestamps, the path of its output directory), and our verdict::
 
     runtime.defer_store(settings, state_dir(settings))  # install(); unset: MinerU's output root
-    task_store.attach(manager)        # start-up complete: tasks back, the manager wrapped
-    task_store.record(manager, task)  # a task we failed ourselves (collateral of an engine death)
+    task_store.attach(runtime.store, manager)  # start-up complete: tasks back, manager wrapped
+    task_store.record(runtime.store, manager, task)  # a task we failed ourselves (collateral)
 
 ``attach`` wraps two methods of the ``AsyncTaskManager`` instance:
 ``_signal_task_event(task_id)``, which MinerU calls when a task turns
@@ -23,9 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...runtime.settings import WorkerSettings
 from ...runtime.worker import store
-from ...runtime.worker.context import runtime
-from ...settings import WorkerSettings
 
 __all__ = ["VERDICT_ATTR", "attach", "record", "state_dir"]
 
@@ -39,8 +39,9 @@ _COMPLETED, _FAILED = "completed", "failed"
 
 def state_dir(settings: WorkerSettings) -> Path:
     """``MINERU_HEALTH_STATE_DIR``, or MinerU's output root when it is unset."""
-    return store.state_dir(settings, os.environ.get("MINERU_API_OUTPUT_ROOT")
-                           or _MINERU_OUTPUT_ROOT_DEFAULT)
+    return store.state_dir(
+        settings, os.environ.get("MINERU_API_OUTPUT_ROOT") or _MINERU_OUTPUT_ROOT_DEFAULT
+    )
 
 
 def _terminal(manager: Any) -> tuple[str, str]:
@@ -60,25 +61,30 @@ def _row(manager: Any, task: Any) -> store.Row | None:
     return str(fields["task_id"]), fields, verdict if isinstance(verdict, dict) else None
 
 
-def record(manager: Any, task: Any) -> None:
-    """Writes ``task``'s row if it is finished. Never raises."""
-    store.keep(runtime.store, _row, manager, task)
+def record(current: store.Store | None, manager: Any, task: Any) -> None:
+    """Writes ``task``'s row into ``current`` (a runtime's store) if finished. Never raises."""
+    store.keep(current, _row, manager, task)
 
 
-def attach(manager: Any) -> int:
-    """Loads stored tasks into ``manager`` and records its finished tasks from now on.
+def attach(current: store.Store | None, manager: Any) -> int:
+    """Loads the tasks stored in ``current`` (a runtime's store) into ``manager`` and records
+    its finished tasks from now on.
 
     Idempotent per manager; returns how many tasks were loaded. Never raises.
     """
     if manager is None:
         return 0
     task_class: Any = getattr(sys.modules.get(type(manager).__module__), "AsyncParseTask", None)
-    names = ({f.name for f in dataclasses.fields(task_class)}
-             if isinstance(task_class, type) and dataclasses.is_dataclass(task_class) else None)
+    names = (
+        {f.name for f in dataclasses.fields(task_class)}
+        if isinstance(task_class, type) and dataclasses.is_dataclass(task_class)
+        else None
+    )
     terminal = _terminal(manager)
 
-    def put_back(task_id: str, fields: dict[str, Any], verdict: dict[str, Any] | None
-                 ) -> bool | None:
+    def put_back(
+        task_id: str, fields: dict[str, Any], verdict: dict[str, Any] | None
+    ) -> bool | None:
         if task_id in manager.tasks or names is None:  # no task class: rows kept, not loaded
             return None
         output_dir = fields.get("output_dir")
@@ -95,6 +101,12 @@ def attach(manager: Any) -> int:
         manager.task_events[task_id] = event
         return True
 
-    return store.attach(runtime.store, manager, put_back, finish="_signal_task_event",
-                        row_of=lambda task_id: _row(manager, manager.tasks.get(task_id)),
-                        expire="cleanup_expired_tasks", live=lambda: manager.tasks)
+    return store.attach(
+        current,
+        manager,
+        put_back,
+        finish="_signal_task_event",
+        row_of=lambda task_id: _row(manager, manager.tasks.get(task_id)),
+        expire="cleanup_expired_tasks",
+        live=lambda: manager.tasks,
+    )

@@ -1,5 +1,8 @@
-"""MinerU 3.x's failed tasks handed to the judge, and every outstanding task failed once the engine is dead.
+"""MinerU 3.x's tasks for the runtime (:class:`TaskLine`), and its failed tasks handed to the judge.
 
+The runtime decides when a task fails (hung, a remote wait past its bound,
+an engine death: :mod:`mineru_health.runtime.worker.line`); here is how a
+3.x task is failed, figures read and a status payload given its verdict.
 Runs on the worker's event loop thread, except the judge, which runs on two
 threads of our own (the native matcher releases the GIL; verification waits).
 """
@@ -13,13 +16,19 @@ import functools
 import sys
 from typing import Any
 
-from ...runtime.verdict import Kind, TaskVerdict
-from ...runtime.worker import judge, remote_waits
-from ...runtime.worker.context import runtime, utc_now_iso, worker_health
+from ...runtime.verdict import TaskVerdict
+from ...runtime.worker import dependency, engine_calls, judge, line, remote_waits
+from ...runtime.worker.health import FatalInfo, Recorded, WorkerHealth, fatal_cause
 from ...runtime.worker.log import log
+from ...runtime.worker.loop_watch import int_or
+from ...runtime.worker.worker_runtime import (
+    WorkerRuntime,
+    mineru_version,
+    runtime_of,
+    utc_now_iso,
+)
 from ...safe_text import describe_exception
-from ...worker import FatalInfo, Recorded, fatal_cause
-from . import task_store
+from . import fairness, task_store
 from .task_store import VERDICT_ATTR
 
 #: MinerU 3.x's task statuses this module sets or looks for.
@@ -27,17 +36,14 @@ PENDING = "pending"
 PROCESSING = "processing"
 FAILED = "failed"
 
-#: The rule of a task failed by its remote wait's bounds (issue 32).
-REMOTE_WAIT_RULE = "watchdog.remote_wait"
-
 #: Set on a task while its failure hook runs: the watcher may act on the death
 #: that failure recorded before the hook resumes, and leaves the task to the
 #: hook (its verdict is the trigger's; it is not failed as collateral or cancelled).
 IN_FAILURE_HOOK_ATTR = "_mineru_health_in_failure_hook"
 
 
-def task_managers() -> list[Any]:
-    """The task manager of every app the hooks were installed on."""
+def task_managers(runtime: WorkerRuntime) -> list[Any]:
+    """The task manager of every app of ``runtime``."""
     managers = []
     for app in runtime.apps:
         manager = getattr(getattr(app, "state", None), "task_manager", None)
@@ -76,8 +82,10 @@ def wrap_status_payload(task_class: type) -> None:
 def _collateral_error(fatal: FatalInfo | None) -> str:
     """The error other users' tasks get: names the engine death, never another task's text."""
     if fatal is None:
-        return "Task failed because the inference engine of this worker became unusable; " \
-               "resubmit it to a healthy worker"
+        return (
+            "Task failed because the inference engine of this worker became unusable; "
+            "resubmit it to a healthy worker"
+        )
     return (
         f"Task failed because the inference engine of this worker became unusable "
         f"({fatal.cause}) while it was queued or running; "
@@ -90,7 +98,7 @@ def _processes(processor: asyncio.Task[Any], task_id: object) -> bool:
     return processor.get_name().endswith(f"-task-{task_id}")
 
 
-def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
+def fail_outstanding_tasks(runtime: WorkerRuntime, manager: Any, fatal: FatalInfo | None) -> int:
     """Fails every pending or running task of ``manager``; returns how many.
 
     A task whose failure hook is running is left to that hook.
@@ -120,7 +128,7 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
         task.error = reason
         task.completed_at = now
         _set_verdict(task, verdict)
-        task_store.record(manager, task)  # task store: MinerU does not signal these
+        task_store.record(runtime.store, manager, task)  # task store: MinerU does not signal these
         failed += 1
 
     try:
@@ -128,8 +136,11 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
     except RuntimeError:
         current = None
     for processor in list(getattr(manager, "active_tasks", ())):
-        if processor is current or processor.done() or any(
-                _processes(processor, task_id) for task_id in spared):
+        if (
+            processor is current
+            or processor.done()
+            or any(_processes(processor, task_id) for task_id in spared)
+        ):
             continue
         processor.cancel()
 
@@ -148,86 +159,6 @@ def fail_outstanding_tasks(manager: Any, fatal: FatalInfo | None) -> int:
     return failed
 
 
-def fail_hung_tasks() -> int:
-    """Fails the tasks the native task watchdog found hung (loop thread); returns how many.
-
-    Each one's parse has made no progress for ``MINERU_HEALTH_TASK_HANG_S``
-    (in or out of engine calls): it is failed with a ``hung`` verdict, its
-    waiters are woken and its processor is cancelled, which frees its
-    concurrency slot (a thread stuck inside the parse cannot be stopped; when
-    every task is hung the worker is stalled, and its restart ends them).
-    """
-    health = worker_health()
-    hung = set(health.take_hung_tasks())
-    if not hung:
-        return 0
-    failed = 0
-    for manager in task_managers():
-        module = sys.modules.get(type(manager).__module__)
-        processing = getattr(module, "TASK_PROCESSING", PROCESSING)
-        pending = getattr(module, "TASK_PENDING", PENDING)
-        for task_id in sorted(hung):
-            task = getattr(manager, "tasks", {}).get(task_id)
-            if task is None or getattr(task, "status", None) not in (pending, processing):
-                continue
-            task.status = getattr(module, "TASK_FAILED", FAILED)
-            task.error = ("mineru-health: the parse made no progress for "
-                          f"{runtime.settings.task_hang_s:g} s (hung); resubmit it")
-            task.completed_at = utc_now_iso()
-            _set_verdict(task, TaskVerdict.hung(remote_engine=_remote_backend(task)))
-            manager._signal_task_event(task_id)  # wakes waiters; the task store keeps it
-            for processor in list(getattr(manager, "active_tasks", ())):
-                if _processes(processor, task_id) and not processor.done():
-                    processor.cancel()
-            failed += 1
-            log("ERROR", f"task {task_id} failed: no progress for "
-                         f"{runtime.settings.task_hang_s:g} s (hung parse)")
-    return failed
-
-
-def remote_wait_verdict() -> TaskVerdict:
-    """A task whose remote wait went past a bound: its server's failure, task-local."""
-    return TaskVerdict(Kind.TASK_LOCAL, None, REMOTE_WAIT_RULE, "remote_engine",
-                       remote_engine=True)
-
-
-def fail_remote_waits() -> int:
-    """Fails the tasks whose remote wait went past a bound (loop thread); returns how many.
-
-    Their server sent nothing for ``MINERU_HEALTH_TASK_HANG_S`` or kept them
-    waiting ``MINERU_HEALTH_REMOTE_WAIT_S``: each fails alone, with an error
-    naming the server and a task-local, remote-engine verdict (never the
-    worker's fault, never counted against the document); its waiters are
-    woken and its processor cancelled, which frees its slot (the wait's own
-    I/O ends at its next read, :mod:`~mineru_health.runtime.worker.remote_waits`).
-    """
-    expired = worker_health().take_expired_remote_waits()
-    if not expired:
-        return 0
-    settings = runtime.settings
-    failed = 0
-    for manager in task_managers():
-        module = sys.modules.get(type(manager).__module__)
-        processing = getattr(module, "TASK_PROCESSING", PROCESSING)
-        pending = getattr(module, "TASK_PENDING", PENDING)
-        for status in expired:
-            task = getattr(manager, "tasks", {}).get(status.task_id)
-            if task is None or getattr(task, "status", None) not in (pending, processing):
-                continue
-            task.status = getattr(module, "TASK_FAILED", FAILED)
-            task.error = remote_waits.describe(status, task_hang_s=settings.task_hang_s,
-                                               remote_wait_s=settings.remote_wait_s)
-            task.completed_at = utc_now_iso()
-            _set_verdict(task, remote_wait_verdict())
-            manager._signal_task_event(status.task_id)  # wakes waiters; the task store keeps it
-            for processor in list(getattr(manager, "active_tasks", ())):
-                if _processes(processor, status.task_id) and not processor.done():
-                    processor.cancel()
-            failed += 1
-            log("ERROR", f"task {status.task_id} failed: {task.error}")
-    return failed
-
-
 def _remote_wait_exceeded(exc: BaseException) -> bool:
     current: BaseException | None = exc
     for _ in range(16):
@@ -239,35 +170,30 @@ def _remote_wait_exceeded(exc: BaseException) -> bool:
     return False
 
 
-def on_engine_dead(manager: Any, fatal: FatalInfo | None) -> None:
+def _engine_dead(runtime: WorkerRuntime, manager: Any, fatal: FatalInfo | None) -> int:
+    """Marks the task manager unhealthy and fails all its outstanding tasks; returns how many."""
+    manager.last_worker_error = f"inference engine unusable ({fatal_cause(fatal)})"
+    return fail_outstanding_tasks(runtime, manager, fatal)
+
+
+def on_engine_dead(runtime: WorkerRuntime, manager: Any, fatal: FatalInfo | None) -> None:
     """Marks the task manager unhealthy and fails all outstanding tasks (loop thread)."""
     if manager is None:
         return
-    what = fatal_cause(fatal)
-    manager.last_worker_error = f"inference engine unusable ({what})"
-    count = fail_outstanding_tasks(manager, fatal)
-    log("ERROR", f"inference engine unusable ({what}); failed {count} other task(s)")
+    count = _engine_dead(runtime, manager, fatal)
+    log("ERROR", f"inference engine unusable ({fatal_cause(fatal)}); failed {count} other task(s)")
 
 
-def act_on_fatal(*, also_manager: Any = None) -> None:
-    """Once per fatal record: fail every manager's outstanding tasks (loop thread).
+def act_on_fatal(runtime: WorkerRuntime, *, also_manager: Any = None) -> None:
+    """Once per fatal record of ``runtime``: fail every manager's outstanding tasks (loop thread).
 
     ``also_manager``: the failing task's manager, acted on too when its app is
-    not among those the hooks were installed on.
+    not among ``runtime``'s.
     """
-    health = worker_health()
-    if health.healthy or runtime.acted_on_fatal:
-        return
-    runtime.acted_on_fatal = True
-    first = health.snapshot().first_fatal
-    managers = task_managers()
-    if also_manager is not None and not any(m is also_manager for m in managers):
-        managers.append(also_manager)
-    for manager in managers:
-        on_engine_dead(manager, first)
+    line.act_on_fatal(runtime, TaskLine(runtime, also_manager=also_manager))
 
 
-def _classify_pool() -> concurrent.futures.ThreadPoolExecutor:
+def _classify_pool(runtime: WorkerRuntime) -> concurrent.futures.ThreadPoolExecutor:
     # Our own two threads: MinerU's parse work fills asyncio's default pool for
     # minutes at a time, and a verdict must not wait behind it.
     if runtime.classify_pool is None:
@@ -282,30 +208,55 @@ def _remote_backend(task: Any) -> bool:
     return str(getattr(task, "backend", "") or "").endswith("http-client")
 
 
+def _own_server(task: Any) -> str:
+    """host:port of the task's server when it is the worker's own (``MINERU_VL_SERVER``,
+    the operator's), "" for a local engine or a tenant's ``server_url``."""
+    if not _remote_backend(task):
+        return ""
+    own = dependency.configured_server()
+    return own if dependency.is_own(getattr(task, "server_url", None), own) else ""
+
+
 async def on_task_failed(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
     """Hook at the top of ``AsyncTaskManager._process_task``'s except block. Never raises.
 
     Classifies ``exc`` off the event loop, attaches the verdict to ``task``,
     and on a fatal outcome fails every other outstanding task. MinerU then
-    marks ``task`` failed as usual.
+    marks ``task`` failed as usual. The runtime is the one ``install`` put on
+    the manager's app (MinerU's ``AsyncTaskManager(app)``).
     """
+    try:
+        runtime = runtime_of(getattr(manager, "app", None))
+    except Exception:  # noqa: BLE001 - a hostile manager must not break MinerU's handling
+        runtime = None
+    if runtime is None:
+        log("WARNING", "on_task_failed: the task manager's app has no mineru-health runtime")
+        return None
     with contextlib.suppress(Exception):  # a task refusing attributes is only less spared
         setattr(task, IN_FAILURE_HOOK_ATTR, True)
     try:
-        return await _judge_failure(manager, task, exc)
+        return await _judge_failure(runtime, manager, task, exc)
     finally:
         with contextlib.suppress(Exception):
             setattr(task, IN_FAILURE_HOOK_ATTR, False)
 
 
-async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorded | None:
-    health = worker_health()
+async def _judge_failure(
+    runtime: WorkerRuntime, manager: Any, task: Any, exc: BaseException
+) -> Recorded | None:
     if _remote_wait_exceeded(exc):  # counted where it was raised; the error names the server
-        _set_verdict(task, remote_wait_verdict())
+        _set_verdict(task, line.remote_wait_verdict())
         return None
     try:
-        ask = functools.partial(judge.judge, health, exc, remote_engine=_remote_backend(task))
-        outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(), ask)
+        ask = functools.partial(
+            judge.judge,
+            runtime,
+            exc,
+            remote_engine=_remote_backend(task),
+            item_id=str(getattr(task, "task_id", "") or ""),
+            own_server=_own_server(task),
+        )
+        outcome = await asyncio.get_running_loop().run_in_executor(_classify_pool(runtime), ask)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - MinerU must keep its own failure handling
@@ -315,8 +266,132 @@ async def _judge_failure(manager: Any, task: Any, exc: BaseException) -> Recorde
         _set_verdict(task, judge.task_verdict(outcome))
         judge.log_outcome(getattr(task, "task_id", "?"), outcome)
         if outcome.fatal:
-            act_on_fatal(also_manager=manager)
+            act_on_fatal(runtime, also_manager=manager)
         return outcome
     except Exception as error:  # noqa: BLE001
         log("ERROR", f"on_task_failed hook failed: {describe_exception(error)}")
         return outcome
+
+
+# --- the line, for the runtime ----------------------------------------------------------------
+
+
+def _report_service(health: WorkerHealth, manager: Any) -> None:
+    """The static part of MinerU's /health body, as its own handler computes it."""
+    module = sys.modules.get(type(manager).__module__)
+    try:
+        max_requests = module.get_max_concurrent_requests()  # type: ignore[union-attr]
+        window = module.get_processing_window_size(  # type: ignore[union-attr]
+            default=module.DEFAULT_PROCESSING_WINDOW_SIZE  # type: ignore[union-attr]
+        )
+    except Exception:  # noqa: BLE001 - a renamed helper must not stop the worker
+        max_requests, window = 1, 1
+    health.set_service(
+        version=mineru_version(),
+        protocol_version=int_or(getattr(module, "API_PROTOCOL_VERSION", 0), 0),
+        max_concurrent_requests=int_or(max_requests, 1),
+        processing_window_size=max(1, int_or(window, 1)),
+        task_retention_seconds=int_or(getattr(manager, "task_retention_seconds", 0), 0),
+        task_cleanup_interval_seconds=int_or(
+            getattr(manager, "task_cleanup_interval_seconds", 0), 0
+        ),
+    )
+
+
+def _report_tasks(runtime: WorkerRuntime) -> None:
+    """MinerU's task figures and its own health verdict, as its /health computes them."""
+    counts = [0, 0, 0, 0]
+    errors = []
+    for manager in task_managers(runtime):
+        module = sys.modules.get(type(manager).__module__)
+        stats = manager.get_stats()
+        for index, (name, default) in enumerate(
+            (
+                ("TASK_PENDING", PENDING),
+                ("TASK_PROCESSING", PROCESSING),
+                ("TASK_COMPLETED", "completed"),
+                ("TASK_FAILED", FAILED),
+            )
+        ):
+            counts[index] += int_or(stats.get(getattr(module, name, default), 0), 0)
+        if not manager.is_healthy():
+            errors.append(str(manager.last_worker_error or "task manager unhealthy"))
+    queued, processing, completed, failed = counts
+    runtime.health.set_tasks(queued, processing, completed, failed, "; ".join(errors))
+
+
+class TaskLine:
+    """3.x's tasks, for the runtime (:class:`~mineru_health.runtime.worker.line.Line`).
+
+    ``also_manager``: a failing task's manager whose app is not among the runtime's.
+    """
+
+    item = "task"
+    fails_remote_waits = True
+
+    def __init__(self, runtime: WorkerRuntime, *, also_manager: Any = None) -> None:
+        self.runtime = runtime
+        self.also_manager = also_manager
+
+    def managers(self) -> list[Any]:
+        managers = task_managers(self.runtime)
+        also = self.also_manager
+        if also is not None and not any(m is also for m in managers):
+            managers.append(also)
+        return managers
+
+    def started(self) -> None:
+        runtime = self.runtime
+        managers = task_managers(runtime)
+        for manager in managers:
+            module = sys.modules.get(type(manager).__module__)
+            task_class = getattr(module, "AsyncParseTask", None)
+            if isinstance(task_class, type):
+                wrap_status_payload(task_class)
+            task_store.attach(
+                runtime.store, manager
+            )  # task store: restore finished tasks, record new ones
+            # The task in context (its id): its progress for the task watchdog.
+            engine_calls.follow_tasks(manager, lambda: runtime.health)
+            fairness.share_slots(manager, runtime.settings.remote_server_share)
+            _report_service(runtime.health, manager)
+        if managers:
+            _report_tasks(runtime)
+
+    def report(self) -> None:
+        _report_tasks(self.runtime)
+
+    def remote_engine(self, item_id: str) -> bool:
+        for manager in self.managers():
+            task = getattr(manager, "tasks", {}).get(item_id)
+            if task is not None:
+                return _remote_backend(task)
+        return False
+
+    def fail(self, item_id: str, text: str, verdict: TaskVerdict) -> bool:
+        """Its status, error and verdict set, its waiters woken (the task store keeps it
+        there) and its processor cancelled, which frees its concurrency slot."""
+        failed = False
+        for manager in self.managers():
+            module = sys.modules.get(type(manager).__module__)
+            unfinished = (
+                getattr(module, "TASK_PENDING", PENDING),
+                getattr(module, "TASK_PROCESSING", PROCESSING),
+            )
+            task = getattr(manager, "tasks", {}).get(item_id)
+            if task is None or getattr(task, "status", None) not in unfinished:
+                continue
+            task.status = getattr(module, "TASK_FAILED", FAILED)
+            task.error = text
+            task.completed_at = utc_now_iso()
+            _set_verdict(task, verdict)
+            manager._signal_task_event(item_id)  # wakes waiters; the task store keeps it
+            for processor in list(getattr(manager, "active_tasks", ())):
+                if _processes(processor, item_id) and not processor.done():
+                    processor.cancel()
+            failed = True
+        return failed
+
+    def fail_with_engine(self, first: FatalInfo | None) -> str:
+        count = sum(_engine_dead(self.runtime, manager, first) for manager in self.managers())
+        return f"failed {count} other task(s)"

@@ -13,12 +13,15 @@ The patch (``patches/mineru-4.0/``) adds a few lines:
   ``submit_job``, ``job_submitted(application, job_route, body)``: the job
   is kept until it ends (``jobs.py``); ``submit_job = failover(application,
   submit_job)``: every submission is admitted under the caps on kept jobs
-  and bytes and the room on disk (503 or 507 with Retry-After, ``jobs.py``),
-  and one its worker lost on the way is sent to another.
+  and bytes and the room on disk (503 or 507 with Retry-After,
+  ``endpoints.py``), and one its worker lost on the way is sent to another.
 
 What is MinerU 4.0's own lives here: its worker objects and capabilities
-(``pool.py``), its jobs and routes (``jobs.py``), the outputs of replaced
-instances (``retired.py``), its upstream helpers bounded (``reads.py``). The rest is the line-agnostic runtime
+(``pool.py``), its jobs and routes (``jobs.py``), its app's helpers wrapped
+(``endpoints.py``: job statuses, 404s, submissions with admission and
+failover), the outputs of replaced instances (``retired.py``), its upstream
+helpers bounded (``reads.py``), another router's jobs answered from the shared
+store (``shared.py``). The rest is the line-agnostic runtime
 (:mod:`mineru_health.runtime.router`).
 
 Remote upstream workers (``--upstream-url``) are never restarted.
@@ -34,9 +37,12 @@ from mineru_health.runtime.router.admission import Refused, answer_refusals
 from mineru_health.runtime.router.fleet import quiet_config_tracebacks
 from mineru_health.runtime.router.launch import launching_class
 
+from .endpoints import failover, install_endpoints, job_submitted
+from .health import StoreInHealth
 from .jobs import JobLine
 from .pool import healing_pool_class, outputs_kept_class
 from .reads import bound_reads
+from .shared import AnotherRoutersJobs
 
 __all__ = ["failover", "install", "install_app", "job_submitted"]
 
@@ -52,7 +58,8 @@ def install(namespace: MutableMapping[str, Any]) -> type:
         return base  # type: ignore[no-any-return]
     quiet_config_tracebacks()
     namespace["ManagedLocalWorker"] = outputs_kept_class(
-        launching_class(namespace["ManagedLocalWorker"]))
+        launching_class(namespace["ManagedLocalWorker"])
+    )
     return healing_pool_class(base, namespace)
 
 
@@ -66,42 +73,17 @@ def install_app(app: Any, namespace: MutableMapping[str, Any]) -> None:
     state = app.state
     pool = state.worker_pool
     pool.keep_in_scratch(state.source_store)
-    line = JobLine(pool, state.registry, state.source_store, namespace)
-    line.install()
-    pool.job_line = line
+    line: JobLine = pool.job_line  # built with the pool's supervisor (runtime.py)
+    line.install(state.registry, state.source_store, namespace)
+    install_endpoints(line, namespace)  # app.py's helpers that end a lost job (endpoints.py)
     bound_reads(namespace)  # worker answers within bounds, named when broken (reads.py)
     # 503/507 with Retry-After, in 4.0's error shape (admission.py), never a bare 500.
     answer_refusals(app, lambda request: line.supervisor, _error_body)
+    # /v1/health says whether the router's store can be reached (health.py).
+    app.add_middleware(StoreInHealth, store_of=lambda: line.supervisor.store)
+    # Another router's jobs answered from the shared store, never 404 (shared.py).
+    app.add_middleware(AnotherRoutersJobs, line=line, registry=state.registry)
 
 
 def _error_body(refusal: Refused) -> dict[str, Any]:
     return {"error": {"type": "api_error", "code": refusal.code, "message": refusal.detail}}
-
-
-def _line(app: Any) -> JobLine | None:
-    return getattr(app.state.worker_pool, "job_line", None)
-
-
-def job_submitted(app: Any, route: Any, body: dict[str, Any]) -> None:
-    """``submit_job`` handed ``body`` on as the job of ``route``: keep it until it ends."""
-    line = _line(app)
-    if line is not None:
-        line.track(route, body)
-
-
-def failover(app: Any, submit_job: Any) -> Any:
-    """``submit_job`` that tries another worker when the chosen one fails on the way.
-
-    4.0 hands a 502/504 (the worker died or hung during the upload) or a
-    503 ``engine_dead`` straight to the client; such a submission is made
-    again, once per other worker at most. Anything else is the answer.
-    """
-
-    async def submit_with_failover(body: dict[str, Any], request: Any,
-                                   uploads: Any = None) -> Any:
-        line = _line(app)
-        if line is None:
-            return await submit_job(body, request, uploads)
-        return await line.submit_with_failover(submit_job, body, request, uploads)
-
-    return submit_with_failover

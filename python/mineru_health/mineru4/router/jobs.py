@@ -14,29 +14,23 @@ new worker and upstream id (``ResourceRegistry`` aliases), so 4.0's own
 being sent, 4.0 answers from the kept payload (status ``queued``).
 
 4.0 reads job statuses itself (client requests, its reconciliation loop);
-the line sees each of them (``observe``, wrapping ``rewrite_job_payload``)
-and each 404 (``missing``, wrapping ``_mark_missing_job``). A submission its
-worker lost on the way (502/504, a 503 ``engine_dead``) is made again on
-another worker (``submit_with_failover``).
+the line sees each of them (``observe``) and each 404 (``missing``), through
+``app.py``'s helpers that ``endpoints.py`` wraps, as it wraps the submission
+(admission, failover). What the endpoints call:
 
-Admission (``runtime/router/admission.py``), the same caps as 3.x's: every
-submission (``/v1/parse/jobs``, ``/v1/tasks``, ``/v1/file_parse``: all go
-through ``submit_job``) is admitted in ``submit_with_failover`` before
-``submit_job`` stages its inputs or asks a worker: its inputs' bytes
-(uploaded with it, or the stored files it names) are reserved under
-``MAX_KEPT_TASKS`` and ``MAX_KEPT_MB`` and checked against the room left in
-the state and scratch directories (503 or 507 with Retry-After, answered by
-the handler ``install_app`` adds). ``track`` takes the reservation over (a
-context variable carries it through 4.0's ``submit_job``). When the job's
-row cannot be written at 4.0's first read of it (``observe``), the job is
-undone (``_unaccept``: its route and the files staged with it leave 4.0's
-registry and source store, its worker's load is released, the worker is
-asked to cancel it and delete those files) and the client gets 507: it was
-never accepted.
+    line = JobLine(pool)                                  # the pool, beside its supervisor
+    line.install(registry, source_store, app_globals)    # install_app
+    line.track(route, body, admission=admission)          # submit_job handed ``body`` on
+    line.observe(payload, worker)  # 4.0 read a job's payload: an engine death sent again
+    line.missing(route, pool)      # its worker answered 404: a kept job sent again
+    line.unaccept(job, uploads)    # its row could not be written: undone, never accepted
+    line.resume()                  # start-up, workers up: the router's store taken back
 
-    line = JobLine(pool, registry, source_store, app_globals, store=store)   # install_app
-    line.track(route, body)       # submit_job handed ``body`` on (patched line)
-    line.resume()                 # start-up, workers up: the router's store taken back
+When the job's row cannot be written at 4.0's first read of it
+(``observe``), the job is undone (``unaccept``: its route and the files
+staged with it leave 4.0's registry and source store, its worker's load is
+released, the worker is asked to cancel it and delete those files) and the
+client gets 507: it was never accepted.
 
 With the router's store (``store``), a job's row is its route (worker,
 upstream id, payload, input aliases, the caller's authorization for 4.0's
@@ -54,7 +48,6 @@ not thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import copy
 import functools
 import hashlib
@@ -67,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from mineru_health import safe_text
-from mineru_health.mineru4 import TASK_HUNG_CODE
+from mineru_health.mineru4 import ENGINE_DEAD_CODE, TASK_HUNG_CODE
 from mineru_health.runtime.router.admission import Admission, Refused
 from mineru_health.runtime.router.line import (
     Kept,
@@ -78,7 +71,6 @@ from mineru_health.runtime.router.line import (
     Unavailable,
     ask_status,
 )
-from mineru_health.runtime.router.poison import Quarantine
 from mineru_health.runtime.router.policy import (
     Action,
     Answer,
@@ -94,13 +86,8 @@ __all__ = ["Job", "JobLine", "policy_payload"]
 
 _log = safe_text.logger("mineru_health.router.jobs")
 
-_ENGINE_DEAD = "engine_dead"
 #: The source store's directory inside the router's state directory (with a store).
 SOURCES_NAME = "sources"
-#: The admission of the submission ``submit_job`` is making (set by ``submit_with_failover``,
-#: taken over by ``track``): 4.0's ``submit_job`` has no parameter to carry it.
-_ADMISSION: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
-    "mineru_health_admission", default=None)
 
 
 @dataclass
@@ -120,8 +107,9 @@ def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """A 4.0 job payload in the resubmission policy's words (status, engine_dead, error)."""
     files = [f for f in payload.get("files") or [] if isinstance(f, dict)]
     errors: list[dict[str, Any]] = [f["error"] for f in files if isinstance(f.get("error"), dict)]
-    dead = payload.get("engine_dead") is True or any(e.get("code") == _ENGINE_DEAD
-                                                     for e in errors)
+    dead = payload.get("engine_dead") is True or any(
+        e.get("code") == ENGINE_DEAD_CODE for e in errors
+    )
     view: dict[str, Any] = {"status": payload.get("status"), "engine_dead": dead}
     if errors:
         view["error"] = str(errors[0].get("message") or errors[0].get("code") or "")
@@ -137,39 +125,44 @@ def policy_payload(payload: dict[str, Any]) -> dict[str, Any]:
 class JobLine:
     """MinerU 4.0's side of the supervisor: jobs, their statuses, their submissions."""
 
-    def __init__(self, pool: Any, registry: Any, sources: Any,
-                 namespace: MutableMapping[str, Any]) -> None:
+    def __init__(self, pool: Any) -> None:
         self._pool = pool
-        self._registry = registry
-        self._sources = sources
-        self._ns = namespace
-        self.supervisor = Supervisor.over(pool.fleet, self)
-        store = self.supervisor.store
-        rewrite, missing = namespace["rewrite_job_payload"], namespace["_mark_missing_job"]
-        self._rewrite = getattr(rewrite, "__wrapped__", rewrite)
-        self._mark_missing = getattr(missing, "__wrapped__", missing)
+        self._registry: Any = None  # 4.0's ResourceRegistry, SourceFileStore and app.py's
+        self._sources: Any = None  # globals, given by ``install``
+        self._ns: MutableMapping[str, Any] = {}
+        #: ``app.py``'s helpers that end a job its worker lost, as 4.0 wrote them
+        #: (``endpoints.py`` wraps them in ``app.py``).
+        self.rewrite: Any = None
+        self.mark_missing: Any = None
         self._sources_dir: Path | None = None
         self._undoing: set[asyncio.Task[None]] = set()  # upstream deletions of unaccepted jobs
+        #: Jobs another router took over from this one (``disowned``): their routes stay.
+        self._disowned: set[str] = set()
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return self._pool.supervisor  # type: ignore[no-any-return]
+
+    @property
+    def pool(self) -> Any:
+        return self._pool
+
+    @property
+    def namespace(self) -> MutableMapping[str, Any]:
+        """``app.py``'s globals."""
+        return self._ns
+
+    def install(self, registry: Any, sources: Any, namespace: MutableMapping[str, Any]) -> None:
+        """Takes 4.0's registry, source store and ``app.py``'s globals (``namespace``)."""
+        self._registry, self._sources, self._ns = registry, sources, namespace
+        store = self.supervisor.store
         if store is not None and store.path is not None and sources is not None:
             # Nothing staged yet (create_app): inputs land where they outlive the router.
             self._sources_dir = store.path.parent / SOURCES_NAME
             sources._root = self._sources_dir
-
-    def install(self) -> None:
-        """Wraps the two helpers of ``app.py`` through which 4.0 ends a job its worker lost."""
-
-        def rewrite_job_payload(payload: dict[str, Any], worker: Any, registry: Any,
-                                pool: Any, owner_scope: str) -> dict[str, Any]:
-            return self.observe(self._rewrite(payload, worker, registry, pool, owner_scope),
-                                worker)
-
-        def mark_missing_job(route: Any, pool: Any) -> dict[str, Any]:
-            return self.missing(route, pool)
-
-        rewrite_job_payload.__wrapped__ = self._rewrite  # type: ignore[attr-defined]
-        mark_missing_job.__wrapped__ = self._mark_missing  # type: ignore[attr-defined]
-        self._ns["rewrite_job_payload"] = rewrite_job_payload
-        self._ns["_mark_missing_job"] = mark_missing_job
+        rewrite, missing = namespace["rewrite_job_payload"], namespace["_mark_missing_job"]
+        self.rewrite = getattr(rewrite, "__wrapped__", rewrite)
+        self.mark_missing = getattr(missing, "__wrapped__", missing)
         if self.supervisor.store is not None:
             self._forget_expired()
 
@@ -187,8 +180,11 @@ class JobLine:
         registry.collect_expired = collect_and_forget
 
     # -- keeping -------------------------------------------------------------------------
-    def track(self, route: Any, body: dict[str, Any]) -> None:
-        """Keeps ``body`` (as sent to the worker) and pins its inputs until the job ends."""
+    def track(
+        self, route: Any, body: dict[str, Any], *, admission: Admission | None = None
+    ) -> None:
+        """Keeps ``body`` (as sent to the worker) and pins its inputs until the job ends,
+        taking ``admission`` (the submission's reservation) over."""
         aliases = dict(route.metadata.get("input_aliases") or {})
         kept_body = copy.deepcopy(body)
         sources: dict[str, tuple[Any, str]] = {}
@@ -213,20 +209,41 @@ class JobLine:
             digest = hashlib.sha256(
                 "".join(stored.sha256sum for stored, _ in sources.values()).encode()
             ).hexdigest()
-        job = Job(route=route, body=kept_body, sources=sources, pins=pins,
-                  headers=dict(route.metadata.get("upstream_headers") or {}),
-                  resendable=resendable)
+        job = Job(
+            route=route,
+            body=kept_body,
+            sources=sources,
+            pins=pins,
+            headers=dict(route.metadata.get("upstream_headers") or {}),
+            resendable=resendable,
+        )
         # Saved once 4.0 has read its payload (``observe``), still before the client's answer.
-        self.supervisor.keep(route.public_id, job, route.worker_id,
-                             self._pool.get(route.worker_id).base_url, digest=digest, save=False,
-                             size_bytes=sum(stored.bytes for stored, _ in sources.values()),
-                             admission=_ADMISSION.get())
+        self.supervisor.keep(
+            route.public_id,
+            job,
+            route.worker_id,
+            self._pool.get(route.worker_id).base_url,
+            digest=digest,
+            save=False,
+            size_bytes=sum(stored.bytes for stored, _ in sources.values()),
+            admission=admission,
+        )
 
-    def file_payloads(self, worker_id: str) -> list[tuple[str, dict[str, Any]]]:
-        """(upstream id, metadata) of every file the router knows on ``worker_id``."""
-        return [(r.upstream_id, r.metadata["payload"])
-                for r in self._registry.list("file", include_expired=True)
-                if r.worker_id == worker_id and isinstance(r.metadata.get("payload"), dict)]
+    def find_source(self, file_id: str) -> Any:
+        """4.0's stored source file of ``file_id``, or None."""
+        return self._sources.find_file(file_id)
+
+    def file_payloads(self, worker_id: str) -> list[tuple[str, dict[str, Any] | None]]:
+        """(upstream id, metadata) of every file the router knows on ``worker_id``; None for
+        metadata 4.0 has not read yet (it reads an output's after the job ended, and the
+        worker may be drained in between)."""
+        if self._registry is None:
+            return []  # not installed: the router knows no file
+        return [
+            (r.upstream_id, p if isinstance(p := r.metadata.get("payload"), dict) else None)
+            for r in self._registry.list("file", include_expired=True)
+            if r.worker_id == worker_id
+        ]
 
     # -- answers 4.0 read itself -----------------------------------------------------------
     def observe(self, rewritten: dict[str, Any], worker: Any) -> dict[str, Any]:
@@ -236,14 +253,17 @@ class JobLine:
             kept.item.saved = True  # the first read: submit_job answers the client next
             try:
                 self.supervisor.commit(kept)
-            except Refused as refusal:  # not kept: submit_with_failover undoes it
+            except Refused as refusal:  # not kept: endpoints.py undoes it (unaccept)
                 refusal.item = kept.item
                 raise
-        if (kept is None or kept.busy or kept.worker != worker.worker_id
-                or not is_terminal(rewritten.get("status"))):
+        if (
+            kept is None
+            or kept.busy
+            or kept.worker != worker.worker_id
+            or not is_terminal(rewritten.get("status"))
+        ):
             return rewritten
-        step = self.supervisor.decide(kept, Answer(AnswerKind.STATUS,
-                                                   payload=policy_payload(rewritten)))
+        step = self.supervisor.decide(kept, Answer.of_status(policy_payload(rewritten)))
         if step.action is Action.RESUBMIT:
             return copy.deepcopy(kept.item.route.metadata.get("payload") or {})
         self.supervisor.release(kept)
@@ -252,86 +272,22 @@ class JobLine:
     def missing(self, route: Any, pool: Any) -> dict[str, Any]:
         """4.0's worker answered 404 for the job: send a kept one again, else 4.0's failure."""
         kept = self.supervisor.find(route.public_id)
+        if kept is None and route.public_id in self._disowned:
+            # Another router drives it now, maybe on another worker: never failed here.
+            return copy.deepcopy(route.metadata.get("payload") or {})
         if kept is None or kept.item.route is not route:
-            return self._mark_missing(route, pool)  # type: ignore[no-any-return]
+            return self.mark_missing(route, pool)  # type: ignore[no-any-return]
         if not kept.busy:
-            self.supervisor.decide(kept, Answer(AnswerKind.NOT_FOUND, detail=(
-                f"worker {route.worker_id} does not know job {route.upstream_id}")))
+            self.supervisor.decide(
+                kept,
+                Answer(
+                    AnswerKind.NOT_FOUND,
+                    detail=(f"worker {route.worker_id} does not know job {route.upstream_id}"),
+                ),
+            )
         return copy.deepcopy(route.metadata.get("payload") or {})
 
-    async def submit_with_failover(self, submit_job: Any, body: dict[str, Any], request: Any,
-                                   uploads: Any) -> Any:
-        """4.0's ``submit_job``, made again on another worker when the chosen one failed.
-
-        Before each new try the launched workers' processes are checked (a
-        killed one leaves rotation at once) and one probe interval passes,
-        so that the policy has taken in what the failure showed. A 503 of
-        4.0's own (no healthy worker) while a local worker is being restarted
-        is not the answer either: the submission waits for a worker back in
-        rotation (at most ``BOOT_TIMEOUT_S``, as a resubmission does), so a
-        fault that takes every worker out for a moment refuses nothing.
-        """
-        error = self._ns["RouterProxyError"]
-        quarantine = self._quarantined(body, uploads or {})
-        if quarantine is not None:
-            names = [getattr(u, "filename", "") for u in (uploads or {}).values()]
-            raise error(422, "document_quarantined", quarantine.message([n for n in names if n]))
-        admission = self.supervisor.admit(self._declared_size(body, uploads or {}))
-        token = _ADMISSION.set(admission)
-        try:
-            return await self._submit(submit_job, body, request, uploads)
-        except Refused as refusal:
-            if isinstance(refusal.item, Job):
-                self._unaccept(refusal.item, uploads or {})
-            raise
-        finally:
-            _ADMISSION.reset(token)
-            admission.close()
-
-    async def _submit(self, submit_job: Any, body: dict[str, Any], request: Any,
-                      uploads: Any) -> Any:
-        error = self._ns["RouterProxyError"]
-        tries = len(self._pool.workers) + 1
-        attempt = waits = 0
-        while True:
-            attempt += 1
-            last = attempt >= tries
-            try:
-                response = await submit_job(body, request, uploads)
-            except error as exc:
-                if exc.status_code == 503 and exc.code == "quality_tier_unavailable":
-                    waits += 1  # bounded: a worker back that still cannot take it is the answer
-                    if (waits > tries or not self.supervisor.healing()
-                            or not await self._worker_back()):
-                        raise
-                    attempt -= 1  # no worker tried it: not a try
-                    continue
-                if last or exc.status_code not in (502, 504):
-                    raise
-                _log.warning("a submission failed on its worker (%s); trying again", exc)
-            else:
-                if (last or response.status_code != 503
-                        or b'"engine_dead"' not in bytes(response.body)):
-                    return response
-                _log.warning("a submission was refused with 503 engine_dead; trying again")
-            for worker in self._pool.workers:
-                self._pool.fleet.check_process(worker.worker_id)
-            await asyncio.sleep(self.supervisor.retry_interval_s)
-
-    def _declared_size(self, body: dict[str, Any], uploads: Mapping[int, Any]) -> int:
-        """Bytes the job's inputs will take in the router: those uploaded with it, and the
-        stored files it names by id (what ``track`` keeps)."""
-        size = sum(int(getattr(u, "bytes", 0) or 0) for u in uploads.values())
-        for index, entry in enumerate(body.get("files") or []):
-            source = entry.get("source") if isinstance(entry, dict) else None
-            if index in uploads or not isinstance(source, dict) \
-                    or source.get("type") != "file_id":
-                continue
-            stored = self._sources.find_file(str(source.get("file_id")))
-            size += int(stored.bytes) if stored is not None else 0
-        return size
-
-    def _unaccept(self, job: Job, uploads: Mapping[int, Any]) -> None:
+    def unaccept(self, job: Job, uploads: Mapping[int, Any]) -> None:
         """Undoes a job whose row could not be written (the client gets 507): its route and
         the files uploaded with it leave 4.0's registry and source store (their bytes are
         deleted), its worker's load is released, and its worker is asked (in the background)
@@ -347,8 +303,7 @@ class JobLine:
             self._sources.delete_file(public_id)
             if file_route is not None:
                 upstream.append((file_route.worker_id, f"/v1/files/{file_route.upstream_id}"))
-        _log.warning("job %s: not accepted (its row could not be written); undone",
-                     route.public_id)
+        _log.warning("job %s: not accepted (its row could not be written); undone", route.public_id)
         task = asyncio.get_running_loop().create_task(self._delete_upstream(upstream))
         self._undoing.add(task)
         task.add_done_callback(self._undoing.discard)
@@ -356,49 +311,21 @@ class JobLine:
     async def _delete_upstream(self, paths: list[tuple[str, str]]) -> None:
         for worker_id, path in paths:
             try:
-                await self._ns["request_upstream"](self._pool, self._pool.get(worker_id),
-                                                   "DELETE", path)
+                await self._ns["request_upstream"](
+                    self._pool, self._pool.get(worker_id), "DELETE", path
+                )
             except Exception as exc:  # noqa: BLE001 -- best effort: the worker's retention ends it
                 _log.info("%s on %s: not deleted (%s)", path, worker_id, exc)
 
-    def _quarantined(self, body: dict[str, Any], uploads: dict[int, Any]) -> Quarantine | None:
-        """The quarantine of the submission's document, if the poison guard has one.
-
-        Its digest is the one ``track`` keeps (the inputs' own SHA-256s, in
-        order), read from what 4.0 already hashed: the uploads and the source
-        store. Only once some document killed an engine (``suspects``): a
-        healthy fleet's submissions never pay for it.
-        """
-        if not self.supervisor.poison.suspects():
-            return None
-        digests = []
-        for index, entry in enumerate(body.get("files") or []):
-            source = entry.get("source") if isinstance(entry, dict) else None
-            upload = uploads.get(index)
-            if upload is not None:
-                digests.append(str(getattr(upload, "sha256sum", "")))
-            elif isinstance(source, dict) and source.get("type") == "file_id":
-                stored = self._sources.find_file(str(source.get("file_id")))
-                if stored is None:
-                    return None
-                digests.append(str(stored.sha256sum))
-            else:
-                return None  # a url or inline source: not sent again, never counted
-        if not digests or not all(digests):
-            return None
-        return self.supervisor.poison.quarantined(
-            hashlib.sha256("".join(digests).encode()).hexdigest())
-
-    async def _worker_back(self) -> bool:
-        """Waits (bounded) until a worker is in rotation; False when none came back."""
-        _log.warning("no healthy worker while the fleet heals; the submission waits for one")
-        return await self.supervisor.wait_for_worker(self._pool.routable)
-
     # -- the supervisor's Line ----------------------------------------------------------------
     async def ask(self, kept: Kept, url: str) -> Answer:
-        return await ask_status(self._pool.fleet, url,
-                                f"/v1/parse/jobs/{kept.item.route.upstream_id}",
-                                self.supervisor.status_timeout_s, policy_payload)
+        return await ask_status(
+            self._pool.fleet,
+            url,
+            f"/v1/parse/jobs/{kept.item.route.upstream_id}",
+            self.supervisor.status_timeout_s,
+            policy_payload,
+        )
 
     async def stored(self, kept: Kept) -> Answer | None:
         # Not read: a restarted 4.0 instance has a fresh upload directory, so neither it
@@ -425,8 +352,11 @@ class JobLine:
     async def send(self, kept: Kept, avoid: set[str]) -> Sent | Unavailable | NotSent | None:
         job = kept.item
         if not job.resendable:
-            return NotSent(Refusal.REJECTED, "not sent again: an input of the job has no bytes "
-                                             "in the router (it could not be sent again)")
+            return NotSent(
+                Refusal.REJECTED,
+                "not sent again: an input of the job has no bytes "
+                "in the router (it could not be sent again)",
+            )
         reservation = self._reserve(job)
         if reservation is None:
             return None
@@ -440,8 +370,9 @@ class JobLine:
             reservation.release()
             status = int(getattr(exc, "status_code", 0) or 0)
             if 400 <= status < 500 and status not in (404, 408, 409, 429):
-                return NotSent(Refusal.REJECTED, f"not sent again: {worker.worker_id} "
-                                                 f"refused it ({exc})")
+                return NotSent(
+                    Refusal.REJECTED, f"not sent again: {worker.worker_id} refused it ({exc})"
+                )
             return Unavailable(worker.worker_id, str(exc))
         return Sent(worker.worker_id, worker.base_url)
 
@@ -469,36 +400,51 @@ class JobLine:
                 continue
             public_id = source["file_id"]
             stored, name = job.sources[public_id]
-            uploaded = await ns["upload_stored_source"](stored, name, worker, request=None,
-                                                        pool=self._pool, generation=generation)
+            uploaded = await ns["upload_stored_source"](
+                stored, name, worker, request=None, pool=self._pool, generation=generation
+            )
             file_id = str(uploaded["file"]["id"])
             source["file_id"] = file_id
             aliases[file_id] = public_id
             # Deleted from that worker once the job ends, as 4.0's cross-worker copies.
-            copies.append(ns["CopiedInputFile"](source_public_id=public_id,
-                                                owner_scope=route.owner_scope,
-                                                worker_id=worker.worker_id,
-                                                upstream_file_id=file_id))
-        response = await ns["request_upstream"](self._pool, worker, "POST", "/v1/parse/jobs",
-                                                json_body=body, headers=job.headers)
+            copies.append(
+                ns["CopiedInputFile"](
+                    source_public_id=public_id,
+                    owner_scope=route.owner_scope,
+                    worker_id=worker.worker_id,
+                    upstream_file_id=file_id,
+                )
+            )
+        response = await ns["request_upstream"](
+            self._pool, worker, "POST", "/v1/parse/jobs", json_body=body, headers=job.headers
+        )
         ns["require_worker_generation"](worker, generation)
         result = ns["json_or_error"](response)
         job_id = result.get("job_id")
         if not isinstance(job_id, str):
-            raise ns["RouterProxyError"](502, "invalid_upstream_response",
-                                         "Created job did not return a job_id")
-        registry.remove_upstream_alias("job", owner_scope=route.owner_scope,
-                                       worker_id=route.worker_id, upstream_id=route.upstream_id)
+            raise ns["RouterProxyError"](
+                502, "invalid_upstream_response", "Created job did not return a job_id"
+            )
+        registry.remove_upstream_alias(
+            "job",
+            owner_scope=route.owner_scope,
+            worker_id=route.worker_id,
+            upstream_id=route.upstream_id,
+        )
         route.worker_id, route.upstream_id = worker.worker_id, job_id
         registry.alias_upstream(route, worker_id=worker.worker_id, upstream_id=job_id)
         route.metadata.update(
             input_aliases=aliases,
             copied_inputs=[*(route.metadata.get("copied_inputs") or []), *copies],
-            active_counted=True, reservation=reservation, upstream_headers=dict(job.headers))
+            active_counted=True,
+            reservation=reservation,
+            upstream_headers=dict(job.headers),
+        )
         route.metadata.pop("upstream_lost", None)
-        self._rewrite(result, worker, registry, self._pool, route.owner_scope)
-        _log.warning("job %s: sent to %s as upstream job %s", route.public_id,
-                     worker.worker_id, job_id)
+        self.rewrite(result, worker, registry, self._pool, route.owner_scope)
+        _log.warning(
+            "job %s: sent to %s as upstream job %s", route.public_id, worker.worker_id, job_id
+        )
 
     async def fail(self, kept: Kept, text: str) -> None:
         """Ends the job failed, every unfinished file with ``engine_dead`` and ``text``."""
@@ -509,11 +455,21 @@ class JobLine:
         for file in payload.get("files") or []:
             if file.get("status") != "completed":
                 file["status"] = "failed"
-                file["error"] = {"type": "engine_error", "code": _ENGINE_DEAD, "message": text}
+                file["error"] = {"type": "engine_error", "code": ENGINE_DEAD_CODE, "message": text}
         route.metadata["payload"] = payload
         route.metadata["upstream_lost"] = True
 
     def release(self, kept: Kept) -> None:
+        kept.item.pins.close()
+
+    def disowned(self, kept: Kept) -> None:
+        # 4.0 keeps the route (its own reads ask the worker it names); the pins go. Taking
+        # the route out of 4.0's registry here would race the reads under way: a read whose
+        # route went meanwhile has its worker's ids given new public ones (seen: a paused
+        # router's answer named a job id nobody had). Should the new owner send the job to
+        # another worker, the first one answers 404 (``missing``: the job's last
+        # payload here, never failed).
+        self._disowned.add(kept.key)
         kept.item.pins.close()
 
     def names(self, kept: Kept) -> list[str]:
@@ -547,62 +503,104 @@ class JobLine:
             found = self._registry.find("file", public_id)
             if found is not None:
                 files.append(_route_fields(found))
-        sources = {} if done else {
-            public_id: {"path": str(stored.path), "bytes": stored.bytes,
-                        "sha256sum": stored.sha256sum, "mime_type": stored.mime_type,
-                        "name": name}
-            for public_id, (stored, name) in job.sources.items()}
+        sources = (
+            {}
+            if done
+            else {
+                public_id: {
+                    "path": str(stored.path),
+                    "bytes": stored.bytes,
+                    "sha256sum": stored.sha256sum,
+                    "mime_type": stored.mime_type,
+                    "name": name,
+                }
+                for public_id, (stored, name) in job.sources.items()
+            }
+        )
         fields = _route_fields(route)
-        fields.update(input_aliases=dict(route.metadata.get("input_aliases") or {}),
-                      headers=dict(job.headers),
-                      finalized_at=route.metadata.get("finalized_at"))
-        return Snapshot(state=state, upstream_id=str(route.upstream_id),
-                        source="\n".join(s["path"] for s in sources.values()),
-                        record={"route": fields, "files": files, "body": job.body,
-                                "sources": sources, "resendable": job.resendable})
+        fields.update(
+            input_aliases=dict(route.metadata.get("input_aliases") or {}),
+            headers=dict(job.headers),
+            finalized_at=route.metadata.get("finalized_at"),
+        )
+        return Snapshot(
+            state=state,
+            upstream_id=str(route.upstream_id),
+            source="\n".join(s["path"] for s in sources.values()),
+            record={
+                "route": fields,
+                "files": files,
+                "body": job.body,
+                "sources": sources,
+                "resendable": job.resendable,
+            },
+        )
 
     def revive(self, saved: Saved) -> Revived | None:
         """Puts the job's route and its files' routes back; its inputs' bytes if it is not over."""
         record, registry = saved.record, self._registry
         fields = record["route"]
-        route = registry.register("job", owner_scope=fields["owner_scope"],
-                                  worker_id=fields["worker_id"],
-                                  upstream_id=fields["upstream_id"], public_id=saved.key)
+        route = registry.register(
+            "job",
+            owner_scope=fields["owner_scope"],
+            worker_id=fields["worker_id"],
+            upstream_id=fields["upstream_id"],
+            public_id=saved.key,
+        )
         route.created_at = fields["created_at"]
         for file in record.get("files") or []:
-            file_route = registry.register("file", owner_scope=file["owner_scope"],
-                                           worker_id=file["worker_id"],
-                                           upstream_id=file["upstream_id"],
-                                           public_id=file["public_id"])
+            file_route = registry.register(
+                "file",
+                owner_scope=file["owner_scope"],
+                worker_id=file["worker_id"],
+                upstream_id=file["upstream_id"],
+                public_id=file["public_id"],
+            )
             file_route.created_at = file["created_at"]
             if isinstance(file.get("payload"), dict):
                 file_route.metadata["payload"] = file["payload"]
-        route.metadata.update(input_aliases=dict(fields.get("input_aliases") or {}),
-                              upstream_headers=dict(fields.get("headers") or {}))
+        route.metadata.update(
+            input_aliases=dict(fields.get("input_aliases") or {}),
+            upstream_headers=dict(fields.get("headers") or {}),
+        )
         if isinstance(fields.get("payload"), dict):
             route.metadata["payload"] = fields["payload"]
         if is_terminal(saved.state):
             # 4.0 answers for it from this payload; its outputs are read from its worker.
             route.metadata["upstream_lost"] = True
-            route.metadata["finalized_at"] = fields.get("finalized_at") or \
-                self._ns["utc_now_iso"]()
+            route.metadata["finalized_at"] = fields.get("finalized_at") or self._ns["utc_now_iso"]()
             return None
+        if any(w.worker_id == route.worker_id for w in self._pool.workers):
+            # Counted on its worker as 4.0 counts a job it sent, so that 4.0's reconciliation
+            # reads it until it ends and its row says so, whichever router a client asks.
+            route.metadata["active_counted"] = True
+            self._pool.mark_job_started(route.worker_id)
         stored_class = sys.modules[type(self._sources).__module__].StoredSourceFile
         sources: dict[str, tuple[Any, str]] = {}
         pins = ExitStack()
         resendable = bool(record.get("resendable", True))
         for public_id, source in (record.get("sources") or {}).items():
-            stored = stored_class(path=Path(source["path"]), bytes=int(source["bytes"]),
-                                  sha256sum=str(source["sha256sum"]),
-                                  mime_type=str(source["mime_type"]))
+            stored = stored_class(
+                path=Path(source["path"]),
+                bytes=int(source["bytes"]),
+                sha256sum=str(source["sha256sum"]),
+                mime_type=str(source["mime_type"]),
+            )
             if not stored.path.is_file():
                 resendable = False
                 continue
             self._sources.bind_source(public_id, stored, owner_scope=route.owner_scope)
             pins.enter_context(self._sources.pin(stored))
             sources[public_id] = (stored, str(source["name"]))
-        job = Job(route=route, body=dict(record.get("body") or {}), sources=sources, pins=pins,
-                  headers=dict(fields.get("headers") or {}), resendable=resendable, saved=True)
+        job = Job(
+            route=route,
+            body=dict(record.get("body") or {}),
+            sources=sources,
+            pins=pins,
+            headers=dict(fields.get("headers") or {}),
+            resendable=resendable,
+            saved=True,
+        )
         return Revived(job, list(saved.workers), sum(s.bytes for s, _ in sources.values()))
 
     def resume(self) -> None:
@@ -617,8 +615,11 @@ class JobLine:
         uploads = self._sources_dir / "uploads" if self._sources_dir is not None else None
         if uploads is None or not uploads.is_dir():
             return
-        held = {stored.path for kept in self.supervisor.kept()
-                for stored, _ in kept.item.sources.values()}
+        held = {
+            stored.path
+            for kept in self.supervisor.kept()
+            for stored, _ in kept.item.sources.values()
+        }
         for leftover in uploads.iterdir():
             if leftover not in held and leftover.is_file():
                 leftover.unlink(missing_ok=True)
@@ -626,9 +627,14 @@ class JobLine:
 
 def _route_fields(route: Any) -> dict[str, Any]:
     """A 4.0 ``ResourceRoute`` as the router's store keeps it."""
-    return {"public_id": route.public_id, "owner_scope": route.owner_scope,
-            "worker_id": route.worker_id, "upstream_id": route.upstream_id,
-            "created_at": route.created_at, "payload": route.metadata.get("payload")}
+    return {
+        "public_id": route.public_id,
+        "owner_scope": route.owner_scope,
+        "worker_id": route.worker_id,
+        "upstream_id": route.upstream_id,
+        "created_at": route.created_at,
+        "payload": route.metadata.get("payload"),
+    }
 
 
 def _pending(payload: dict[str, Any]) -> dict[str, Any]:

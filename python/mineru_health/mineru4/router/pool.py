@@ -33,15 +33,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mineru_health import _native, safe_text
-from mineru_health.runtime.router.fleet import (
-    Fleet,
-    expectations,
-    probe_reason,
-    router_settings,
-)
-from mineru_health.runtime.router.scratch import claim_scratch, release_scratch
-from mineru_health.state_dirs import OUTPUT_DIR_ENV
+from mineru_health.runtime.router.fleet import expectations, probe_reason
+from mineru_health.runtime.router.runtime import RouterRuntime, RuntimeParts, open_runtime
+from mineru_health.runtime.state_dirs import OUTPUT_DIR_ENV
 
+from .jobs import JobLine
 from .retired import RetiredOutputs
 
 __all__ = ["HealingPool", "Worker", "healing_pool_class", "outputs_kept_class"]
@@ -138,23 +134,20 @@ class Worker:
         state.models.clear()
         state.features.clear()
         # Its finished outputs stay downloadable from the kept upload directory.
-        line = self._pool.job_line
         temp_dir, local.temp_dir = local.temp_dir, None
         outputs = (local.launch_env or {}).get(OUTPUT_DIR_ENV)
-        self._pool.retired.retire(temp_dir, line.file_payloads(self.id) if line else [],
-                                  uploads=Path(outputs) if outputs else None)
+        known = [(i, p) for i, p in self._pool.job_line.file_payloads(self.id) if p is not None]
+        self._pool.retired.retire(temp_dir, known, uploads=Path(outputs) if outputs else None)
         # As 4.0: a new generation, so late answers of the old one publish nothing.
         state.generation += 1
         state.active_jobs = 0
         await local.stop()
 
 
-class HealingPool:
+class HealingPool(RuntimeParts[RetiredOutputs]):
     """Replaces MinerU 4.0's refresh loop with the fleet (the job supervisor: ``jobs.py``)."""
 
     _ns: ClassVar[Mapping[str, Any]] = {}
-    #: The job side (``jobs.py``), set by ``install_app``.
-    job_line: Any = None
 
     # Attributes of MinerU's WorkerPool this class relies on (for type checkers).
     _workers: dict[str, Any]
@@ -162,30 +155,43 @@ class HealingPool:
     workers: list[Any]
     _build_workers: Any
 
-    def __init__(self, settings: Any, *, transport: Any = None,
-                 on_local_worker_replaced: Any = None) -> None:
-        health_settings = router_settings()
-        # Every temporary directory of this router from here on (workers' upload
-        # directories) in one that the next router removes if this one is killed;
-        # the job sources' store, made just before, moves there (keep_in_scratch).
-        claim_scratch()
+    def __init__(
+        self, settings: Any, *, transport: Any = None, on_local_worker_replaced: Any = None
+    ) -> None:
         # 4.0's replacement hook fails the replaced worker's jobs and drops its
         # routes; the job supervisor and the retired outputs take its place.
         del on_local_worker_replaced
-        super().__init__(settings, transport=transport)  # type: ignore[call-arg]
-        import httpx
 
-        self.retired = RetiredOutputs()
-        # One client, as 4.0's, whose transport also answers for retired outputs.
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=10.0), transport=self.retired.transport(transport))
-        self.fleet = Fleet.refusing(
-            health_settings, expectations(health_settings, require_load_fields=False,
-                                          main_port_status=MAIN_PORT_STATUS),
-            client=self.client,
-            native_probes=bool(health_settings.native_probes) and _workers_serve_native())
+        def open_mineru() -> tuple[Any, RetiredOutputs]:
+            super(HealingPool, self).__init__(settings, transport=transport)  # type: ignore[call-arg]
+            import httpx
+
+            retired = RetiredOutputs(
+                retention_s=float(getattr(settings, "retention_seconds", 0) or 0)
+            )
+            # One client, as 4.0's, whose transport also answers for retired outputs.
+            self.client = httpx.AsyncClient(
+                timeout=httpx.Timeout(60.0, connect=10.0), transport=retired.transport(transport)
+            )
+            return self.client, retired
+
+        #: The job side (``jobs.py``); ``install_app`` gives it 4.0's registry and sources.
+        self.job_line = JobLine(self)
         self._capability_tasks: dict[str, asyncio.Task[None]] = {}
         self._capabilities_of: dict[str, int] = {}  # worker id -> generation read
+        # A remote worker found by DNS that the fleet forgot stays known to ``get``
+        # (4.0 fetches a finished job's files from its worker).
+        self._forgotten: dict[str, Any] = {}
+        # Settings, scratch, MinerU's pool, fleet, supervisor and store, discovery (runtime.py).
+        self.runtime: RouterRuntime[RetiredOutputs] = open_runtime(
+            self,
+            self.job_line,
+            open_mineru=open_mineru,
+            expect=lambda health: expectations(
+                health, require_load_fields=False, main_port_status=MAIN_PORT_STATUS
+            ),
+            native_probes=_workers_serve_native(),
+        )
         self.fleet.listen(self._on_event)
 
     @property
@@ -198,10 +204,15 @@ class HealingPool:
         router's scratch directory (``scratch.py``), so that a killed router's successor
         removes the sources it kept."""
         old = getattr(source_store, "_temp_dir", None)
-        if (old is None or not hasattr(source_store, "_root")
-                or getattr(source_store, "_uploads", None)):
-            _log.warning("4.0's job-source store is not the one this adapter knows; its "
-                         "directory stays where 4.0 made it")
+        if (
+            old is None
+            or not hasattr(source_store, "_root")
+            or getattr(source_store, "_uploads", None)
+        ):
+            _log.warning(
+                "4.0's job-source store is not the one this adapter knows; its "
+                "directory stays where 4.0 made it"
+            )
             return
         source_store._temp_dir = tempfile.TemporaryDirectory(prefix="mineru-v1-router-sources-")
         source_store._root = Path(source_store._temp_dir.name)
@@ -211,34 +222,38 @@ class HealingPool:
         self._build_workers()
         for state in self.workers:
             self.fleet.add(Worker(state, self))
+        if self.discovery is not None:
+            await self.discovery.first()
         # As 4.0's start: every worker routable (its capabilities read) or out of its boot.
-        await self.fleet.start(ready=lambda member, status: (
-            self._capabilities_of.get(member.id) == self._workers[member.id].generation))
-        if self.job_line is not None:
-            self.job_line.resume()  # before 4.0's lifespan serves any request
+        await self.fleet.start(
+            ready=lambda member, status: (
+                self._capabilities_of.get(member.id) == self._workers[member.id].generation
+            )
+        )
+        self.job_line.resume()  # before 4.0's lifespan serves any request
+        if self.discovery is not None:
+            self.discovery.start()
 
     async def close(self) -> None:
-        if self.job_line is not None:
-            await self.job_line.supervisor.close()
-        await self.fleet.close()
+        # 4.0's own close (it stops the current instances) in the runtime's order; what
+        # 4.0 made in the scratch directory (its job sources, removed next) goes too.
+        await self.runtime.close(self._close_mineru)
+
+    async def _close_mineru(self) -> None:
         tasks = [t for t in self._capability_tasks.values() if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         await super().close()  # type: ignore[misc]
-        self.retired.close()
-        self.fleet.close_files()
-        # What 4.0 made there (its job sources, which it removes next) goes too.
-        release_scratch()
 
     # 4.0's refresh is the poller's job now; callers still get a process check.
     async def refresh_all(self) -> None:
         for worker in self.workers:
-            self.fleet.check_process(worker.worker_id)
+            self.fleet.local.check_process(worker.worker_id)
 
     async def refresh(self, worker: Any) -> None:
-        self.fleet.check_process(worker.worker_id)
+        self.fleet.local.check_process(worker.worker_id)
 
     def notify_engine_dead(self, worker: Any) -> None:
         """4.0's proxy saw a 503 ``engine_dead`` from ``worker``."""
@@ -246,36 +261,100 @@ class HealingPool:
 
     def routable(self) -> bool:
         """Some worker is healthy and its capabilities are read: 4.0 can give it a job."""
-        return any(worker.healthy and self._capabilities_of.get(worker.worker_id)
-                   == worker.generation for worker in self.workers)
+        return any(
+            worker.healthy and self._capabilities_of.get(worker.worker_id) == worker.generation
+            for worker in self.healthy_workers()
+        )
+
+    # -- workers found by DNS (discovery.Workers) ------------------------------------------
+    def add_remote(self, worker_id: str, url: str) -> Worker:
+        state = self._ns["WorkerState"](worker_id=worker_id, base_url=url, source="remote")
+        self._forgotten.pop(worker_id, None)
+        self._workers[worker_id] = state
+        return Worker(state, self)
+
+    def remove_remote(self, worker_id: str) -> None:
+        state = self._workers.pop(worker_id, None)
+        if state is not None:
+            state.healthy = False
+            self._forgotten[worker_id] = state
+        self._capabilities_of.pop(worker_id, None)
+
+    def in_flight(self, worker_id: str) -> bool:
+        worker = self._workers.get(worker_id)
+        return worker is not None and worker.active_jobs > 0
+
+    async def keep_results(self, worker_id: str) -> str:
+        """Copies the files the router still lists on a drained worker, so that they stay
+        downloadable once it is gone; says what it copied."""
+        from mineru_health.runtime.router.result_copies import room_for_copies
+
+        state = self._workers.get(worker_id)
+        if state is None or not state.base_url:
+            return "no URL to copy its results from"
+        report = await self.retired.copy_results(
+            self.client,
+            str(state.base_url),
+            self.job_line.file_payloads(worker_id),
+            max_bytes=room_for_copies(self.fleet.settings),
+        )
+        return str(report)
+
+    def get(self, worker_id: str) -> Any:
+        """4.0's lookup, forgotten workers included (their finished jobs' files)."""
+        state = self._workers.get(worker_id) or self._forgotten.get(worker_id)
+        if state is None:
+            raise KeyError(worker_id)
+        return state
+
+    def healthy_workers(self) -> list[Any]:
+        """4.0's routable workers, draining ones left out (no new job goes there)."""
+        return [
+            w
+            for w in super().healthy_workers()  # type: ignore[misc]
+            if not self.fleet.draining(w.worker_id)
+        ]
 
     # -- tiers, models, features (once per instance) -----------------------------------
     def _on_event(self, event: Any) -> None:
         worker = self._workers.get(event.worker_id)
-        if (worker is not None and worker.healthy
-                and self._capabilities_of.get(worker.worker_id) != worker.generation):
+        if (
+            worker is not None
+            and worker.healthy
+            and self._capabilities_of.get(worker.worker_id) != worker.generation
+        ):
             task = self._capability_tasks.get(worker.worker_id)
             if task is None or task.done():
                 self._capability_tasks[worker.worker_id] = asyncio.get_running_loop().create_task(
                     self._capabilities(worker),
-                    name=f"mineru-health-capabilities-{worker.worker_id}")
+                    name=f"mineru-health-capabilities-{worker.worker_id}",
+                )
 
     async def _capabilities(self, worker: Any) -> None:
         generation, base = worker.generation, worker.base_url
         timeout = float(self.fleet.settings.main_port_timeout_s)
         try:
             health, tiers, models = await asyncio.gather(
-                *(self.client.get(f"{base}/v1/{what}", timeout=timeout)
-                  for what in ("health", "tiers", "models")))
+                *(
+                    self.client.get(f"{base}/v1/{what}", timeout=timeout)
+                    for what in ("health", "tiers", "models")
+                )
+            )
             for response in (health, tiers, models):
                 response.raise_for_status()
             features = dict(health.json().get("features") or {})
-            tier_data = {str(item["id"]): dict(item) for item in tiers.json().get("data", [])
-                         if item.get("id")}
+            tier_data = {
+                str(item["id"]): dict(item)
+                for item in tiers.json().get("data", [])
+                if item.get("id")
+            }
             model_data = [dict(item) for item in models.json().get("data", [])]
         except Exception as exc:  # noqa: BLE001 -- read again at the next healthy probe
-            _log.info("worker %s: reading tiers and models failed: %s", worker.worker_id,
-                      safe_text.printable(str(exc)))
+            _log.info(
+                "worker %s: reading tiers and models failed: %s",
+                worker.worker_id,
+                safe_text.printable(str(exc)),
+            )
             return
         if worker.generation != generation or worker.base_url != base:
             return  # replaced meanwhile

@@ -49,8 +49,9 @@ def bound_reads(namespace: MutableMapping[str, Any]) -> None:
                 broken = exc.__cause__
                 if not isinstance(broken, upstream_reads.BoundBroken):
                     raise
-                raise error(502, "upstream_bound_broken",
-                            f"Upstream {worker.worker_id}: {broken}") from broken
+                raise error(
+                    502, "upstream_bound_broken", f"Upstream {worker.worker_id}: {broken}"
+                ) from broken
 
         return bounded
 

@@ -8,7 +8,7 @@ The shipped patch adds two lines at the end of ``create_app``::
 What they give the worker, as on 3.x (the runtime: :mod:`mineru_health.runtime.worker`):
 
 * **The native classifier decides** wherever 4.0 asks ``is_fatal_engine_error``
-  (:mod:`.verdicts`): a fatal verdict is recorded natively and MinerU's own
+  (:mod:`.fatal_check`): a fatal verdict is recorded natively and MinerU's own
   ``JobStore.fail_engine`` fails the other jobs. Ambiguous device errors count
   against the error budget; a remote engine (``server_url``) never condemns
   the worker.
@@ -31,10 +31,10 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ...runtime.worker import store
-from ...runtime.worker.context import EXIT_CODE, runtime
 from ...runtime.worker.install import begin_install, finish_install
+from ...runtime.worker.worker_runtime import EXIT_CODE
+from .fatal_check import rebind
 from .gate import Gate, follow_jobs
-from .verdicts import rebind
 
 __all__ = ["EXIT_CODE", "Gate", "install"]
 
@@ -46,14 +46,13 @@ def install(app: Any, namespace: MutableMapping[str, Any] | None = None) -> None
     start) on a bad rules file, a bad ``MINERU_HEALTH_*`` value, a native
     health port that cannot be served or a bad ``MINERU_HEALTH_STATE_DIR``.
     """
-    started = begin_install(app, Gate)
-    if started is None:
+    runtime = begin_install(app, Gate)
+    if runtime is None:
         return
-    settings, rules, first_install = started
-    rebind(namespace)
+    rebind(runtime, namespace)
     if namespace is not None:
-        follow_jobs(namespace)  # the task watchdog, and the job in context
-    if first_install:
-        upload_dir = getattr(getattr(app, "state", None), "upload_dir", "")
-        runtime.defer_store(settings, store.state_dir(settings, upload_dir or "."))
-        finish_install(settings, rules, "4.0")
+        follow_jobs(runtime, namespace)  # the task watchdog, and the job in context
+    settings = runtime.settings
+    upload_dir = getattr(getattr(app, "state", None), "upload_dir", "")
+    runtime.defer_store(settings, store.state_dir(settings, upload_dir or "."))
+    finish_install(runtime, "4.0")

@@ -1,11 +1,12 @@
-"""MinerU 4.0's finished jobs in the runtime's task store (:mod:`~mineru_health.runtime.worker.store`).
+"""MinerU 4.0's finished jobs in the runtime's task store
+(:mod:`~mineru_health.runtime.worker.store`).
 
 4.0 keeps its jobs (``JobStore._jobs``) and its file metadata
 (``FileStore._files``) in memory: after a restart, a finished job and its
 outputs answer 404 although the output blobs are still in the upload
 directory (the store's default directory). A row is the job's fields and the
 records of its output files, no document content, and the worker's verdict
-on a job that failed ``engine_dead`` (:func:`.verdicts.job_verdict`); a job
+on a job that failed ``engine_dead`` (:func:`.fatal_check.job_verdict`); a job
 comes back if its blobs are all there and its retention has not run out.
 
 ``attach(app)`` (lifespan complete) wraps two methods of the app's
@@ -26,14 +27,13 @@ from typing import Any
 
 from ...runtime.verdict import Role, TaskVerdict
 from ...runtime.worker import store
-from ...runtime.worker.context import runtime
-from . import verdicts
+from ...runtime.worker.worker_runtime import WorkerRuntime
+from .. import ENGINE_DEAD_CODE
+from . import fatal_check
 
 __all__ = ["FINISHED", "attach"]
 
 FINISHED = frozenset({"completed", "partial", "failed", "canceled"})
-#: The error code 4.0 gives a job's file that failed with its engine.
-_ENGINE_DEAD = "engine_dead"
 #: _JobRecord fields that are this process's handles, not the job's data.
 _LIVE_FIELDS = frozenset({"input_blobs", "file_store", "usage_counted"})
 
@@ -47,20 +47,27 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _row(record: Any) -> store.Row | None:
+def _row(runtime: WorkerRuntime, record: Any) -> store.Row | None:
     """The row of ``record`` (4.0's ``_JobRecord``) if the job is finished."""
     if getattr(record, "status", None) not in FINISHED:
         return None
-    job = {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)
-           if f.name not in _LIVE_FIELDS}
+    job = {
+        f.name: _plain(getattr(record, f.name))
+        for f in dataclasses.fields(record)
+        if f.name not in _LIVE_FIELDS
+    }
     file_store = getattr(record, "file_store", None)
-    files = [dataclasses.asdict(r) for r in list(getattr(file_store, "_files", {}).values())
-             if r.job_id == record.id]
-    return record.id, {"job": job, "files": files}, verdicts.job_verdict(record)
+    files = [
+        dataclasses.asdict(r)
+        for r in list(getattr(file_store, "_files", {}).values())
+        if r.job_id == record.id
+    ]
+    return record.id, {"job": job, "files": files}, fatal_check.job_verdict(runtime, record)
 
 
-def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
-              verdict: dict[str, Any] | None) -> bool | None:
+def _put_back(
+    jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any], verdict: dict[str, Any] | None
+) -> bool | None:
     """Puts a stored job back into ``jobs`` (4.0's JobStore), its files into ``file_store``."""
     if job_id in jobs._jobs:
         return None
@@ -71,9 +78,12 @@ def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
     if not all(f.get("sha256sum") and file_store.blob_exists(f["sha256sum"]) for f in files):
         return False
     module = sys.modules[type(jobs).__module__]
-    engine_dead = any(isinstance(f, dict) and isinstance(f.get("error"), dict)
-                      and f["error"].get("code") == _ENGINE_DEAD
-                      for f in job.get("files") or [])
+    engine_dead = any(
+        isinstance(f, dict)
+        and isinstance(f.get("error"), dict)
+        and f["error"].get("code") == ENGINE_DEAD_CODE
+        for f in job.get("files") or []
+    )
     job["progress"] = module.JobProgress.model_validate(job.get("progress") or {})
     job["files"] = [module.JobFileResult.model_validate(f) for f in job.get("files") or []]
     if job.get("links") is not None:
@@ -82,31 +92,40 @@ def _put_back(jobs: Any, file_store: Any, job_id: str, stored: dict[str, Any],
     if verdict is None and engine_dead:
         # Failed with an engine an earlier instance ran, with no verdict kept:
         # say so, lest the router read the error code as this instance's death.
-        verdict = TaskVerdict.engine_dead(Role.COLLATERAL, "", _ENGINE_DEAD,
-                                          restored=True).to_wire()
+        verdict = TaskVerdict.engine_dead(
+            Role.COLLATERAL, "", ENGINE_DEAD_CODE, restored=True
+        ).to_wire()
     if verdict is not None:
-        setattr(record, verdicts.VERDICT_ATTR, verdict)
+        setattr(record, fatal_check.VERDICT_ATTR, verdict)
     jobs._jobs[job_id] = record
     for fields in files:
         file_store._files.setdefault(fields["id"], module._FileRecord(**fields))
     return True
 
 
-def attach(app: Any) -> int:
-    """Loads the stored jobs into ``app``'s stores and records the jobs that finish (idempotent)."""
+def attach(runtime: WorkerRuntime, app: Any) -> int:
+    """Loads the jobs stored in ``runtime``'s store into ``app``'s stores and records the jobs
+    that finish (idempotent)."""
     state = getattr(app, "state", None)
     jobs = getattr(state, "job_store", None)
     file_store = getattr(state, "file_store", None)
     if jobs is None or file_store is None:
         return 0
+
     def row_of(record: Any) -> store.Row | None:
         # 4.0's shutdown cancels what is still queued or running: no client
         # canceled those, they are unfinished work, never kept as canceled
         # (a new instance answers 404 for them, and the router sends them again).
         if getattr(record, "status", None) == "canceled" and getattr(jobs, "_closing", False):
             return None
-        return _row(record)
+        return _row(runtime, record)
 
-    return store.attach(runtime.store, jobs, functools.partial(_put_back, jobs, file_store),
-                        finish="_record_usage", row_of=row_of, expire="collect_expired",
-                        live=lambda: jobs._jobs)
+    return store.attach(
+        runtime.store,
+        jobs,
+        functools.partial(_put_back, jobs, file_store),
+        finish="_record_usage",
+        row_of=row_of,
+        expire="collect_expired",
+        live=lambda: jobs._jobs,
+    )

@@ -7,6 +7,10 @@ retry, before the client hears "accepted":
 
 - **503 with Retry-After** while the caps on kept submissions are reached
   (``MAX_KEPT_TASKS`` submissions, ``MAX_KEPT_MB`` of uploads);
+- **503 store_unreachable with Retry-After** while the router's store is a
+  database that cannot be reached (``Store.unreachable``: down, restarting,
+  cut off): a transient outage, unlike a full disk; what the router holds is
+  still answered;
 - **507 insufficient_storage with Retry-After**, naming the directory, while
   the disk cannot take it: the state directory or the scratch directory has
   less room than the upload needs, is read-only, or a write failed there
@@ -34,7 +38,8 @@ One design on both lines, in two steps:
 
 Each refusal is counted by the supervisor (``refusals``), which the router's
 metrics read at scrape time (``mineru_router_storage_full_refusals_total``,
-``mineru_router_kept_cap_refusals_total``). Nothing is disabled by a
+``mineru_router_kept_cap_refusals_total``,
+``mineru_router_store_unreachable_refusals_total``). Nothing is disabled by a
 refusal: status and result requests go on, and the next submission is
 admitted as soon as room returns (the check is made afresh each time).
 """
@@ -48,34 +53,51 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CAP", "ROW_MARGIN_BYTES", "STORAGE", "STORAGE_ERRNOS", "UNDESCRIBED", "Admission",
-           "Refused", "answer_refusals", "lack_of_room", "storage_error"]
+__all__ = [
+    "CAP",
+    "ROW_MARGIN_BYTES",
+    "STORAGE",
+    "STORAGE_ERRNOS",
+    "STORE_DOWN",
+    "UNDESCRIBED",
+    "Admission",
+    "Refused",
+    "answer_refusals",
+    "lack_of_room",
+    "storage_error",
+]
 
 #: The write errors that mean "the disk cannot keep it": refused with 507, never a 500.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 #: Room the state directory needs beyond an upload: the store's row and its write-ahead log.
 ROW_MARGIN_BYTES = 1024 * 1024
 
-#: ``Refused.reason`` of a cap (503), of a lack of storage (507) and of a submission the
-#: router could not describe for its store (500: our fault, its log has the error); the
-#: metrics' keys.
+#: ``Refused.reason`` of a cap (503), of a lack of storage (507), of a store that cannot be
+#: reached (503) and of a submission the router could not describe for its store (500:
+#: our fault, its log has the error); the metrics' keys.
 CAP = "kept_cap"
 STORAGE = "storage_full"
+STORE_DOWN = "store_unreachable"
 UNDESCRIBED = "undescribed"
 
 #: (status, error code) of each reason.
-_ANSWERS = {CAP: (503, "router_at_capacity"), STORAGE: (507, "insufficient_storage"),
-            UNDESCRIBED: (500, "router_cannot_keep")}
+_ANSWERS = {
+    CAP: (503, "router_at_capacity"),
+    STORAGE: (507, "insufficient_storage"),
+    STORE_DOWN: (503, "store_unreachable"),
+    UNDESCRIBED: (500, "router_cannot_keep"),
+}
 
 _MIB = 1024 * 1024
 
 
 class Refused(Exception):
-    """A submission the router does not accept: ``status`` 503 (a cap), 507 (storage) or
-    500 (it could not be described for the store)."""
+    """A submission the router does not accept: ``status`` 503 (a cap, a store that cannot
+    be reached), 507 (storage) or 500 (it could not be described for the store)."""
 
-    def __init__(self, reason: str, detail: str, retry_after_s: int,
-                 directory: str | None = None) -> None:
+    def __init__(
+        self, reason: str, detail: str, retry_after_s: int, directory: str | None = None
+    ) -> None:
         super().__init__(detail)
         self.reason = reason
         #: ``code``: the error code of the line's error body.
@@ -98,8 +120,12 @@ class Admission:
 
     __slots__ = ("_release", "_resize", "size_bytes")
 
-    def __init__(self, size_bytes: int, resize: Callable[[Admission, int], None],
-                 release: Callable[[Admission], None]) -> None:
+    def __init__(
+        self,
+        size_bytes: int,
+        resize: Callable[[Admission, int], None],
+        release: Callable[[Admission], None],
+    ) -> None:
         self.size_bytes = size_bytes
         self._resize: Callable[[Admission, int], None] | None = resize
         self._release: Callable[[Admission], None] | None = release
@@ -136,8 +162,9 @@ def storage_error(error: BaseException) -> OSError | None:
     return None
 
 
-def lack_of_room(directories: Iterable[Path | str], need_bytes: int,
-                 reserved_bytes: int) -> tuple[str, str] | None:
+def lack_of_room(
+    directories: Iterable[Path | str], need_bytes: int, reserved_bytes: int
+) -> tuple[str, str] | None:
     """(directory, why) for the first of ``directories`` that cannot take ``need_bytes``
     more, after the ``reserved_bytes`` of the admissions in flight; None when all can.
 
@@ -160,12 +187,14 @@ def lack_of_room(directories: Iterable[Path | str], need_bytes: int,
         if free < need_bytes:
             return str(directory), (
                 f"{directory} has {max(0, free) / _MIB:.1f} MiB free for new submissions, "
-                f"less than the {need_bytes / _MIB:.1f} MiB needed")
+                f"less than the {need_bytes / _MIB:.1f} MiB needed"
+            )
     return None
 
 
-def answer_refusals(app: Any, supervisor_of: Callable[[Any], Any],
-                    body: Callable[[Refused], dict[str, Any]]) -> None:
+def answer_refusals(
+    app: Any, supervisor_of: Callable[[Any], Any], body: Callable[[Refused], dict[str, Any]]
+) -> None:
     """Makes ``app`` answer a :class:`Refused` that reaches it with its status, ``body(refusal)``
     and Retry-After, and a storage write failure of MinerU's own (an upload it writes to the
     scratch directory before any of our code runs) with 507, counted by the supervisor
@@ -185,9 +214,15 @@ def answer_refusals(app: Any, supervisor_of: Callable[[Any], Any],
         if full is None or supervisor is None:
             raise error
         where = os.path.dirname(str(full.filename)) if full.filename else tempfile.gettempdir()
-        return answer(supervisor.refuse(STORAGE, f"insufficient storage: the router could not "
-                                                 f"write to {where} ({full.strerror or full}); "
-                                                 "retry once room returns", where))
+        return answer(
+            supervisor.refuse(
+                STORAGE,
+                f"insufficient storage: the router could not "
+                f"write to {where} ({full.strerror or full}); "
+                "retry once room returns",
+                where,
+            )
+        )
 
     app.add_exception_handler(Refused, on_refused)
     app.add_exception_handler(OSError, on_os_error)

@@ -25,8 +25,16 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["HEALTH_BIND_ENV", "HEALTH_PORT_ENV", "PARENT_PID_ENV", "PORTS", "PortBook",
-           "free_port", "launching_class", "router_ports"]
+__all__ = [
+    "HEALTH_BIND_ENV",
+    "HEALTH_PORT_ENV",
+    "PARENT_PID_ENV",
+    "PORTS",
+    "PortBook",
+    "free_port",
+    "launching_class",
+    "router_ports",
+]
 
 #: Variables a local worker gets for one launch (its native endpoint) or all (the router's pid).
 HEALTH_PORT_ENV = "MINERU_HEALTH_PORT"
@@ -43,8 +51,13 @@ def router_ports(argv: Sequence[str]) -> set[int]:
     ``--port=N``; MinerU's default when absent)."""
     ports: set[int] = set()
     for i, arg in enumerate(argv):
-        value = argv[i + 1] if arg == "--port" and i + 1 < len(argv) else \
-            arg.partition("=")[2] if arg.startswith("--port=") else ""
+        value = (
+            argv[i + 1]
+            if arg == "--port" and i + 1 < len(argv)
+            else arg.partition("=")[2]
+            if arg.startswith("--port=")
+            else ""
+        )
         if value.isdigit():
             ports.add(int(value))
     return ports or {DEFAULT_ROUTER_PORT}
@@ -68,8 +81,7 @@ class PortBook:
     after its launch. Thread-safe (one lock).
     """
 
-    def __init__(self, router: Iterable[int] | None = None,
-                 pick: Any = free_port) -> None:
+    def __init__(self, router: Iterable[int] | None = None, pick: Any = free_port) -> None:
         self._lock = threading.Lock()
         self._router = set(router) if router is not None else None
         self._held: dict[str, int] = {}  # holder -> its port
@@ -88,9 +100,11 @@ class PortBook:
                 if port not in taken:
                     self._held[holder] = port
                     return port
-            raise OSError(f"no port for {holder} on {host}: {PORT_ATTEMPTS} offered by the "
-                          f"kernel were the router's ({sorted(self._router)}) or held by its "
-                          "workers")
+            raise OSError(
+                f"no port for {holder} on {host}: {PORT_ATTEMPTS} offered by the "
+                f"kernel were the router's ({sorted(self._router)}) or held by its "
+                "workers"
+            )
 
     def held(self) -> dict[str, int]:
         with self._lock:
@@ -99,8 +113,9 @@ class PortBook:
 
 #: This router process's book.
 PORTS = PortBook()
-_holder: contextvars.ContextVar[str] = contextvars.ContextVar("mineru_health_port_holder",
-                                                               default="")
+_holder: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "mineru_health_port_holder", default=""
+)
 
 
 def launching_class(base: type) -> type:

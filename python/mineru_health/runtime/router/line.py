@@ -25,18 +25,37 @@ from .fleet import Fleet
 from .policy import Answer, AnswerKind, Refusal
 from .store import Saved
 
-__all__ = ["Kept", "Line", "NotSent", "Revived", "Sent", "Snapshot", "Unavailable",
-           "ask_status"]
+__all__ = ["Kept", "Line", "NotSent", "Revived", "Sent", "Snapshot", "Unavailable", "ask_status"]
 
 
 class Kept:
     """One unfinished submission the router keeps, and what is needed to send it again."""
 
-    __slots__ = ("accepted_at", "busy", "check", "counted", "digest", "generation", "instance",
-                 "item", "key", "last_check", "resumed", "size_bytes", "workers")
+    __slots__ = (
+        "accepted_at",
+        "busy",
+        "check",
+        "counted",
+        "digest",
+        "generation",
+        "instance",
+        "item",
+        "key",
+        "last_check",
+        "resumed",
+        "size_bytes",
+        "workers",
+    )
 
-    def __init__(self, key: str, item: Any, workers: list[str], instance: str,
-                 digest: str | None, size_bytes: int) -> None:
+    def __init__(
+        self,
+        key: str,
+        item: Any,
+        workers: list[str],
+        instance: str,
+        digest: str | None,
+        size_bytes: int,
+    ) -> None:
         self.key = key  # the router's id of the submission, as its client knows it
         self.item = item  # the line's own record of it (3.x task, 4.0 job)
         self.workers = workers  # worker ids it was submitted to, in order ([] while held)
@@ -133,6 +152,11 @@ class Line(Protocol):
     def release(self, kept: Kept) -> None:
         """Lets go of what keeping ``kept`` holds (uploads, pinned inputs)."""
 
+    def disowned(self, kept: Kept) -> None:
+        """Another router took ``kept`` over (a shared store, leases.py): out of MinerU's
+        records here, so that this router answers it from the store as any other router's;
+        its uploads are left for the new owner."""
+
     def names(self, kept: Kept) -> list[str]:
         """The document names its client gave, for messages and audit records."""
 
@@ -151,8 +175,13 @@ class Line(Protocol):
         """
 
 
-async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
-                     view: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> Answer:
+async def ask_status(
+    fleet: Fleet,
+    url: str,
+    path: str,
+    timeout_s: float,
+    view: Callable[[dict[str, Any]], Mapping[str, Any]] = dict,
+) -> Answer:
     """``GET url + path`` as an :class:`Answer`; ``view`` reads a status payload for the policy.
 
     ``timeout_s`` bounds the whole answer, and its size is MAX_STATUS_MB at most
@@ -168,7 +197,10 @@ async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
     try:
         response = await fleet.client.get(f"{url}{path}", timeout=timeout_s)
     except BoundBroken as exc:
-        return Answer(AnswerKind.BAD_ANSWER, detail=str(exc))
+        # Too slow is no answer in time, as a read timeout is (a worker whose loop a starting
+        # vLLM starves for seconds), not a bad answer: that would fail the task.
+        late = exc.bound == "time"
+        return Answer(AnswerKind.UNREACHABLE if late else AnswerKind.BAD_ANSWER, detail=str(exc))
     except httpx.HTTPError as exc:
         return Answer(AnswerKind.UNREACHABLE, detail=f"{type(exc).__name__}: {exc}".strip())
     if response.status_code == 404:
@@ -181,7 +213,7 @@ async def ask_status(fleet: Fleet, url: str, path: str, timeout_s: float,
         payload = None
     if not isinstance(payload, dict):
         return Answer(AnswerKind.BAD_ANSWER, detail="Invalid status payload")
-    return Answer(AnswerKind.STATUS, payload=view(payload))
+    return Answer.of_status(view(payload))
 
 
 # A status of this size parses in well under a millisecond; a larger one (up to

@@ -75,8 +75,9 @@ class Quarantine:
 class PoisonGuard:
     """Trigger deaths per document; quarantines at WORKERS_TO_QUARANTINE distinct workers."""
 
-    def __init__(self, *, workers_needed: int = WORKERS_TO_QUARANTINE,
-                 capacity: int = 10_000) -> None:
+    def __init__(
+        self, *, workers_needed: int = WORKERS_TO_QUARANTINE, capacity: int = 10_000
+    ) -> None:
         if workers_needed < 1 or capacity < 1:
             raise ValueError("workers_needed and capacity must be at least 1")
         self.workers_needed = workers_needed

@@ -41,7 +41,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..verdict import Kind, TaskVerdict
@@ -77,10 +77,35 @@ class AnswerKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """One answer about a task, its status payload read once, here, at the router's edge.
+
+    ``payload`` stays as the worker sent it (the line applies it to MinerU's
+    record); the policy reads only the fields parsed from it: ``status``,
+    ``engine_dead`` (the worker's own flag, never text matching), ``verdict``
+    and ``error``.
+    """
+
     kind: AnswerKind
     payload: Mapping[str, Any] | None = None
     detail: str = ""
     from_store: bool = False  # read from a dead local worker's task store, not over HTTP
+    status: str | None = field(init=False, default=None)
+    engine_dead: bool = field(init=False, default=False)
+    verdict: TaskVerdict | None = field(init=False, default=None)
+    error: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        payload = self.payload or {}
+        status = payload.get("status")
+        object.__setattr__(self, "status", status if isinstance(status, str) else None)
+        object.__setattr__(self, "engine_dead", payload.get("engine_dead") is True)
+        object.__setattr__(self, "verdict", TaskVerdict.from_wire(payload.get("verdict")))
+        object.__setattr__(self, "error", str(payload.get("error") or ""))
+
+    @classmethod
+    def of_status(cls, payload: Mapping[str, Any], **fields: Any) -> Answer:
+        """A status payload (a worker's answer, or what its task store kept) as an answer."""
+        return cls(AnswerKind.STATUS, payload=payload, **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,23 +143,22 @@ class Step:
     detail: str = ""
 
 
-def engine_dead_failure(payload: Mapping[str, Any]) -> bool:
+def engine_dead_failure(answer: Answer) -> bool:
     """A status that says the task failed because its worker's engine died."""
-    return payload.get("status") == "failed" and payload.get("engine_dead") is True
+    return answer.status == "failed" and answer.engine_dead
 
 
-def hung_failure(payload: Mapping[str, Any]) -> bool:
+def hung_failure(answer: Answer) -> bool:
     """A status that says the worker's task watchdog failed the task: its parse hung.
 
     The worker itself may be fine (its other tasks progress): resubmit the
     task, never eject the worker for it.
     """
-    verdict = TaskVerdict.from_wire(payload.get("verdict"))
-    return (payload.get("status") == "failed" and verdict is not None
-            and verdict.kind is Kind.HUNG)
+    verdict = answer.verdict
+    return answer.status == "failed" and verdict is not None and verdict.kind is Kind.HUNG
 
 
-def passive_reason(payload: Mapping[str, Any]) -> str | None:
+def passive_reason(answer: Answer) -> str | None:
     """Why the worker of this failed status leaves rotation at once, or None.
 
     Only the worker's own verdict counts (``"engine_dead": true``), and only
@@ -144,16 +168,16 @@ def passive_reason(payload: Mapping[str, Any]) -> str | None:
     The reason names its rule, never the task's error text, which may quote
     a user's document and reaches the audit log and ``/health``.
     """
-    if not engine_dead_failure(payload):
+    if not engine_dead_failure(answer):
         return None
-    verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    verdict = answer.verdict
     if verdict is not None and verdict.restored:
         return None
     rule = verdict.rule if verdict is not None else ""
     return f"a task failed with a fatal error (rule {rule or 'engine_dead'})"
 
 
-def trigger_rule(payload: Mapping[str, Any]) -> str | None:
+def trigger_rule(answer: Answer) -> str | None:
     """The rule, when this failed task was the *trigger* of its engine's death; else None.
 
     Collateral failures (queued or running when another task found the
@@ -161,10 +185,10 @@ def trigger_rule(payload: Mapping[str, Any]) -> str | None:
     document, nor does a hung task whose engine is remote
     (:attr:`TaskVerdict.counts_against_document`).
     """
-    verdict = TaskVerdict.from_wire(payload.get("verdict"))
+    verdict = answer.verdict
     if verdict is None or not verdict.counts_against_document:
         return None
-    if not (engine_dead_failure(payload) or hung_failure(payload)):
+    if not (engine_dead_failure(answer) or hung_failure(answer)):
         return None
     return verdict.rule or "unknown rule"
 
@@ -172,13 +196,16 @@ def trigger_rule(payload: Mapping[str, Any]) -> str | None:
 def next_step(answer: Answer, worker: WorkerView) -> Step:
     """What to do with one answer about a task that is not terminal in the router."""
     if answer.kind is AnswerKind.STATUS:
-        payload = answer.payload or {}
-        if engine_dead_failure(payload):
-            return Step(Action.RESUBMIT, ResubmitReason.ENGINE_DEAD.value, str(payload.get("error") or ""))
-        if hung_failure(payload):
-            return Step(Action.RESUBMIT, ResubmitReason.HUNG.value, str(payload.get("error") or ""))
-        if worker.replaced and worker.same_instance and not is_terminal(payload.get("status")):
-            return Step(Action.RESUBMIT, ResubmitReason.WORKER_FAILED.value, "its instance is being restarted")
+        if engine_dead_failure(answer):
+            return Step(Action.RESUBMIT, ResubmitReason.ENGINE_DEAD.value, answer.error)
+        if hung_failure(answer):
+            return Step(Action.RESUBMIT, ResubmitReason.HUNG.value, answer.error)
+        if worker.replaced and worker.same_instance and not is_terminal(answer.status):
+            return Step(
+                Action.RESUBMIT,
+                ResubmitReason.WORKER_FAILED.value,
+                "its instance is being restarted",
+            )
         return Step(Action.APPLY if worker.same_instance else Action.ADOPT)
     if answer.kind is AnswerKind.NOT_FOUND:
         return Step(Action.RESUBMIT, ResubmitReason.LOST.value, answer.detail)

@@ -131,8 +131,10 @@ class Launch:
         every process there)."""
         if self.cgroup:
             return ""
-        return ("unknown: a process that started a session of its own and cleared its "
-                "environment is in none of them (only a cgroup keeps it)")
+        return (
+            "unknown: a process that started a session of its own and cleared its "
+            "environment is in none of them (only a cgroup keeps it)"
+        )
 
     def scope(self) -> Any:
         scope = _native.ProcessScope()
@@ -273,7 +275,7 @@ class WorkerProcesses:
             _log.warning("cannot list the cgroups of routers that died: %s", error)
             return found
         for entry in entries:
-            owner = entry.name[len(ROUTER_CGROUP_PREFIX):]
+            owner = entry.name[len(ROUTER_CGROUP_PREFIX) :]
             if owner == self.owner or _owner_alive(owner):
                 continue
             try:
@@ -283,8 +285,9 @@ class WorkerProcesses:
             for worker in workers:
                 scope = _native.ProcessScope()
                 scope.cgroup = str(worker)
-                found.append(_swept(f"{owner}/{worker.name}/",
-                                    _native.end_scope(scope, self.grace_s)))
+                found.append(
+                    _swept(f"{owner}/{worker.name}/", _native.end_scope(scope, self.grace_s))
+                )
             removal = _native.remove_cgroup_tree(str(entry), SWEEP_REMOVAL_S)
             if removal.error and entry.exists():
                 self.leftover.append(str(entry))
@@ -305,8 +308,11 @@ class WorkerProcesses:
     def _give_up_cgroups(self, error: str) -> None:
         """Later launches keep to process groups and tags: the machine said no once."""
         if self.home:
-            _log.warning("local workers' processes: no cgroups after all (%s); their process "
-                         "group and tag keep them", error)
+            _log.warning(
+                "local workers' processes: no cgroups after all (%s); their process "
+                "group and tag keep them",
+                error,
+            )
             self.home, self.no_cgroup = "", error
 
     def __repr__(self) -> str:
@@ -315,6 +321,10 @@ class WorkerProcesses:
 
 def _swept(tag: str, report: Any) -> dict[str, Any]:
     owner, _, rest = tag.partition("/")
-    return {"owner": owner, "worker": rest.rstrip("/").rpartition(".")[0] or rest.rstrip("/"),
-            "ended": report.terminated, "killed": report.killed,
-            "survivors": report.survivors}
+    return {
+        "owner": owner,
+        "worker": rest.rstrip("/").rpartition(".")[0] or rest.rstrip("/"),
+        "ended": report.terminated,
+        "killed": report.killed,
+        "survivors": report.survivors,
+    }

@@ -30,7 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from mineru_health.state_dirs import StateLock, claim, remove_claimed, sweep_abandoned
+from mineru_health.runtime.state_dirs import StateLock, claim, remove_claimed, sweep_abandoned
 
 __all__ = ["SCRATCH_PREFIX", "claim_scratch", "release_scratch"]
 

@@ -1,4 +1,8 @@
-"""The router's store: every submission it accepted, on disk, so that a new router resumes them.
+"""The router's store: every submission it accepted, kept, so that a new router resumes them.
+
+This is the SQLite backend of the store's interface (``stores.Store``, chosen by
+``MINERU_ROUTER_HEALTH_STORE_URL``): one router, nothing to run. The other,
+``pg_store.PostgresStore``, is one database that several routers share.
 
 MinerU's routers keep their tasks (3.x) and jobs (4.0) in memory: a router
 restarted (a redeploy, an OOM kill, a node drain) answers 404 for every one
@@ -13,7 +17,7 @@ reads them back (``Supervisor.resume``)::
     store.save(Saved(key, state, worker, ...))   # accepted, sent again, ended
     store.rows()                                 # at start-up, oldest first
     store.forget(keys)                           # MinerU's retention expired them
-    store.save_poison(digest, deaths)            # the poison guard's memory
+    store.add_poison_death(digest, worker, rule) # the poison guard's memory, all it holds
     store.check()                                # how its file vanished, or None (saves check)
     store.recall = lambda: [...]                 # Saved rows to write if a vanished file lost some
 
@@ -69,9 +73,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mineru_health import safe_text, state_dirs
+from mineru_health import safe_text
+from mineru_health.runtime import state_dirs
 
-__all__ = ["DB_NAME", "KEPT_NAME", "RouterStore", "Saved"]
+__all__ = [
+    "DB_NAME",
+    "KEPT_NAME",
+    "RouterStore",
+    "Saved",
+    "decode_poison",
+    "decode_row",
+    "encode_row",
+    "with_death",
+]
 
 #: File name of the store inside the router's state directory.
 DB_NAME = "mineru-health-router.sqlite3"
@@ -126,7 +140,7 @@ _SAVE = "INSERT OR REPLACE INTO submissions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 
 @dataclass
 class Saved:
-    """One submission as the store holds it (``Supervisor`` builds it, the line fills ``record``)."""
+    """One submission as the store holds it (``Supervisor`` builds it; the line, ``record``)."""
 
     key: str
     state: str
@@ -146,7 +160,10 @@ class Saved:
 
 
 class RouterStore:
-    """The SQLite file of a router's accepted submissions. Thread-safe (one connection, one lock)."""
+    """The SQLite file of a router's accepted submissions. Thread-safe (one connection, a lock)."""
+
+    #: A file is never out of reach: what fails there is the disk (507).
+    unreachable: str | None = None
 
     def __init__(self, path: str | Path, *, audit: Any = None) -> None:
         """Opens ``path`` (``":memory:"``: nothing kept, for benchmarks); a damaged file is set
@@ -156,7 +173,8 @@ class RouterStore:
         self._audit = audit
         self._lock = threading.Lock()
         self._db, self.set_aside = state_dirs.open_database(
-            path, _SCHEMA, check="SELECT COUNT(*) FROM submissions")
+            path, _SCHEMA, check="SELECT COUNT(*) FROM submissions"
+        )
         self._failing = False
         #: What the router still knows of its submissions (``Saved`` rows), written into a
         #: fresh file when rows of the old one could not be read; None: nothing more known.
@@ -180,27 +198,42 @@ class RouterStore:
         try:
             store = cls(path, audit=audit)
         except Exception as error:  # noqa: BLE001 -- the router must start anyway
-            _log.error("the router's store %s cannot be opened (%s); submissions will not "
-                       "survive a restart of this router", path, error)
+            _log.error(
+                "the router's store %s cannot be opened (%s); submissions will not "
+                "survive a restart of this router",
+                path,
+                error,
+            )
             return None
         if store.set_aside is not None:
             copied, unreadable = store._take_from(store.set_aside)
             record = audit.write_record(
-                "state_file_set_aside", worker_id="router", path=str(store.set_aside),
-                rows=copied, unreadable=unreadable,
+                "state_file_set_aside",
+                worker_id="router",
+                path=str(store.set_aside),
+                rows=copied,
+                unreadable=unreadable,
                 reason=f"{store.set_aside.name}: the router's store could not be used; kept for "
-                       f"the operator, a fresh one started{_resumed(copied, unreadable)}")
+                f"the operator, a fresh one started{_resumed(copied, unreadable)}",
+            )
             _log.warning("%s", record["reason"])
         without_row = store.uploads_without_row()
         if found == 0 or (found is None and without_row):
             what = "empty (0 bytes)" if found == 0 else "missing"
-            lost = (f"{without_row} kept upload(s) have no row: up to {without_row} "
-                    "unfinished submission(s) could not be resumed" if without_row else
-                    "how many submissions it held, and could not be resumed, is not known")
+            lost = (
+                f"{without_row} kept upload(s) have no row: up to {without_row} "
+                "unfinished submission(s) could not be resumed"
+                if without_row
+                else "how many submissions it held, and could not be resumed, is not known"
+            )
             record = audit.write_record(
-                "state_file_vanished", worker_id="router", path=str(path), rows=0,
+                "state_file_vanished",
+                worker_id="router",
+                path=str(path),
+                rows=0,
                 unreadable=without_row or None,
-                reason=f"the router's store {path} was {what} at start-up: {lost}")
+                reason=f"the router's store {path} was {what} at start-up: {lost}",
+            )
             _log.error("%s", record["reason"])
         return store
 
@@ -227,22 +260,47 @@ class RouterStore:
         if gone:
             self._write("DELETE FROM submissions WHERE key = ?", gone, f"{len(gone)} row(s)")
 
-    def save_poison(self, digest: str, deaths: Sequence[tuple[str, str]]) -> None:
-        """Writes the poison guard's deaths of one document (an empty list deletes it)."""
-        if deaths:
-            self._write("INSERT OR REPLACE INTO poison VALUES (?, ?, ?)",
-                        [(digest, json.dumps([list(d) for d in deaths]), time.time())], digest)
-        else:
-            self._write("DELETE FROM poison WHERE digest = ?", [(digest,)], digest)
+    #: One router uses this store (see ``stores.Store``).
+    router_id = ""
+
+    def add_poison_death(self, digest: str, worker: str, rule: str) -> list[tuple[str, str]] | None:
+        """Adds one trigger death of ``digest`` (see ``stores.Store``): read and written
+        under one hold of the lock, so two deaths added at once both count."""
+        with self._lock:
+            row = None
+            if not self._closed:
+                with contextlib.suppress(sqlite3.Error):
+                    row = self._db.execute(
+                        "SELECT deaths FROM poison WHERE digest = ?", (digest,)
+                    ).fetchone()
+            held = decode_poison([(digest, row[0])]) if row else []
+            deaths = with_death(held[0][1] if held else [], worker, rule)
+            error = self._commit_if_open(
+                "INSERT OR REPLACE INTO poison VALUES (?, ?, ?)",
+                [(digest, json.dumps([list(d) for d in deaths]), time.time())],
+            )
+        return deaths if self._reported(error, digest) else None
 
     def _write(self, sql: str, rows: list[tuple[Any, ...]], what: str) -> bool:
         with self._lock:
-            error = (sqlite3.ProgrammingError("the store is closed") if self._closed
-                     else self._commit(sql, rows))
+            error = self._commit_if_open(sql, rows)
+        return self._reported(error, what)
+
+    def _commit_if_open(self, sql: str, rows: list[tuple[Any, ...]]) -> Exception | None:
+        if self._closed:
+            return sqlite3.ProgrammingError("the store is closed")
+        return self._commit(sql, rows)
+
+    def _reported(self, error: Exception | None, what: str) -> bool:
+        """True when the write went through; a failure logged once per streak."""
         if error is not None:
             if not self._failing:  # once per streak of failures
-                _log.error("the router's store cannot write %s (%s): submissions accepted now "
-                           "will not survive a restart of this router", what, error)
+                _log.error(
+                    "the router's store cannot write %s (%s): submissions accepted now "
+                    "will not survive a restart of this router",
+                    what,
+                    error,
+                )
             self._failing = True
             return False
         if self._failing:
@@ -349,7 +407,8 @@ class RouterStore:
             return f"{_WAL_LOST} (-wal replaced)"
         # Truncated, it still grows back at once: SQLite writes each frame at its offset.
         if wal[2] < self._wal[2] or (
-                wal[2] >= _WAL_HEADER_SIZE and os.pread(self._wal_fd, 4, 0) not in _WAL_MAGIC):
+            wal[2] >= _WAL_HEADER_SIZE and os.pread(self._wal_fd, 4, 0) not in _WAL_MAGIC
+        ):
             return f"{_WAL_LOST} (-wal truncated)"
         self._wal = wal
         return None
@@ -373,8 +432,13 @@ class RouterStore:
             _sync(fresh)
         except Exception as error:  # noqa: BLE001 -- a full disk: tried again later
             _remove(fresh)
-            _log.error("the router's store %s was %s; a fresh one cannot be written yet (%s): "
-                       "submissions are not acknowledged until it is", self.path, lost, error)
+            _log.error(
+                "the router's store %s was %s; a fresh one cannot be written yet (%s): "
+                "submissions are not acknowledged until it is",
+                self.path,
+                lost,
+                error,
+            )
             return False
         # Closing the old connection checkpoints into the file it opened and removes its
         # "-wal" and "-shm", unless that file was moved (SQLite checks): then they are
@@ -393,13 +457,18 @@ class RouterStore:
                 self.path.with_name(self.path.name + companion).unlink(missing_ok=True)
             os.replace(fresh, self.path)
             self._db, _aside = state_dirs.open_database(
-                self.path, _SCHEMA, check="SELECT COUNT(*) FROM submissions")
+                self.path, _SCHEMA, check="SELECT COUNT(*) FROM submissions"
+            )
             self._watch()
             for table, _columns in _TABLES:  # into the cache, as a router's start-up reads them
                 self._db.execute(f"SELECT * FROM {table}").fetchall()
         except Exception as error:  # noqa: BLE001 -- rare: the file just written cannot be used
-            _log.error("the router's store %s cannot be used any more (%s): submissions are "
-                       "not acknowledged until the router is restarted", self.path, error)
+            _log.error(
+                "the router's store %s cannot be used any more (%s): submissions are "
+                "not acknowledged until the router is restarted",
+                self.path,
+                error,
+            )
             self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             self._db.executescript(_SCHEMA)
             self._next_try = float("inf")
@@ -408,31 +477,43 @@ class RouterStore:
         self._audit_fresh(lost, copied, unreadable, aside)
         return True
 
-    def _audit_fresh(self, lost: str, copied: int, unreadable: int | None,
-                     aside: Path | None) -> None:
-        reason = (f"the router's store {self.path} was {lost} under the running router; a "
-                  f"fresh one was written at its path holding the {copied} submission(s) it "
-                  "could still read")
+    def _audit_fresh(
+        self, lost: str, copied: int, unreadable: int | None, aside: Path | None
+    ) -> None:
+        reason = (
+            f"the router's store {self.path} was {lost} under the running router; a "
+            f"fresh one was written at its path holding the {copied} submission(s) it "
+            "could still read"
+        )
         if unreadable:
-            reason += (f"; {unreadable} could not be read (their pages were gone): they will "
-                       "not survive a restart of this router unless it saves them again")
+            reason += (
+                f"; {unreadable} could not be read (their pages were gone): they will "
+                "not survive a restart of this router unless it saves them again"
+            )
         elif unreadable is None:
             reason += "; how many could not be read is not known"
         if aside is not None:
             reason += f"; the file found at its path was kept at {aside}"
         if self._audit is not None:
-            self._audit.write_record("state_file_vanished", worker_id="router",
-                                     path=str(self.path), rows=copied, unreadable=unreadable,
-                                     set_aside=None if aside is None else str(aside),
-                                     reason=reason)
+            self._audit.write_record(
+                "state_file_vanished",
+                worker_id="router",
+                path=str(self.path),
+                rows=copied,
+                unreadable=unreadable,
+                set_aside=None if aside is None else str(aside),
+                reason=reason,
+            )
         (_log.warning if unreadable == 0 else _log.error)("%s", reason)
 
     def _take_from(self, damaged: Path) -> tuple[int, int | None]:
         """Copies the rows ``damaged`` (a file set aside) can still give into this store:
         (rows copied, rows that could not be read or None when not known)."""
         try:
-            with contextlib.closing(sqlite3.connect(damaged, isolation_level=None)) as source, \
-                    self._lock:
+            with (
+                contextlib.closing(sqlite3.connect(damaged, isolation_level=None)) as source,
+                self._lock,
+            ):
                 return _salvage(source, self._db)
         except Exception as error:  # noqa: BLE001 -- what it held is then not resumed
             _log.warning("nothing could be read from %s (%s)", damaged, error)
@@ -455,9 +536,13 @@ class RouterStore:
         except OSError:
             return 0
         with self._lock:
-            named = {path for (source,) in
-                     self._db.execute("SELECT source FROM submissions WHERE source != ''")
-                     for path in str(source).split("\n")}
+            named = {
+                path
+                for (source,) in self._db.execute(
+                    "SELECT source FROM submissions WHERE source != ''"
+                )
+                for path in str(source).split("\n")
+            }
         return sum(1 for entry in entries if entry not in named)
 
     # -- reads ---------------------------------------------------------------------------
@@ -466,19 +551,15 @@ class RouterStore:
         with self._lock:
             raw = self._db.execute(
                 "SELECT key, state, worker, upstream_id, instance, workers, source, digest, "
-                "record, accepted_at FROM submissions ORDER BY accepted_at").fetchall()
+                "record, accepted_at FROM submissions ORDER BY accepted_at"
+            ).fetchall()
         rows, bad = [], []
-        for key, state, worker, upstream_id, instance, workers, source, digest, record, at in raw:
-            try:
-                tried, fields = json.loads(workers), json.loads(record)
-            except (TypeError, ValueError):
-                tried = fields = None
-            if not (isinstance(tried, list) and isinstance(fields, dict)):
-                bad.append(key)
-                continue
-            rows.append(Saved(str(key), str(state), str(worker), str(upstream_id), str(instance),
-                              [str(w) for w in tried], str(source),
-                              None if digest is None else str(digest), fields, float(at)))
+        for columns in raw:
+            saved = decode_row(*columns)
+            if saved is None:
+                bad.append(columns[0])
+            else:
+                rows.append(saved)
         if bad:
             _log.warning("the router's store: %d unreadable row(s) dropped", len(bad))
             self.forget(bad)
@@ -488,14 +569,9 @@ class RouterStore:
         """The poison guard's memory: (digest, [(worker id, rule), ...]), oldest first."""
         with self._lock:
             raw = self._db.execute(
-                "SELECT digest, deaths FROM poison ORDER BY updated_at").fetchall()
-        found = []
-        for digest, deaths in raw:
-            try:
-                found.append((str(digest), [(str(w), str(r)) for w, r in json.loads(deaths)]))
-            except (TypeError, ValueError):
-                continue
-        return found
+                "SELECT digest, deaths FROM poison ORDER BY updated_at"
+            ).fetchall()
+        return decode_poison(raw)
 
     def count(self) -> int:
         with self._lock:
@@ -510,11 +586,77 @@ class RouterStore:
         return f"RouterStore({str(self.path or ':memory:')!r})"
 
 
+def encode_row(saved: Saved) -> tuple[Any, ...]:
+    """The columns both backends store of ``saved``, key to accepted_at (JSON as text)."""
+    return (
+        saved.key,
+        saved.state,
+        saved.worker,
+        saved.upstream_id,
+        saved.instance,
+        json.dumps(saved.workers),
+        saved.source,
+        saved.digest,
+        json.dumps(saved.record, ensure_ascii=False, default=str),
+        saved.accepted_at,
+    )
+
+
+def decode_row(
+    key: Any,
+    state: Any,
+    worker: Any,
+    upstream_id: Any,
+    instance: Any,
+    workers: Any,
+    source: Any,
+    digest: Any,
+    record: Any,
+    at: Any,
+) -> Saved | None:
+    """The ``Saved`` of stored columns (``encode_row``'s), or None when they are not what a
+    router writes (its JSON unreadable)."""
+    try:
+        tried, fields = json.loads(workers), json.loads(record)
+    except (TypeError, ValueError):
+        return None
+    if not (isinstance(tried, list) and isinstance(fields, dict)):
+        return None
+    return Saved(
+        str(key),
+        str(state),
+        str(worker),
+        str(upstream_id),
+        str(instance),
+        [str(w) for w in tried],
+        str(source),
+        None if digest is None else str(digest),
+        fields,
+        float(at),
+    )
+
+
+def decode_poison(raw: Iterable[Sequence[Any]]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The poison guard's memory of stored (digest, deaths JSON) rows; unreadable ones left out."""
+    found = []
+    for digest, deaths in raw:
+        try:
+            found.append((str(digest), [(str(w), str(r)) for w, r in json.loads(deaths)]))
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def with_death(deaths: Sequence[tuple[str, str]], worker: str, rule: str) -> list[tuple[str, str]]:
+    """``deaths`` and ``worker``'s, unless it has one already (two deaths on one worker are
+    one worker: the guard counts workers)."""
+    if any(held == worker for held, _ in deaths):
+        return list(deaths)
+    return [*deaths, (worker, rule)]
+
+
 def _row(saved: Saved) -> tuple[Any, ...]:
-    return (saved.key, saved.state, saved.worker, saved.upstream_id, saved.instance,
-            json.dumps(saved.workers), saved.source, saved.digest,
-            json.dumps(saved.record, ensure_ascii=False, default=str), saved.accepted_at,
-            time.time())
+    return (*encode_row(saved), time.time())
 
 
 def _size(path: Path) -> int | None:
@@ -548,10 +690,13 @@ def _resumed(copied: int, unreadable: int | None) -> str:
     if unreadable is None and not copied:
         return " (what it held is not resumed; how much that was is not known)"
     if unreadable is None:
-        return (f"; {copied} submission(s) read from it are resumed, how many more it held "
-                "is not known")
-    return (f"; {copied} submission(s) read from it are resumed, {unreadable} could not be "
-            "read and are not")
+        return (
+            f"; {copied} submission(s) read from it are resumed, how many more it held is not known"
+        )
+    return (
+        f"; {copied} submission(s) read from it are resumed, {unreadable} could not be "
+        "read and are not"
+    )
 
 
 def _copy(source: sqlite3.Connection, fresh: Path) -> tuple[int, int | None]:
@@ -610,8 +755,9 @@ def _readable(source: sqlite3.Connection, table: str) -> Iterator[tuple[Any, ...
     after, step = 0, 1
     for _ in range(_MAX_SKIPS):
         try:
-            cursor = source.execute(f"SELECT rowid, * FROM {table} WHERE rowid > ? "
-                                    "ORDER BY rowid", (after,))
+            cursor = source.execute(
+                f"SELECT rowid, * FROM {table} WHERE rowid > ? ORDER BY rowid", (after,)
+            )
             while (row := cursor.fetchone()) is not None:
                 yield tuple(row[1:])
                 after, step = row[0], 1

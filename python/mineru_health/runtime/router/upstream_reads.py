@@ -47,8 +47,18 @@ from typing import Any, TypeVar
 
 import httpx
 
-__all__ = ["BOUNDS", "BoundBroken", "BoundedTransport", "Bounds", "SyncBoundedTransport",
-           "UpstreamReads", "bounded_sync_client", "install", "reads_of", "results"]
+__all__ = [
+    "BOUNDS",
+    "BoundBroken",
+    "BoundedTransport",
+    "Bounds",
+    "SyncBoundedTransport",
+    "UpstreamReads",
+    "bounded_sync_client",
+    "install",
+    "reads_of",
+    "results",
+]
 
 MIB = 1024 * 1024
 T = TypeVar("T")
@@ -59,8 +69,9 @@ BOUNDS: tuple[str, ...] = ("size", "time", "encoding")
 # What the code reading now fetches: ANSWER unless inside ``results()``. A context
 # variable, so MinerU's own functions are bounded without changing their calls.
 _ANSWER, _RESULT = "answer", "result"
-_KIND: contextvars.ContextVar[str] = contextvars.ContextVar("mineru_health_read_kind",
-                                                            default=_ANSWER)
+_KIND: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "mineru_health_read_kind", default=_ANSWER
+)
 
 # When a request names no read timeout (MinerU always names one).
 _DEFAULT_ANSWER_S = 60.0
@@ -97,9 +108,11 @@ class Bounds:
 
     @classmethod
     def of(cls, settings: Any) -> Bounds:
-        return cls(answer_bytes=int(settings.max_status_mb) * MIB,
-                   result_bytes=int(settings.max_result_mb) * MIB,
-                   result_s=float(settings.max_result_s))
+        return cls(
+            answer_bytes=int(settings.max_status_mb) * MIB,
+            result_bytes=int(settings.max_result_mb) * MIB,
+            result_s=float(settings.max_result_s),
+        )
 
 
 class UpstreamReads:
@@ -119,8 +132,12 @@ class UpstreamReads:
         """The error for ``worker``'s answer to ``request`` breaking ``bound`` (``how``),
         counted."""
         what = f"{request.method} {request.url.raw_path.decode('ascii', 'replace')}"
-        exc = BoundBroken(f"worker at {worker} broke a bound: its answer to {what} {how}",
-                          bound=bound, worker=worker, request=request)
+        exc = BoundBroken(
+            f"worker at {worker} broke a bound: its answer to {what} {how}",
+            bound=bound,
+            worker=worker,
+            request=request,
+        )
         with self._lock:
             self._broken[(worker, bound)] = self._broken.get((worker, bound), 0) + 1
         return exc
@@ -163,6 +180,7 @@ def _read_timeout(request: httpx.Request) -> float:
 
 
 if sys.version_info >= (3, 11):
+
     async def _by(deadline: float, step: Awaitable[T]) -> T:
         """``step`` if it ends before ``deadline`` (the loop's clock); else asyncio.TimeoutError.
 
@@ -171,14 +189,16 @@ if sys.version_info >= (3, 11):
         async with asyncio.timeout_at(deadline):
             return await step
 else:
+
     async def _by(deadline: float, step: Awaitable[T]) -> T:
         """``step`` if it ends before ``deadline`` (the loop's clock); else asyncio.TimeoutError."""
         return await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
 def _has_body(request: httpx.Request) -> bool:
-    return (request.headers.get("content-length", "0") != "0"
-            or "transfer-encoding" in request.headers)
+    return (
+        request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+    )
 
 
 class _Sending(httpx.AsyncByteStream, httpx.SyncByteStream):
@@ -198,14 +218,16 @@ class _Sending(httpx.AsyncByteStream, httpx.SyncByteStream):
         self._sent()
 
 
-async def _answer_to_upload(inner: httpx.AsyncBaseTransport, request: httpx.Request,
-                            limit_s: float) -> tuple[httpx.Response, float]:
+async def _answer_to_upload(
+    inner: httpx.AsyncBaseTransport, request: httpx.Request, limit_s: float
+) -> tuple[httpx.Response, float]:
     """The answer to a request with a body, and its deadline: ``limit_s`` after the body is sent."""
     loop = asyncio.get_running_loop()
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(None) as timeout:
-            request.stream = _Sending(request.stream,
-                                      lambda: timeout.reschedule(loop.time() + limit_s))
+            request.stream = _Sending(
+                request.stream, lambda: timeout.reschedule(loop.time() + limit_s)
+            )
             response = await inner.handle_async_request(request)
         return response, timeout.when() or loop.time() + limit_s
     # Before 3.11 a deadline cannot move: the wait for the answer's head is httpx's own.
@@ -241,13 +263,15 @@ class BoundedTransport(httpx.AsyncBaseTransport):
             return self.reads.breach(request, worker, bound, how)
 
         late = f"took more than {limit_s:g} s in all" + (
-            " (MINERU_ROUTER_HEALTH_MAX_RESULT_S)" if kind == _RESULT else "")
+            " (MINERU_ROUTER_HEALTH_MAX_RESULT_S)" if kind == _RESULT else ""
+        )
         turns = self._turns.setdefault((worker, kind), asyncio.Semaphore(self._turns_per_worker))
         try:
             await _by(deadline, turns.acquire())
         except asyncio.TimeoutError:
-            raise broken("time", late + f", waiting behind {self._turns_per_worker} others "
-                         "in flight to it") from None
+            raise broken(
+                "time", late + f", waiting behind {self._turns_per_worker} others in flight to it"
+            ) from None
         try:
             try:
                 if _has_body(request):
@@ -261,12 +285,18 @@ class BoundedTransport(httpx.AsyncBaseTransport):
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 await response.aclose()
-                raise broken("encoding", f"came {encoding}-encoded (identity was asked: "
-                             "a compressed answer has no bound once decoded)")
+                raise broken(
+                    "encoding",
+                    f"came {encoding}-encoded (identity was asked: "
+                    "a compressed answer has no bound once decoded)",
+                )
             result = kind == _RESULT and 200 <= response.status_code < 300
-            cap, setting = ((self.reads.bounds.result_bytes, "MAX_RESULT_MB") if result
-                            else (self.reads.bounds.answer_bytes, "MAX_STATUS_MB"))
-            too_big = (f"passed {cap // MIB} MiB (MINERU_ROUTER_HEALTH_{setting})")
+            cap, setting = (
+                (self.reads.bounds.result_bytes, "MAX_RESULT_MB")
+                if result
+                else (self.reads.bounds.answer_bytes, "MAX_STATUS_MB")
+            )
+            too_big = f"passed {cap // MIB} MiB (MINERU_ROUTER_HEALTH_{setting})"
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
                 await response.aclose()
@@ -276,9 +306,13 @@ class BoundedTransport(httpx.AsyncBaseTransport):
             raise
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        response.stream = _BoundedStream(stream, cap, deadline, turns,
-                                         lambda bound: broken(bound, too_big if bound == "size"
-                                                              else late))
+        response.stream = _BoundedStream(
+            stream,
+            cap,
+            deadline,
+            turns,
+            lambda bound: broken(bound, too_big if bound == "size" else late),
+        )
         return response
 
     async def aclose(self) -> None:
@@ -298,8 +332,14 @@ class _BoundedStream(httpx.AsyncByteStream):
     neither its connection nor its turn is held longer than its bound.
     """
 
-    def __init__(self, inner: httpx.AsyncByteStream, cap: int, deadline: float,
-                 turns: asyncio.Semaphore, broken: Any) -> None:
+    def __init__(
+        self,
+        inner: httpx.AsyncByteStream,
+        cap: int,
+        deadline: float,
+        turns: asyncio.Semaphore,
+        broken: Any,
+    ) -> None:
         self._inner = inner
         self._cap = cap
         self._deadline = deadline

@@ -49,8 +49,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from ...worker import WorkerHealth
 from . import remote_waits
+from .health import WorkerHealth
 
 __all__ = [
     "ENGINE_CALL_SITES",
@@ -59,7 +59,6 @@ __all__ = [
     "current_task_id",
     "follow_tasks",
     "install",
-    "judge_failures_off_loop",
     "local_engine_call",
     "on_import",
     "raised_by_local_engine",
@@ -154,6 +153,7 @@ def follow_tasks(manager: Any, health: Callable[[], WorkerHealth]) -> None:
     setattr(run_task_in_context, _MARK, True)
     manager._run_task = run_task_in_context
 
+
 # --- a post-import hook --------------------------------------------------------------------
 
 _hooks_lock = threading.Lock()
@@ -230,14 +230,16 @@ def _is_remote(args: tuple[Any, ...]) -> bool:
 
 
 @contextlib.contextmanager
-def local_engine_call(health: WorkerHealth) -> Iterator[None]:
+def local_engine_call(
+    health: WorkerHealth, failure_judge: FailureJudge | None = None
+) -> Iterator[None]:
     """One call into this worker's own engine: in flight while it runs, its failure the engine's.
 
     An exception escaping the block is marked, so that the worker treats it
     as a local engine's failure (:func:`raised_by_local_engine`) even in a
     task whose backend is remote: what failed ran here, not on the server.
-    On a thread without an event loop it is also handed to the judge of
-    :func:`judge_failures_off_loop`, if one is set.
+    On a thread without an event loop it is also handed to ``failure_judge``
+    (the line's, if it has one: :func:`judge_off_loop`).
     """
     health.engine_call_started()
     try:
@@ -245,17 +247,18 @@ def local_engine_call(health: WorkerHealth) -> Iterator[None]:
     except BaseException as error:
         with contextlib.suppress(Exception):  # an exception refusing attributes stays unmarked
             setattr(error, _LOCAL_ENGINE_ATTR, True)
-        _judge_off_loop(error)
+        judge_off_loop(failure_judge, error)
         raise
     finally:
         health.engine_call_finished()
 
 
-_failure_judge: Callable[[BaseException], object] | None = None
+#: A line's judge of a failure escaping a local engine call (the runtime's ``failure_judge``).
+FailureJudge = Callable[[BaseException], object]
 
 
-def judge_failures_off_loop(judge: Callable[[BaseException], object] | None) -> None:
-    """Sets the one judge of exceptions escaping local engine calls off an event loop.
+def judge_off_loop(failure_judge: FailureJudge | None, error: BaseException) -> None:
+    """Hands ``error`` to ``failure_judge`` when this thread runs no event loop.
 
     MinerU 4.0 asks whether a job's failure is fatal on its event loop, where
     verification must not wait; for engines it drives synchronously (llama.cpp,
@@ -263,19 +266,13 @@ def judge_failures_off_loop(judge: Callable[[BaseException], object] | None) -> 
     thread, where waiting costs nothing: the line decides (and verifies) it
     there and answers the loop's question from that verdict.
     """
-    global _failure_judge
-    _failure_judge = judge
-
-
-def _judge_off_loop(error: BaseException) -> None:
-    judge = _failure_judge
-    if judge is None or not isinstance(error, Exception):
+    if failure_judge is None or not isinstance(error, Exception):
         return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         with contextlib.suppress(Exception):  # the judge's own failure leaves MinerU's path as is
-            judge(error)
+            failure_judge(error)
 
 
 def raised_by_local_engine(error: BaseException) -> bool:
@@ -290,8 +287,11 @@ def raised_by_local_engine(error: BaseException) -> bool:
     return False
 
 
-def _engine_call(original: Callable[..., Any],
-                 health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+def _engine_call(
+    original: Callable[..., Any],
+    health: Callable[[], WorkerHealth],
+    failure_judge: Callable[[], FailureJudge | None] = lambda: None,
+) -> Callable[..., Any]:
     if _is_coroutine_function(original):
 
         @functools.wraps(original)
@@ -301,7 +301,7 @@ def _engine_call(original: Callable[..., Any],
                 if _is_remote(args):
                     with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
                         return await original(*args, **kwargs)
-                with local_engine_call(state):
+                with local_engine_call(state, failure_judge()):
                     return await original(*args, **kwargs)
             finally:
                 state.task_progress(current_task_id())
@@ -315,7 +315,7 @@ def _engine_call(original: Callable[..., Any],
             if _is_remote(args):
                 with remote_waits.waiting(state, current_task_id(), _server_of_call(args)):
                     return original(*args, **kwargs)
-            with local_engine_call(state):
+            with local_engine_call(state, failure_judge()):
                 return original(*args, **kwargs)
         finally:
             state.task_progress(current_task_id())
@@ -323,8 +323,9 @@ def _engine_call(original: Callable[..., Any],
     return tracked
 
 
-def _engine_request(original: Callable[..., Any],
-                    health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+def _engine_request(
+    original: Callable[..., Any], health: Callable[[], WorkerHealth]
+) -> Callable[..., Any]:
     if _is_coroutine_function(original):
 
         @functools.wraps(original)
@@ -350,12 +351,15 @@ def _engine_request(original: Callable[..., Any],
     return request
 
 
-def _remote_wait(original: Callable[..., Any],
-                 health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
+def _remote_wait(
+    original: Callable[..., Any], health: Callable[[], WorkerHealth]
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def waiting(*args: Any, **kwargs: Any) -> Any:
         # HttpVlmClient(self, model_name, server_url, ...)
-        server = remote_waits.configured_server(kwargs.get("server_url", args[2] if len(args) > 2 else ""))
+        server = remote_waits.configured_server(
+            kwargs.get("server_url", args[2] if len(args) > 2 else "")
+        )
         with remote_waits.waiting(health(), current_task_id(), server):
             return original(*args, **kwargs)
 
@@ -368,8 +372,12 @@ def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
-def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
-                make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def _wrap_class(
+    module: ModuleType,
+    class_name: str,
+    methods: tuple[str, ...],
+    make: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         return
@@ -382,27 +390,44 @@ def _wrap_class(module: ModuleType, class_name: str, methods: tuple[str, ...],
         setattr(cls, name, wrapped)
 
 
-def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any]) -> None:
+def install(
+    health: Callable[[], WorkerHealth],
+    settings: Callable[[], Any],
+    failure_judge: Callable[[], FailureJudge | None] = lambda: None,
+) -> None:
     """Wraps every call site above, now or when its module is imported (idempotent).
 
-    ``settings()``: the worker's settings, for the errors of remote waits past a bound.
+    ``settings()``: the worker's settings, for the errors of remote waits past a bound;
+    ``failure_judge()``: the line's judge of local engine failures off the loop, if any.
     """
     remote_waits.install(health, settings, on_import)
     for module_name, class_name, methods in ENGINE_CALL_SITES:
         on_import(
             module_name,
-            functools.partial(_wrap_class, class_name=class_name, methods=methods,
-                              make=lambda fn: _engine_call(fn, health)),
+            functools.partial(
+                _wrap_class,
+                class_name=class_name,
+                methods=methods,
+                make=lambda fn: _engine_call(fn, health, failure_judge),
+            ),
         )
     for module_name, class_name, methods in REQUEST_SITES:
         on_import(
             module_name,
-            functools.partial(_wrap_class, class_name=class_name, methods=methods,
-                              make=lambda fn: _engine_request(fn, health)),
+            functools.partial(
+                _wrap_class,
+                class_name=class_name,
+                methods=methods,
+                make=lambda fn: _engine_request(fn, health),
+            ),
         )
     for module_name, class_name, methods in REMOTE_SITES:
         on_import(
             module_name,
-            functools.partial(_wrap_class, class_name=class_name, methods=methods,
-                              make=lambda fn: _remote_wait(fn, health)),
+            functools.partial(
+                _wrap_class,
+                class_name=class_name,
+                methods=methods,
+                make=lambda fn: _remote_wait(fn, health),
+            ),
         )

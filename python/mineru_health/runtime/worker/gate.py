@@ -17,9 +17,10 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ...worker import REFUSAL_ERROR_PREFIX, fatal_cause
-from .context import ASGIApp, runtime, worker_health
+from ..verdict import REFUSAL_ERROR_PREFIX
+from .health import fatal_cause
 from .log import log
+from .worker_runtime import ASGIApp, WorkerRuntime
 
 
 async def _send_json(
@@ -49,8 +50,9 @@ _EDIT_MAX_BYTES = 64 * 1024
 JsonEdit = Callable[[dict[str, Any]], None]
 
 
-def _editing_send(send: Callable[[Any], Awaitable[None]],
-                  edit: JsonEdit) -> Callable[[Any], Awaitable[None]]:
+def _editing_send(
+    send: Callable[[Any], Awaitable[None]], edit: JsonEdit
+) -> Callable[[Any], Awaitable[None]]:
     """Lets ``edit`` add to MinerU's small JSON answer (a non-JSON one is passed on as is).
 
     The body may come in chunks (4.0's ``BaseHTTPMiddleware`` streams it and
@@ -106,13 +108,15 @@ class HealthGate:
     The paths are class attributes; ``started`` runs once MinerU's start-up
     (model preload included) is over, from when a blocked loop is a hung loop,
     and ``stopped`` at its shut-down: each MinerU line's subclass names its own.
+    ``runtime``: the app's, from ``install`` (``app.add_middleware(gate, runtime=...)``).
     """
 
     health_paths: frozenset[str] = frozenset()
     gated_posts: frozenset[str] = frozenset()
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, runtime: WorkerRuntime) -> None:
         self.app = app
+        self.runtime = runtime
 
     def answer_edit(self, method: str, path: str) -> JsonEdit | None:
         """What to add to MinerU's JSON answer to this request (a line's job verdict), if any."""
@@ -152,7 +156,8 @@ class HealthGate:
         method = scope.get("method", "")
         is_health = method in ("GET", "HEAD") and path in self.health_paths
         gated = is_health or (method == "POST" and path in self.gated_posts)
-        health = worker_health()
+        runtime = self.runtime
+        health = runtime.health
         if gated and not health.healthy:
             status, body = health.answer("/health", expose_errors=runtime.settings.expose_errors)
             if is_health:
@@ -160,16 +165,20 @@ class HealthGate:
             else:
                 data = json.loads(body)
                 # The body already names the first fatal's rule and category.
-                what = (f"{data['category']}, rule {data['rule']}" if data.get("rule")
-                        else fatal_cause(None))
+                what = (
+                    f"{data['category']}, rule {data['rule']}"
+                    if data.get("rule")
+                    else fatal_cause(None)
+                )
                 data["error"] = f"{REFUSAL_ERROR_PREFIX} {what}"
                 data["message"] = (
                     "The inference engine of this worker is unusable; the request was not "
                     "accepted. Retry on a healthy worker."
                 )
                 retry = str(runtime.settings.retry_after_s).encode("ascii")
-                await _send_json(send, 503, json.dumps(data).encode("utf-8"),
-                                 [(b"retry-after", retry)])
+                await _send_json(
+                    send, 503, json.dumps(data).encode("utf-8"), [(b"retry-after", retry)]
+                )
             return
         edit = self.answer_edit(method, path)
         if is_health and runtime.advertised_port is not None:
@@ -192,23 +201,27 @@ class HealthGate:
         except OSError as error:
             if started or error.errno not in _STORAGE_FULL:
                 raise
-            await _refuse_storage_full(send, error)
+            await _refuse_storage_full(runtime, send, error)
 
 
 #: A full disk or quota where the worker stores uploads and outputs (resource, not a bug).
 _STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-async def _refuse_storage_full(send: Callable[[Any], Awaitable[None]], error: OSError) -> None:
+async def _refuse_storage_full(
+    runtime: WorkerRuntime, send: Callable[[Any], Awaitable[None]], error: OSError
+) -> None:
     """507 naming the resource, where MinerU answered a bare 500: the client can tell a full
     disk from a bug, and retry elsewhere. The worker stays healthy (its engine is fine)."""
     where = f" ({error.filename})" if error.filename else ""
     reason = os.strerror(error.errno) if error.errno is not None else str(error)
-    worker_health().record_storage_full()
+    runtime.health.record_storage_full()
     log("ERROR", f"a submission failed: {reason}{where}; answered 507")
-    body = {"error": "insufficient_storage",
-            "message": f"The worker cannot store the submission: {reason}{where}. "
-                       "Free space on its output directory, or retry on another worker."}
+    body = {
+        "error": "insufficient_storage",
+        "message": f"The worker cannot store the submission: {reason}{where}. "
+        "Free space on its output directory, or retry on another worker.",
+    }
     retry = str(runtime.settings.retry_after_s).encode("ascii")
     await _send_json(send, 507, json.dumps(body).encode("utf-8"), [(b"retry-after", retry)])
 

@@ -1,13 +1,14 @@
 """Installing the worker runtime on a MinerU worker's app, in two halves, for either line.
 
-    started = begin_install(app, Gate)       # config, native state and endpoint, gate, /metrics
-    if started is not None:
-        settings, rules, first_install = started
-        ...                                  # the line's own hooks
-        finish_install(settings, rules, "4.0")   # engine calls, threads, start-up checks
+    runtime = begin_install(app, Gate)   # config, the app's runtime and endpoint, gate, /metrics
+    if runtime is not None:
+        ...                              # the line's own hooks, given the runtime
+        finish_install(runtime, "4.0")   # engine calls, threads, start-up checks
 
 Nothing here knows a MinerU line: the line's adapter gives its gate class and
-installs what touches its code between the halves.
+installs what touches its code between the halves. The runtime is built here,
+once per app, and handed to everything installed; the app keeps it in
+``app.state`` (:func:`~.worker_runtime.runtime_of`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Any
 
 from ... import metrics, patching
 from ...errors import ConfigError, HealthEndpointError
-from ...settings import WorkerSettings
-from ...worker import HealthEndpoint, WorkerHealth
+from ..settings import WorkerSettings
 from . import engine_calls, model_cache
-from .context import assemble, runtime, worker_health
+from .health import HealthEndpoint
 from .log import log
 from .threads import (
     exit_after_fatal,
@@ -31,6 +31,7 @@ from .threads import (
     start_waiting_thread,
     take_children_along,
 )
+from .worker_runtime import STATE_ATTR, WorkerRuntime, runtime_of
 
 __all__ = ["begin_install", "finish_install"]
 
@@ -53,12 +54,17 @@ def _advertise(endpoint: HealthEndpoint) -> int | None:
     return None
 
 
-def _start_endpoint(health: WorkerHealth, settings: WorkerSettings) -> None:
+def _start_endpoint(runtime: WorkerRuntime) -> None:
+    settings = runtime.settings
     if settings.port is None or runtime.endpoint is not None:
         return
     try:
-        endpoint = HealthEndpoint.start(health, port=settings.port, bind=settings.bind,
-                                        expose_errors=settings.expose_errors)
+        endpoint = HealthEndpoint.start(
+            runtime.health,
+            port=settings.port,
+            bind=settings.bind,
+            expose_errors=settings.expose_errors,
+        )
     except HealthEndpointError as error:
         variable = WorkerSettings.variable_name("port")
         raise ConfigError(f"{variable}: {error}", variable=variable) from error
@@ -67,39 +73,40 @@ def _start_endpoint(health: WorkerHealth, settings: WorkerSettings) -> None:
     log("INFO", f"native health endpoint on {endpoint.url} (/health, /livez, /readyz)")
 
 
-def begin_install(app: Any, gate: type) -> tuple[WorkerSettings, Any, bool] | None:
+def begin_install(app: Any, gate: type) -> WorkerRuntime | None:
     """The first half of installing the hooks on a worker's ``app``, for either MinerU line.
 
-    Returns ``(settings, rules, first_install)``, or None when there is
-    nothing to do (a spawned helper process, an app seen before). Reads and
-    checks the configuration, builds the native state and its endpoint once
-    per process, and puts ``gate`` and ``/metrics`` on ``app``. Raises
+    Returns the app's new runtime, or None when there is nothing to do (a
+    spawned helper process, an app seen before). Reads and checks the
+    configuration, builds the runtime (native state, rules, verifier) and its
+    endpoint, and puts ``gate`` and ``/metrics`` on ``app``. Raises
     :class:`~mineru_health.errors.ConfigError` on a bad rules file, a bad
     ``MINERU_HEALTH_*`` value or a native health port that cannot be served.
     """
     if multiprocessing.current_process().name != "MainProcess":
         # A spawned helper process re-imports the server module; it serves no requests.
         return None
-    if any(known is app for known in runtime.apps):
+    if runtime_of(app) is not None:
         return None
-    settings = WorkerSettings.from_env()
-    first_install = not runtime.installed
-    if first_install:
-        assemble(settings)  # a bad MINERU_HEALTH_RULES file stops the start-up here
-        _start_endpoint(runtime.health, settings)
+    runtime = WorkerRuntime(WorkerSettings.from_env())  # a bad MINERU_HEALTH_RULES stops it here
+    _start_endpoint(runtime)
+    setattr(app.state, STATE_ATTR, runtime)
     runtime.apps.append(app)
-    app.add_middleware(gate)
-    metrics.mount_metrics(app, role="worker")
-    metrics.bind_worker_healthy(lambda: runtime.health.healthy)
-    metrics.bind_worker_snapshot(lambda: runtime.health.snapshot())
-    return settings, runtime.rules, first_install
+    app.add_middleware(gate, runtime=runtime)
+    metrics.mount_metrics(app, role="worker", registry=runtime.metrics)
+    metrics.bind_worker_healthy(lambda: runtime.health.healthy, runtime.metrics)
+    metrics.bind_worker_snapshot(runtime.health.snapshot, runtime.metrics)
+    return runtime
 
 
-def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
-    """The second half, once per process: engine calls, threads, the start-up checks."""
+def finish_install(runtime: WorkerRuntime, line: str) -> None:
+    """The second half: engine calls, threads, the start-up checks."""
+    settings = runtime.settings
     health = runtime.health
-    engine_calls.install(worker_health, lambda: runtime.settings)
-    model_cache.install(worker_health, engine_calls.on_import)
+    engine_calls.install(
+        lambda: runtime.health, lambda: runtime.settings, lambda: runtime.failure_judge
+    )
+    model_cache.install(lambda: runtime.health, engine_calls.on_import, lambda: runtime.settings)
     if settings.parent_pid:
         # Launched by a router: what it starts is its group's, carries its tag,
         # and ends with it however it ends.
@@ -108,10 +115,14 @@ def finish_install(settings: WorkerSettings, rules: Any, line: str) -> None:
         exit_with_parent(int(settings.parent_pid), settings.worker_tag, on_gone=runtime.seal_store)
     start_waiting_thread(liveness_loop, health, name="mineru-health-liveness")
     if settings.exit_on_fatal:
-        start_waiting_thread(exit_after_fatal, health, settings.exit_grace_s,
-                             settings.worker_tag, name="mineru-health-exit-on-fatal")
-    runtime.installed = True
+        start_waiting_thread(
+            exit_after_fatal,
+            health,
+            settings.exit_grace_s,
+            settings.worker_tag,
+            name="mineru-health-exit-on-fatal",
+        )
     problem = patching.running_problem()
     if problem:
         log("WARNING", f"this MinerU is not one mineru-health patched as a whole: {problem}")
-    log("INFO", f"worker health hooks installed on MinerU {line} ({rules!r}; {settings!r})")
+    log("INFO", f"worker health hooks installed on MinerU {line} ({runtime.rules!r}; {settings!r})")

@@ -1,7 +1,7 @@
 """The event-loop watcher of either MinerU line: a tick every 100 ms, the line's figures, its acts.
 
-    start_watcher(report, act)   # once MinerU's start-up is over (the gate's ``started``)
-    stop_watcher()               # at its shut-down
+    start_watcher(runtime, report, act)   # once MinerU's start-up is over (the gate's ``started``)
+    stop_watcher(runtime)                 # at its shut-down
 
 From the start on, a blocked loop is a hung loop (the native state sees the
 ticks stop). ``report`` pushes MinerU's figures every 0.5 s; ``act`` fails
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...safe_text import describe_exception
-from .context import TICK_S, runtime, worker_health
 from .log import log
+from .worker_runtime import TICK_S, WorkerRuntime
 
 __all__ = ["int_or", "start_watcher", "stop_watcher", "watch_loop"]
 
@@ -29,14 +29,16 @@ def int_or(value: Any, default: int) -> int:
         return default
 
 
-async def watch_loop(report: Callable[[], None], act: Callable[[], None]) -> None:
+async def watch_loop(
+    runtime: WorkerRuntime, report: Callable[[], None], act: Callable[[], None]
+) -> None:
     """The watcher of either MinerU line, on the event loop until cancelled.
 
-    Ticks the loop natively every 100 ms (loop lag), ``report``s MinerU's
+    Ticks ``runtime``'s loop natively every 100 ms (loop lag), ``report``s MinerU's
     figures every 0.5 s and, every second, fails hung tasks and ``act``s on
     a new fatal record: the line's own two steps.
     """
-    health = worker_health()
+    health = runtime.health
     ticks = 0
     while True:
         try:
@@ -52,13 +54,16 @@ async def watch_loop(report: Callable[[], None], act: Callable[[], None]) -> Non
         await asyncio.sleep(TICK_S)
 
 
-def start_watcher(report: Callable[[], None], act: Callable[[], None]) -> None:
+def start_watcher(
+    runtime: WorkerRuntime, report: Callable[[], None], act: Callable[[], None]
+) -> None:
     if runtime.watcher is None or runtime.watcher.done():
         runtime.watcher = asyncio.get_running_loop().create_task(
-            watch_loop(report, act), name="mineru-health-loop-watcher")
+            watch_loop(runtime, report, act), name="mineru-health-loop-watcher"
+        )
 
 
-def stop_watcher() -> None:
+def stop_watcher(runtime: WorkerRuntime) -> None:
     if runtime.watcher is not None:
         runtime.watcher.cancel()
         runtime.watcher = None

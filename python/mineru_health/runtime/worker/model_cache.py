@@ -39,9 +39,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ...worker import WorkerHealth
 from . import remote_waits
 from .engine_calls import current_task_id
+from .health import WorkerHealth
 
 __all__ = ["MODEL_CACHE_SITES", "install", "lock_free_instance", "remote_lookups"]
 
@@ -79,48 +79,60 @@ def _built(cache_owner: Any, backend: Any, model_path: Any, server_url: Any) -> 
     return models.get((backend, model_path, server_url)) if isinstance(models, dict) else None
 
 
-def remote_lookups(cls: Any, health: Callable[[], WorkerHealth], *, cached_by_key: bool) -> None:
+def remote_lookups(
+    cls: Any,
+    health: Callable[[], WorkerHealth],
+    *,
+    cached_by_key: bool,
+    settings: Callable[[], Any] | None = None,
+) -> None:
     """``cls.get_model`` for ``http-client``: a remote wait; a built client without the lock
-    when ``cached_by_key`` (idempotent)."""
+    when ``cached_by_key`` (idempotent). ``settings()``: the worker's, for the wait's bounds."""
     original = cls.__dict__.get("get_model")
     if original is None or getattr(original, _MARK, False):
         return
 
     @functools.wraps(original)
-    def get_model(self: Any, backend: Any, model_path: Any, server_url: Any,
-                  *args: Any, **kwargs: Any) -> Any:
+    def get_model(
+        self: Any, backend: Any, model_path: Any, server_url: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if backend != _REMOTE:
             return original(self, backend, model_path, server_url, *args, **kwargs)
         built = _built(self, backend, model_path, server_url) if cached_by_key else None
         if built is not None:
             return built
-        with remote_waits.waiting(health(), current_task_id(),
-                                  remote_waits.configured_server(server_url)):
-            remote_waits.wait_for_lock(getattr(self, "_lock", None))
+        with remote_waits.waiting(
+            health(), current_task_id(), remote_waits.configured_server(server_url)
+        ):
+            remote_waits.wait_for_lock(getattr(self, "_lock", None), health, settings)
             return original(self, backend, model_path, server_url, *args, **kwargs)
 
     setattr(get_model, _MARK, True)
     cls.get_model = get_model
 
 
-_build_gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
-
-
-def _queued_builds(original: Callable[..., Any], singleton: Any, cached_by_key: bool,
-                   health: Callable[[], WorkerHealth]) -> Callable[..., Any]:
-    """``_get_model_async``: http client builds wait their turn on the loop, one thread at a time."""
+def _queued_builds(
+    original: Callable[..., Any],
+    singleton: Any,
+    cached_by_key: bool,
+    health: Callable[[], WorkerHealth],
+) -> Callable[..., Any]:
+    """``_get_model_async``: http client builds wait their turn on the loop, one at a time."""
+    build_gates: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
     @functools.wraps(original)
-    async def get_model_async(backend: Any, model_path: Any, server_url: Any,
-                              *args: Any, **kwargs: Any) -> Any:
+    async def get_model_async(
+        backend: Any, model_path: Any, server_url: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if backend != _REMOTE:
             return await original(backend, model_path, server_url, *args, **kwargs)
         built = _built(singleton(), backend, model_path, server_url) if cached_by_key else None
         if built is not None:
             return built
-        gate = _build_gates.setdefault(asyncio.get_running_loop(), asyncio.Lock())
-        with remote_waits.waiting(health(), current_task_id(),
-                                  remote_waits.configured_server(server_url)):
+        gate = build_gates.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        with remote_waits.waiting(
+            health(), current_task_id(), remote_waits.configured_server(server_url)
+        ):
             async with gate:
                 return await original(backend, model_path, server_url, *args, **kwargs)
 
@@ -128,21 +140,33 @@ def _queued_builds(original: Callable[..., Any], singleton: Any, cached_by_key: 
     return get_model_async
 
 
-def _wrap(module: ModuleType, cached_by_key: bool, health: Callable[[], WorkerHealth]) -> None:
+def _wrap(
+    module: ModuleType,
+    cached_by_key: bool,
+    health: Callable[[], WorkerHealth],
+    settings: Callable[[], Any] | None = None,
+) -> None:
     cls = getattr(module, "ModelSingleton", None)
     if not isinstance(cls, type) or "_instance" not in cls.__dict__:
         return
     lock_free_instance(cls)
-    remote_lookups(cls, health, cached_by_key=cached_by_key)
+    remote_lookups(cls, health, cached_by_key=cached_by_key, settings=settings)
     current = getattr(module, "_get_model_async", None)
     if current is not None and not getattr(current, _MARK, False):
         module._get_model_async = _queued_builds(  # type: ignore[attr-defined]
-            current, cls, cached_by_key, health)
+            current, cls, cached_by_key, health
+        )
 
 
-def install(health: Callable[[], WorkerHealth],
-            on_import: Callable[[str, Callable[[ModuleType], None]], None]) -> None:
-    """Wraps each line's client cache now or when its module is imported."""
+def install(
+    health: Callable[[], WorkerHealth],
+    on_import: Callable[[str, Callable[[ModuleType], None]], None],
+    settings: Callable[[], Any] | None = None,
+) -> None:
+    """Wraps each line's client cache now or when its module is imported; ``settings()``:
+    the worker's, for the bounds of a task's wait for the client lock."""
     for module_name, cached_by_key in MODEL_CACHE_SITES:
-        on_import(module_name, functools.partial(_wrap, cached_by_key=cached_by_key,
-                                                 health=health))
+        on_import(
+            module_name,
+            functools.partial(_wrap, cached_by_key=cached_by_key, health=health, settings=settings),
+        )

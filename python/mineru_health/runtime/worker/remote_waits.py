@@ -5,7 +5,7 @@ it named (``server_url`` with an ``*-http-client`` backend). The native
 worker state bounds it twice: the server sending nothing for
 ``MINERU_HEALTH_TASK_HANG_S`` (when set), and the wait lasting
 ``MINERU_HEALTH_REMOTE_WAIT_S`` in all. The worker's watcher fails a task
-past either bound (the adapter's ``fail_remote_waits``); this module ends the
+past either bound (``line.fail_remote_waits``, on 3.x); this module ends the
 wait's I/O too, so that no thread, connection or MinerU lock stays held:
 
 * silence is measured where MinerU's client (httpx) sends and reads: from
@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...worker import WorkerHealth
+from .health import WorkerHealth
 
 __all__ = [
     "RemoteWaitExceeded",
@@ -87,11 +87,13 @@ def describe(status: Any, *, task_hang_s: float, remote_wait_s: float) -> str:
     """The task's error: which server, which bound, and that it failed alone."""
     server = status.server or "its engine server"
     if status.reason == "silent":
-        what = (f"sent nothing for {task_hang_s:g} s (MINERU_HEALTH_TASK_HANG_S)")
+        what = f"sent nothing for {task_hang_s:g} s (MINERU_HEALTH_TASK_HANG_S)"
     else:
-        what = (f"kept it waiting {remote_wait_s:g} s (MINERU_HEALTH_REMOTE_WAIT_S)")
-    return (f"mineru-health: the remote engine server {server} {what}; this task "
-            "failed alone (not this worker's fault); resubmit it once the server answers")
+        what = f"kept it waiting {remote_wait_s:g} s (MINERU_HEALTH_REMOTE_WAIT_S)"
+    return (
+        f"mineru-health: the remote engine server {server} {what}; this task "
+        "failed alone (not this worker's fault); resubmit it once the server answers"
+    )
 
 
 @contextlib.contextmanager
@@ -108,8 +110,14 @@ def waiting(health: WorkerHealth, task_id: str, server: str) -> Iterator[None]:
 class _Bound:
     """One request sent inside a remote wait: checked, timed and heard."""
 
-    def __init__(self, health: WorkerHealth, task_id: str, tracked: bool,
-                 settings: Callable[[], Any], request: Any) -> None:
+    def __init__(
+        self,
+        health: WorkerHealth,
+        task_id: str,
+        tracked: bool,
+        settings: Callable[[], Any],
+        request: Any,
+    ) -> None:
         self._health = health
         self._task_id = task_id
         self._tracked = tracked
@@ -123,13 +131,17 @@ class _Bound:
             if self._tracked:  # its task ended (failed, cancelled): nobody waits for it
                 raise RemoteWaitExceeded(
                     f"mineru-health: the task waiting on {self._server or 'its server'} "
-                    "has ended; its request to that server is abandoned")
+                    "has ended; its request to that server is abandoned"
+                )
             return None
         if status.reason:
             settings = self._settings()
             named = _Named(status.reason, status.server or self._server)
-            raise RemoteWaitExceeded(describe(named, task_hang_s=settings.task_hang_s,
-                                              remote_wait_s=settings.remote_wait_s))
+            raise RemoteWaitExceeded(
+                describe(
+                    named, task_hang_s=settings.task_hang_s, remote_wait_s=settings.remote_wait_s
+                )
+            )
         return None if status.left_s is None else float(status.left_s)
 
     def cap_timeouts(self, request: Any, left_s: float | None) -> None:
@@ -160,34 +172,33 @@ class _Named:
         self.server = server
 
 
-#: (health, settings) as install() was given them; None before.
-_installed: tuple[Callable[[], WorkerHealth], Callable[[], Any]] | None = None
-
 #: How often a task queued on a lock looks at its own wait (seconds).
 _LOCK_POLL_S = 0.25
 
 
-def wait_for_lock(lock: Any) -> None:
+def wait_for_lock(
+    lock: Any, health: Callable[[], WorkerHealth], settings: Callable[[], Any] | None
+) -> None:
     """Waits until ``lock`` is free (not taking it), as long as this remote wait may go on.
 
     MinerU builds http clients one at a time under one lock: a task queued
     behind a hostile server's build holds a thread of MinerU's small pool
     meanwhile. It leaves the queue once its task has ended or its wait went
     past a bound (:class:`RemoteWaitExceeded`), instead of when the lock
-    comes to it.
+    comes to it. ``settings()``: the worker's (None: no bounds known, no wait here).
     """
     task_id, tracked = _waiting_task.get()
-    if not task_id or _installed is None or not hasattr(lock, "acquire"):
+    if not task_id or settings is None or not hasattr(lock, "acquire"):
         return
-    health, settings = _installed
     bound = _Bound(health(), task_id, tracked, settings, None)
     while not lock.acquire(timeout=_LOCK_POLL_S):
         bound.check()
     lock.release()
 
 
-def _bound_for(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
-               request: Any) -> _Bound | None:
+def _bound_for(
+    health: Callable[[], WorkerHealth], settings: Callable[[], Any], request: Any
+) -> _Bound | None:
     task_id, tracked = _waiting_task.get()
     if not task_id:
         return None
@@ -228,8 +239,9 @@ def _async_stream(httpx: Any, inner: Any, bound: _Bound) -> Any:
     return HeardStream()
 
 
-def _wrap_transports(httpx: Any, health: Callable[[], WorkerHealth],
-                     settings: Callable[[], Any]) -> None:
+def _wrap_transports(
+    httpx: Any, health: Callable[[], WorkerHealth], settings: Callable[[], Any]
+) -> None:
     sync_class, async_class = httpx.HTTPTransport, httpx.AsyncHTTPTransport
     send = sync_class.handle_request
     if not getattr(send, _MARK, False):
@@ -262,13 +274,14 @@ def _wrap_transports(httpx: Any, health: Callable[[], WorkerHealth],
         async_class.handle_async_request = handle_async_request
 
 
-def install(health: Callable[[], WorkerHealth], settings: Callable[[], Any],
-            on_import: Callable[[str, Callable[[Any], None]], None]) -> None:
+def install(
+    health: Callable[[], WorkerHealth],
+    settings: Callable[[], Any],
+    on_import: Callable[[str, Callable[[Any], None]], None],
+) -> None:
     """Wraps httpx's transports when httpx is imported (idempotent).
 
     ``settings()``: the worker's settings (``task_hang_s``, ``remote_wait_s``),
     read when an error is written.
     """
-    global _installed
-    _installed = (health, settings)
     on_import("httpx", functools.partial(_wrap_transports, health=health, settings=settings))

@@ -46,14 +46,24 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from ... import state_dirs
 from ...errors import ConfigError
 from ...safe_text import describe_exception
-from ...settings import WorkerSettings
+from .. import state_dirs
+from ..settings import WorkerSettings
 from ..verdict import TaskVerdict
 from .log import log
 
-__all__ = ["DB_NAME", "PutBack", "Row", "Store", "attach", "keep", "open_store", "read", "state_dir"]
+__all__ = [
+    "DB_NAME",
+    "PutBack",
+    "Row",
+    "Store",
+    "attach",
+    "keep",
+    "open_store",
+    "read",
+    "state_dir",
+]
 
 #: File name of the store inside the state directory.
 DB_NAME = "mineru-health-finished.sqlite3"
@@ -94,7 +104,8 @@ class Store:
         self._lock = threading.Lock()
         self._sealed = False
         self._db, self.set_aside = state_dirs.open_database(
-            self.path, _SCHEMA, check="SELECT COUNT(*) FROM finished")
+            self.path, _SCHEMA, check="SELECT COUNT(*) FROM finished"
+        )
 
     def seal(self) -> None:
         """Writes nothing more: this worker is being ended with the router that launched it.
@@ -108,11 +119,14 @@ class Store:
         with self._lock:
             self._sealed = True
 
-    def save(self, key: str, record: dict[str, Any],
-             verdict: dict[str, Any] | None = None) -> None:
+    def save(self, key: str, record: dict[str, Any], verdict: dict[str, Any] | None = None) -> None:
         """Writes (or replaces) the row of one finished task or job (nothing once sealed)."""
-        row = (key, json.dumps(record, ensure_ascii=False, default=str),
-               None if verdict is None else json.dumps(verdict, ensure_ascii=False), time.time())
+        row = (
+            key,
+            json.dumps(record, ensure_ascii=False, default=str),
+            None if verdict is None else json.dumps(verdict, ensure_ascii=False),
+            time.time(),
+        )
         with self._lock:
             if not self._sealed:
                 self._db.execute("INSERT OR REPLACE INTO finished VALUES (?, ?, ?, ?)", row)
@@ -127,7 +141,8 @@ class Store:
         """Every row, oldest first; unreadable rows are deleted."""
         with self._lock:
             raw = self._db.execute(
-                "SELECT key, record, verdict FROM finished ORDER BY stored_at").fetchall()
+                "SELECT key, record, verdict FROM finished ORDER BY stored_at"
+            ).fetchall()
         rows, bad = [], []
         for key, record, verdict in raw:
             decoded = _decoded(record, verdict)
@@ -150,8 +165,9 @@ class Store:
         return f"Store({str(self.path)!r})"
 
 
-def read(directory: str | os.PathLike[str],
-         key: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+def read(
+    directory: str | os.PathLike[str], key: str
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
     """(record, verdict) of one stored task or job, read from another process; None if absent.
 
     For the router, about a local worker that died: blocking (run it in a
@@ -162,8 +178,9 @@ def read(directory: str | os.PathLike[str],
         return None
     try:
         with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as db:
-            row = db.execute("SELECT record, verdict FROM finished WHERE key = ?",
-                             (key,)).fetchone()
+            row = db.execute(
+                "SELECT record, verdict FROM finished WHERE key = ?", (key,)
+            ).fetchone()
     except sqlite3.Error:
         return None
     return None if row is None else _decoded(*row)
@@ -220,8 +237,9 @@ def _put_back_all(current: Store, put_back: PutBack) -> int:
     loaded, dropped, failures = 0, [], []
     for key, record, verdict in current.rows():
         try:
-            back = put_back(key, record,
-                            None if verdict is None else TaskVerdict.restored_wire(verdict))
+            back = put_back(
+                key, record, None if verdict is None else TaskVerdict.restored_wire(verdict)
+            )
         except Exception as error:  # noqa: BLE001 -- e.g. a row of another MinerU version
             back = False
             failures.append(f"{key}: {describe_exception(error)}")
@@ -230,14 +248,24 @@ def _put_back_all(current: Store, put_back: PutBack) -> int:
         loaded += back is True
     current.delete(dropped)
     if failures:
-        log("WARNING", f"task store: {len(failures)} row(s) could not be put back, dropped "
-                       f"(first: {failures[0]})")
+        log(
+            "WARNING",
+            f"task store: {len(failures)} row(s) could not be put back, dropped "
+            f"(first: {failures[0]})",
+        )
     return loaded
 
 
-def attach(current: Store | None, owner: Any, put_back: PutBack, *,
-           finish: str, row_of: Callable[..., Row | None], expire: str,
-           live: Callable[[], Collection[str]]) -> int:
+def attach(
+    current: Store | None,
+    owner: Any,
+    put_back: PutBack,
+    *,
+    finish: str,
+    row_of: Callable[..., Row | None],
+    expire: str,
+    live: Callable[[], Collection[str]],
+) -> int:
     """Loads ``current``'s rows back (``put_back``), then keeps ``owner``'s finished work there.
 
     Wraps two of ``owner``'s methods: after ``owner.<finish>(*args)``, the

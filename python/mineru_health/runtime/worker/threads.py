@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import _native, verification
+from ... import _native
 from ...safe_text import describe_exception
-from ...settings import WorkerSettings
-from ...worker import WorkerHealth, fatal_cause
-from .context import EXIT_CODE, LIVENESS_INTERVAL_S
+from ..settings import WorkerSettings
+from . import verification
+from .health import WorkerHealth, fatal_cause
 from .log import log
+from .worker_runtime import EXIT_CODE, LIVENESS_INTERVAL_S
 
 #: The rule of an engine death the liveness thread finds.
 LIVENESS_RULE = "liveness:mineru-engines"
@@ -34,8 +35,9 @@ def check_liveness(health: WorkerHealth) -> bool:
     if dead is None or not health.healthy:
         return False
     detail = f"engine handle {dead.where} ({type(dead.obj).__name__}) reports errored"
-    if not health.record_fatal(f"engine died while idle: {detail}", rule=LIVENESS_RULE,
-                               category="engine_dead"):
+    if not health.record_fatal(
+        f"engine died while idle: {detail}", rule=LIVENESS_RULE, category="engine_dead"
+    ):
         return False
     log("ERROR", f"liveness check: {detail}")
     return True
@@ -48,15 +50,19 @@ def liveness_loop(health: WorkerHealth, stop: threading.Event) -> None:
         check_liveness(health)
 
 
-def exit_after_fatal(health: WorkerHealth, stop: threading.Event, grace_s: float,
-                     tag: str = "") -> None:
+def exit_after_fatal(
+    health: WorkerHealth, stop: threading.Event, grace_s: float, tag: str = ""
+) -> None:
     while not health.wait_until_unhealthy(LIVENESS_INTERVAL_S):
         if stop.is_set():
             return
     first = health.snapshot().first_fatal
     what = fatal_cause(first)
-    log("ERROR", f"exiting with status {EXIT_CODE} in {grace_s:g}s because the inference "
-                  f"engine is unusable ({what}); MINERU_HEALTH_EXIT_ON_FATAL is set")
+    log(
+        "ERROR",
+        f"exiting with status {EXIT_CODE} in {grace_s:g}s because the inference "
+        f"engine is unusable ({what}); MINERU_HEALTH_EXIT_ON_FATAL is set",
+    )
     # A plain wait: this daemon thread does nothing else, and the event loop
     # and the native endpoint keep answering 503 meanwhile.
     threading.Event().wait(grace_s)
@@ -81,8 +87,11 @@ def lead_own_group() -> None:
     try:
         os.setpgid(0, 0)
     except OSError as error:
-        log("WARNING", f"cannot lead a process group of its own ({error}); the router finds "
-                        "this worker's processes by their tag")
+        log(
+            "WARNING",
+            f"cannot lead a process group of its own ({error}); the router finds "
+            "this worker's processes by their tag",
+        )
 
 
 def end_own_processes(tag: str, grace_s: float = CHILDREN_GRACE_S) -> None:
@@ -93,8 +102,11 @@ def end_own_processes(tag: str, grace_s: float = CHILDREN_GRACE_S) -> None:
     scope.tag = f"{WorkerSettings.variable_name('worker_tag')}={tag}" if tag else ""
     report = _native.end_scope(scope, grace_s)
     if report.terminated:
-        log("WARNING", f"ended {report.terminated} process(es) this worker started "
-                        f"({report.killed} needed SIGKILL, {report.survivors} left)")
+        log(
+            "WARNING",
+            f"ended {report.terminated} process(es) this worker started "
+            f"({report.killed} needed SIGKILL, {report.survivors} left)",
+        )
 
 
 def take_children_along(tag: str) -> None:
@@ -133,8 +145,9 @@ def take_children_along(tag: str) -> None:
 PARENT_GONE_GRACE_S = 30.0
 
 
-def exit_with_parent(parent_pid: int, tag: str = "",
-                     on_gone: Callable[[], None] = lambda: None) -> None:
+def exit_with_parent(
+    parent_pid: int, tag: str = "", on_gone: Callable[[], None] = lambda: None
+) -> None:
     """Dies with the router that launched this worker, however the router dies, and takes
     the processes it started along (``on_gone()`` first: the task store is sealed).
 
@@ -151,8 +164,11 @@ def exit_with_parent(parent_pid: int, tag: str = "",
         end_own_processes(tag)
         os._exit(1)
     if watch is _native.ParentWatch.UNSUPPORTED:
-        log("WARNING", "cannot ask the kernel to end this worker with its router; "
-                        "watching the parent process instead")
+        log(
+            "WARNING",
+            "cannot ask the kernel to end this worker with its router; "
+            "watching the parent process instead",
+        )
 
     def watch_parent() -> None:
         while os.getppid() == parent_pid:
@@ -173,8 +189,7 @@ def start_thread(target: Callable[..., None], *args: Any, name: str) -> threadin
     return thread
 
 
-def start_waiting_thread(target: Callable[..., None], *args: Any,
-                         name: str) -> threading.Thread:
+def start_waiting_thread(target: Callable[..., None], *args: Any, name: str) -> threading.Thread:
     """A daemon thread that waits on the native state, called ``target(health, stop,
     *rest)``, stopped and joined at the interpreter's exit: a native wait that returned
     during finalization would take the GIL back, and CPython ends such a thread by

@@ -19,8 +19,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from . import _native
-from ._names import enum_name
+from .. import _native
+from .._names import enum_name
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -74,8 +74,7 @@ def variable_json(v: Variable) -> dict[str, Any]:
 
 def variables(component: str | None = None) -> tuple[Variable, ...]:
     """Every variable of the native table, or those of one component ("router"...)."""
-    return tuple(v for v in _VARIABLES
-                 if component is None or enum_name(v.component) == component)
+    return tuple(v for v in _VARIABLES if component is None or enum_name(v.component) == component)
 
 
 def _fields(component: str) -> tuple[str, ...]:
@@ -138,8 +137,10 @@ class _Settings:
         raise AttributeError(name)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Settings) and type(other) is type(self) and (
-            self.as_dict() == other.as_dict()
+        return (
+            isinstance(other, _Settings)
+            and type(other) is type(self)
+            and (self.as_dict() == other.as_dict())
         )
 
     def __hash__(self) -> int:
@@ -226,7 +227,8 @@ def markdown_tables() -> str:
         tooling = v.component is ConfigComponent.TOOLING
         meaning = f"*tooling*: {v.meaning}" if tooling else v.meaning
         lines.append(
-            f"| `{v.name}` | {_code(v.default_value)} | {_cell(v.allowed)} | {_cell(meaning)} |")
+            f"| `{v.name}` | {_code(v.default_value)} | {_cell(v.allowed)} | {_cell(meaning)} |"
+        )
     lines += [
         "",
         "Router (`mineru-router`, `MINERU_ROUTER_HEALTH_*`; the default is the `production`",

@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .safe_text import describe_exception
+from ...safe_text import describe_exception
 
 __all__ = [
     "CATEGORY",
@@ -138,8 +138,12 @@ class Check:
     detail: str
 
     def to_json(self) -> dict[str, str]:
-        return {"verifier": self.verifier, "where": self.where, "state": self.state,
-                "detail": self.detail}
+        return {
+            "verifier": self.verifier,
+            "where": self.where,
+            "state": self.state,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +168,13 @@ class Verification:
 
     def to_json(self) -> dict[str, Any]:
         """For a task's status: the outcome, the deciding rule, what was checked."""
-        return {"outcome": self.outcome, "rule": self.rule, "detail": self.detail,
-                "elapsed_s": round(self.elapsed_s, 6),
-                "checks": [check.to_json() for check in self.checks]}
+        return {
+            "outcome": self.outcome,
+            "rule": self.rule,
+            "detail": self.detail,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "checks": [check.to_json() for check in self.checks],
+        }
 
 
 # --- finding handles ---------------------------------------------------------------------------
@@ -305,6 +313,7 @@ def _error_text(error: BaseException) -> str:
 def _drive(result: Any) -> Any:
     """Runs a coroutine a health call returned on a private loop (the caller's thread)."""
     if inspect.isawaitable(result):
+
         async def wait() -> Any:
             return await result
 
@@ -486,8 +495,9 @@ def run_check(handle: Handle) -> Check:
     try:
         state, detail = verifier(handle.obj)
     except Exception as error:  # noqa: BLE001 - another API shape: no evidence either way
-        return Check(handle.verifier, handle.where, "unknown",
-                     f"verifier failed: {_error_text(error)}")
+        return Check(
+            handle.verifier, handle.where, "unknown", f"verifier failed: {_error_text(error)}"
+        )
     return Check(handle.verifier, handle.where, state, detail)
 
 
@@ -515,9 +525,13 @@ class Verifier:
     verification off (the judge then never asks).
     """
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 find: Callable[[], list[Handle]] = all_handles,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        find: Callable[[], list[Handle]] = all_handles,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.timeout_s = max(0.0, float(timeout_s))
         self._find = find
         self._clock = clock
@@ -544,20 +558,24 @@ class Verifier:
                 assert run is not None
                 if now >= run.deadline:
                     return Verification(
-                        "inconclusive", "",
+                        "inconclusive",
+                        "",
                         f"an earlier check ({run.current or 'starting'}) is still running "
-                        f"{now - run.started:.1f}s after it began; not starting another")
+                        f"{now - run.started:.1f}s after it began; not starting another",
+                    )
             else:
                 run = _Run(now, now + self.timeout_s)
                 self._run = run
                 self.started += 1
-                thread = threading.Thread(target=self._execute, args=(run,),
-                                          name="mineru-health-verify", daemon=True)
+                thread = threading.Thread(
+                    target=self._execute, args=(run,), name="mineru-health-verify", daemon=True
+                )
                 try:
                     thread.start()
                 except RuntimeError as error:  # no thread to be had: no evidence either way
-                    run.result = Verification("inconclusive", "",
-                                              f"verification failed: {_error_text(error)}")
+                    run.result = Verification(
+                        "inconclusive", "", f"verification failed: {_error_text(error)}"
+                    )
                     run.done.set()  # ended: the next failure starts a check of its own
         assert run is not None
         run.done.wait(max(0.0, run.deadline - self._clock()))
@@ -572,14 +590,27 @@ class Verifier:
         except Exception:  # noqa: BLE001 - unknown load: no evidence
             loaded = True
         if loaded or run.work:
-            why = ("a test generation's time is no evidence" if run.work
-                   else "engine calls are in flight: busy is not dead")
-            return Verification("inconclusive", "",
-                                f"{what} did not answer within {self.timeout_s:g}s; {why}",
-                                checks, elapsed, shared)
-        return Verification("dead", RULE_PREFIX + "timeout",
-                            f"{what} did not answer within {self.timeout_s:g}s with no engine "
-                            "call in flight", checks, elapsed, shared)
+            why = (
+                "a test generation's time is no evidence"
+                if run.work
+                else "engine calls are in flight: busy is not dead"
+            )
+            return Verification(
+                "inconclusive",
+                "",
+                f"{what} did not answer within {self.timeout_s:g}s; {why}",
+                checks,
+                elapsed,
+                shared,
+            )
+        return Verification(
+            "dead",
+            RULE_PREFIX + "timeout",
+            f"{what} did not answer within {self.timeout_s:g}s with no engine call in flight",
+            checks,
+            elapsed,
+            shared,
+        )
 
     def _execute(self, run: _Run) -> None:
         try:
@@ -594,20 +625,38 @@ class Verifier:
             dead = next((c for c in run.checks if c.state == "dead"), None)
             elapsed = self._clock() - run.started
             if dead is not None:
-                run.result = Verification("dead", RULE_PREFIX + dead.verifier,
-                                          f"{dead.verifier} check of {dead.where}: {dead.detail}",
-                                          tuple(run.checks), elapsed)
+                run.result = Verification(
+                    "dead",
+                    RULE_PREFIX + dead.verifier,
+                    f"{dead.verifier} check of {dead.where}: {dead.detail}",
+                    tuple(run.checks),
+                    elapsed,
+                )
             elif any(c.state == "alive" for c in run.checks):
-                run.result = Verification("alive", "", f"{len(run.checks)} check(s), none dead",
-                                          tuple(run.checks), elapsed)
+                run.result = Verification(
+                    "alive",
+                    "",
+                    f"{len(run.checks)} check(s), none dead",
+                    tuple(run.checks),
+                    elapsed,
+                )
             else:
-                run.result = Verification("inconclusive", "",
-                                          "nothing local to check" if not run.checks
-                                          else "no verifier could read its handle",
-                                          tuple(run.checks), elapsed)
+                run.result = Verification(
+                    "inconclusive",
+                    "",
+                    "nothing local to check"
+                    if not run.checks
+                    else "no verifier could read its handle",
+                    tuple(run.checks),
+                    elapsed,
+                )
         except Exception as error:  # noqa: BLE001 - a broken verification never condemns
-            run.result = Verification("inconclusive", "",
-                                      f"verification failed: {_error_text(error)}",
-                                      tuple(run.checks), self._clock() - run.started)
+            run.result = Verification(
+                "inconclusive",
+                "",
+                f"verification failed: {_error_text(error)}",
+                tuple(run.checks),
+                self._clock() - run.started,
+            )
         finally:
             run.done.set()

@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import safe_text
-from .errors import ConfigError
+from .. import safe_text
+from ..errors import ConfigError
 
 __all__ = [
     "LOCK_NAME",
@@ -102,8 +102,9 @@ def claim(directory: str | os.PathLike[str], *, variable: str = "") -> StateLock
         path.mkdir(parents=True, exist_ok=True)
         fd, owner = _try_lock(path)
     except OSError as error:
-        raise ConfigError(f"{variable or 'state directory'}={path}: cannot lock it: {error}",
-                          variable=variable) from error
+        raise ConfigError(
+            f"{variable or 'state directory'}={path}: cannot lock it: {error}", variable=variable
+        ) from error
     if fd < 0:
         raise ConfigError(
             f"{variable or 'state directory'}={path} is in use by another live process "
@@ -135,7 +136,7 @@ def creator_named_gone(name: str, prefix: str) -> bool:
     """True when ``name`` is ``<prefix><pid>-...`` and that process is gone (or a zombie): a
     directory made by ``mkdtemp(prefix=f"{prefix}{os.getpid()}-")`` whose maker died before
     it could claim it. Anything else (no pid, a live pid) is never judged gone."""
-    pid_text = name[len(prefix):].partition("-")[0] if name.startswith(prefix) else ""
+    pid_text = name[len(prefix) :].partition("-")[0] if name.startswith(prefix) else ""
     if not pid_text.isdigit() or int(pid_text) <= 1:
         return False
     try:
@@ -178,8 +179,11 @@ def sweep_abandoned(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
                 os.close(fd)
             removed.append(candidate)
     if removed:
-        _log.warning("removed %d state director(ies) left by processes that died: %s",
-                     len(removed), ", ".join(str(p) for p in removed))
+        _log.warning(
+            "removed %d state director(ies) left by processes that died: %s",
+            len(removed),
+            ", ".join(str(p) for p in removed),
+        )
     return removed
 
 
@@ -201,13 +205,15 @@ def set_aside(path: str | os.PathLike[str], reason: object) -> Path:
         side = original.with_name(original.name + companion)
         with contextlib.suppress(FileNotFoundError):
             os.replace(side, target.with_name(target.name + companion))
-    _log.warning("%s could not be used (%s); moved aside to %s and started afresh",
-                 original, reason, target)
+    _log.warning(
+        "%s could not be used (%s); moved aside to %s and started afresh", original, reason, target
+    )
     return target
 
 
-def open_database(path: str | os.PathLike[str], schema: str, *,
-                  check: str) -> tuple[sqlite3.Connection, Path | None]:
+def open_database(
+    path: str | os.PathLike[str], schema: str, *, check: str
+) -> tuple[sqlite3.Connection, Path | None]:
     """A connection to the SQLite file ``path`` (WAL, ``synchronous=NORMAL``, ``schema`` run).
 
     ``check`` is a query read once, so that a damaged page shows now and not
@@ -247,8 +253,11 @@ def open_database(path: str | os.PathLike[str], schema: str, *,
 def _set_aside_in(directory: Path) -> list[Path]:
     """The files ``set_aside`` left in ``directory`` (their SQLite companions not counted)."""
     try:
-        return sorted(path for path in directory.glob("*.damaged-*")
-                      if not path.name.endswith(("-wal", "-shm")))
+        return sorted(
+            path
+            for path in directory.glob("*.damaged-*")
+            if not path.name.endswith(("-wal", "-shm"))
+        )
     except OSError:
         return []
 
@@ -280,9 +289,12 @@ class StateDirs:
         else:
             # Opt-in, not a default under $HOME: the directory holds users' uploaded
             # documents, so the operator chooses where (and on what storage) they persist.
-            _log.warning("%s is not set: the tasks this router accepts do not survive its "
-                         "restart; set it to a directory on persistent storage (README: "
-                         "Configure)", STATE_DIR_ENV)
+            _log.warning(
+                "%s is not set: the tasks this router accepts do not survive its "
+                "restart; set it to a directory on persistent storage (README: "
+                "Configure)",
+                STATE_DIR_ENV,
+            )
             sweep_abandoned(tempfile.gettempdir(), _TEMP_PREFIX)
 
     @property

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _native
-from ._names import enum_name
-from .classifier import Rules, Verdict, classify
-from .errors import HealthEndpointError
-from .safe_text import describe_exception, exception_type_name, valid_utf8
+from ... import _native
+from ..._names import enum_name
+from ...classifier import Classification, Rules, classify
+from ...errors import HealthEndpointError
+from ...safe_text import describe_exception, exception_type_name, valid_utf8
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from .verification import Verification
 
 __all__ = [
-    "REFUSAL_ERROR_PREFIX",
     "FatalInfo",
     "HealthEndpoint",
     "HealthPhase",
@@ -47,13 +46,6 @@ __all__ = [
     "WorkerHealth",
     "fatal_cause",
 ]
-
-#: How the ``error`` of a dead worker's 503 refusal of a submission begins.
-#: MinerU's router reports a refused submission as "503 <error>"; our router
-#: recognises the worker's own verdict by this prefix, never by classifying
-#: text (the rest of the line names the category and rule).
-REFUSAL_ERROR_PREFIX = "engine_unusable:"
-
 
 #: One recorded fatal failure: ``error`` (may quote a user's document), ``rule``,
 #: ``category``, ``unix_time``, ``exception_type``, and from the native core ``since``
@@ -83,7 +75,7 @@ class Recorded:
     the failure undecided (:func:`mineru_health.runtime.worker.judge.confirm`).
     """
 
-    verdict: Verdict
+    verdict: Classification
     fatal: bool
     first: bool
     rule: str
@@ -162,8 +154,12 @@ class WorkerHealth:
             self._state.record_task_local(verdict.remote_engine)
             return Recorded(verdict, False, False, verdict.rule, verdict.category)
         record = _native.FatalRecord(
-            describe_exception(failure), verdict.rule, verdict.category,
-            time.time() if unix_time is None else unix_time, exception_type_name(failure))
+            describe_exception(failure),
+            verdict.rule,
+            verdict.category,
+            time.time() if unix_time is None else unix_time,
+            exception_type_name(failure),
+        )
         if verdict.fatal:
             first = self._state.record_fatal(record)
             return Recorded(verdict, True, first, verdict.rule, verdict.category)
@@ -251,19 +247,32 @@ class WorkerHealth:
         """Tasks hung now, each once; all hung makes the worker fatal (tasks_hung)."""
         return list(self._state.take_hung_tasks())
 
-    def set_tasks(self, queued: int, processing: int, completed: int, failed: int,
-                  manager_error: str = "") -> None:
+    def set_tasks(
+        self, queued: int, processing: int, completed: int, failed: int, manager_error: str = ""
+    ) -> None:
         self._state.set_tasks(
             _native.TaskCounts(queued, processing, completed, failed), valid_utf8(manager_error)
         )
 
-    def set_service(self, *, version: str, protocol_version: int, max_concurrent_requests: int,
-                    processing_window_size: int, task_retention_seconds: int,
-                    task_cleanup_interval_seconds: int) -> None:
+    def set_service(
+        self,
+        *,
+        version: str,
+        protocol_version: int,
+        max_concurrent_requests: int,
+        processing_window_size: int,
+        task_retention_seconds: int,
+        task_cleanup_interval_seconds: int,
+    ) -> None:
         self._state.set_service(
-            _native.ServiceInfo(version, protocol_version, max_concurrent_requests,
-                                processing_window_size, task_retention_seconds,
-                                task_cleanup_interval_seconds)
+            _native.ServiceInfo(
+                version,
+                protocol_version,
+                max_concurrent_requests,
+                processing_window_size,
+                task_retention_seconds,
+                task_cleanup_interval_seconds,
+            )
         )
 
     def reset(self) -> None:
@@ -277,8 +286,10 @@ class WorkerHealth:
     def __repr__(self) -> str:
         snap = self.snapshot()
         if snap.healthy:
-            return (f"WorkerHealth({enum_name(snap.phase)}, loop_lag_s={snap.loop_lag_s}, "
-                    f"task_local_failures={snap.task_local_count})")
+            return (
+                f"WorkerHealth({enum_name(snap.phase)}, loop_lag_s={snap.loop_lag_s}, "
+                f"task_local_failures={snap.task_local_count})"
+            )
         first = snap.first_fatal
         assert first is not None
         return (

@@ -1,10 +1,10 @@
 """The router's audit log: one JSON line per state change of a worker.
 
-    log = AuditLog(settings.audit_path)   # ConfigError if the path cannot be appended to
-    log.write(event)                      # a PollerEvent of kind AUDIT
-    log.write_record("poison_document_quarantined", worker_id="local-gpu-1",
-                     reason="...", workers=[...])   # a record the router itself originates
-    log.close()
+log = AuditLog(settings.audit_path)   # ConfigError if the path cannot be appended to
+log.write(event)                      # a PollerEvent of kind AUDIT
+log.write_record("poison_document_quarantined", worker_id="local-gpu-1",
+                 reason="...", workers=[...])   # a record the router itself originates
+log.close()
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from datetime import datetime, timezone
 from typing import IO, Any, TextIO
 
-from . import _native, safe_text
-from ._names import enum_name
-from .errors import ConfigError
+from ... import _native, safe_text
+from ..._names import enum_name
+from ...errors import ConfigError
 
 __all__ = ["AuditLog", "audit_record", "iso_time"]
 
@@ -74,8 +74,15 @@ class AuditLog:
         self._append(record)
         return record
 
-    def write_record(self, action: str, *, worker_id: str, reason: str,
-                     unix_time: float | None = None, **fields: Any) -> dict[str, Any]:
+    def write_record(
+        self,
+        action: str,
+        *,
+        worker_id: str,
+        reason: str,
+        unix_time: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
         """Appends a record the router originates itself (not a policy transition).
 
         Same leading keys as ``audit_record`` (time, worker_id, action,

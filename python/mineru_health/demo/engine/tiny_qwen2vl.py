@@ -19,9 +19,14 @@ A4 page's fits.
 
 Sizes: hidden 128 with 2 heads (vLLM's CPU attention refuses a head size of 16), two
 layers, a one-block ViT; ~1 MB on disk. Run it with the Python of a venv that has
-``transformers`` and ``torch`` (the vLLM venvs of ``scripts/vllm_venvs.sh``)::
+``transformers`` and ``torch`` (MinerU's with vLLM: the demo's ``--engine vllm``; the vLLM
+venvs of ``scripts/vllm_venvs.sh``)::
 
-    python tests/harness/tiny_qwen2vl.py OUT_DIR     # prints paths, sizes and seconds (JSON)
+    # prints paths, sizes, seconds (JSON)
+    python -m mineru_health.demo.engine.tiny_qwen2vl OUT_DIR [CONTEXT]
+
+``CONTEXT`` (default 4096) is the model's own context (``max_position_embeddings``), which
+vLLM takes as ``max_model_len`` when it is given none (MinerU 4.0.12 gives none).
 
 ``OUT_DIR/mineru.json`` is a MinerU tools config pointing its ``vlm`` models there
 (``MINERU_TOOLS_CONFIG_JSON=OUT_DIR/mineru.json``, ``MINERU_MODEL_SOURCE=local``).
@@ -43,15 +48,33 @@ IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
-SPECIAL_TOKENS = (PAD, "<|im_start|>", END_OF_TURN, VISION_START, VISION_END, IMAGE_PAD,
-                  VIDEO_PAD, "<|box_start|>", "<|box_end|>", "<|ref_start|>", "<|ref_end|>",
-                  "<|rotate_up|>")
+SPECIAL_TOKENS = (
+    PAD,
+    "<|im_start|>",
+    END_OF_TURN,
+    VISION_START,
+    VISION_END,
+    IMAGE_PAD,
+    VIDEO_PAD,
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|ref_start|>",
+    "<|ref_end|>",
+    "<|rotate_up|>",
+)
 # What every reply says, one token after the other: one text block over the top fifth of the
 # image, in MinerU 2.5's layout syntax (box in thousandths of the image, type, rotation).
 # Its two words are whole tokens of their own, so every token of the reply is distinct.
 BOX = "000 000 999 200"
-REPLY = ("<|box_start|>", BOX, "<|box_end|>", "<|ref_start|>", "text", "<|ref_end|>",
-         "<|rotate_up|>")
+REPLY = (
+    "<|box_start|>",
+    BOX,
+    "<|box_end|>",
+    "<|ref_start|>",
+    "text",
+    "<|ref_end|>",
+    "<|rotate_up|>",
+)
 NEWLINE = "\u010a"  # the byte-level token of "\n", the last of every prompt (chat template)
 
 HIDDEN = 128
@@ -75,7 +98,10 @@ CHAT_TEMPLATE = (
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}" + VISION_START + IMAGE_PAD + VISION_END
+    "{% if part['type'] == 'image' %}"
+    + VISION_START
+    + IMAGE_PAD
+    + VISION_END
     + "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}"
     "<|im_end|>\n"
@@ -84,20 +110,26 @@ CHAT_TEMPLATE = (
 )
 
 
-
-def write_tokenizer(out: Path) -> Any:
+def write_tokenizer(out: Path, context: int) -> Any:
     """A byte-level BPE tokenizer (no merges: one token per byte) with Qwen's specials."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import (  # type: ignore[import-not-found,unused-ignore]
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+    )
+    from transformers import PreTrainedTokenizerFast  # type: ignore[import-not-found,unused-ignore]
 
     vocab = {token: i for i, token in enumerate(byte_tokens())}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=END_OF_TURN,
-                                        pad_token=PAD, model_max_length=CONTEXT)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=END_OF_TURN, pad_token=PAD, model_max_length=context
+    )
     tokenizer.add_special_tokens(
-        {"additional_special_tokens": [t for t in SPECIAL_TOKENS if t not in (PAD, END_OF_TURN)]})
+        {"additional_special_tokens": [t for t in SPECIAL_TOKENS if t not in (PAD, END_OF_TURN)]}
+    )
     tokenizer.add_tokens([BOX, "text"])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(str(out))
@@ -108,19 +140,34 @@ def write_processor(out: Path, tokenizer: Any) -> None:
     """Qwen2-VL's processor: image and video processors (14 px patches, 2 frames per temporal
     patch, 2x2 merge), the tokenizer and the chat template. vLLM's Qwen2-VL profiling renders
     a dummy video too, so the video processor must be there even though MinerU sends none."""
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+    from transformers import (  # type: ignore[import-not-found,unused-ignore]
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
-    pixels = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14,
-              "temporal_patch_size": 2, "merge_size": 2}
-    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels),
-                                 video_processor=Qwen2VLVideoProcessor(**pixels),
-                                 tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+    pixels = {
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**pixels),
+        video_processor=Qwen2VLVideoProcessor(**pixels),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(str(out))
 
 
-def write_model(out: Path, tokenizer: Any) -> None:
-    import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def write_model(out: Path, tokenizer: Any, context: int) -> None:
+    import torch  # type: ignore[import-not-found,unused-ignore]
+    from transformers import (  # type: ignore[import-not-found,unused-ignore]
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     def token_id(token: str) -> int:
         return int(tokenizer.convert_tokens_to_ids(token))
@@ -134,24 +181,40 @@ def write_model(out: Path, tokenizer: Any) -> None:
         "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS,
         "num_key_value_heads": HEADS,
-        "max_position_embeddings": CONTEXT,
+        "max_position_embeddings": context,
         "rms_norm_eps": 1e-6,
         # M-RoPE: temporal, height and width sections of head_dim / 2 (64 / 2 here).
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0,
-                            "mrope_section": [16, 8, 8]},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1_000_000.0,
+            "mrope_section": [16, 8, 8],
+        },
         "tie_word_embeddings": False,
         "bos_token_id": token_id(PAD),
         "eos_token_id": eot,
         "pad_token_id": token_id(PAD),
         "dtype": "float32",
     }
-    vision = {"depth": 1, "embed_dim": VISION_EMBED, "hidden_size": HIDDEN, "mlp_ratio": 2,
-              "num_heads": VISION_HEADS, "in_channels": 3, "patch_size": 14,
-              "spatial_merge_size": 2, "temporal_patch_size": 2}
+    vision = {
+        "depth": 1,
+        "embed_dim": VISION_EMBED,
+        "hidden_size": HIDDEN,
+        "mlp_ratio": 2,
+        "num_heads": VISION_HEADS,
+        "in_channels": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
     config = Qwen2VLConfig(
-        vision_config=vision, text_config=dict(text), image_token_id=token_id(IMAGE_PAD),
-        video_token_id=token_id(VIDEO_PAD), vision_start_token_id=token_id(VISION_START),
-        vision_end_token_id=token_id(VISION_END), **text)
+        vision_config=vision,
+        text_config=dict(text),
+        image_token_id=token_id(IMAGE_PAD),
+        video_token_id=token_id(VIDEO_PAD),
+        vision_start_token_id=token_id(VISION_START),
+        vision_end_token_id=token_id(VISION_END),
+        **text,
+    )
     config.architectures = ["Qwen2VLForConditionalGeneration"]
     torch.manual_seed(SEED)
     model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
@@ -172,7 +235,7 @@ def _design(model: Any, chain: list[int], eot: int, scale: float = 10.0) -> None
     every other token embeds near the all-ones vector, which only the end-of-turn row (all
     ones) scores high. Everything else (the ViT, attention, M-RoPE) stays random and runs.
     """
-    import torch
+    import torch  # type: ignore[import-not-found,unused-ignore]
 
     for name, weight in model.named_parameters():
         if "visual" not in name and name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -189,27 +252,31 @@ def _design(model: Any, chain: list[int], eot: int, scale: float = 10.0) -> None
         head[successor, i] += scale
 
 
-def write(out: Path) -> dict[str, Any]:
+def write(out: Path, context: int = CONTEXT) -> dict[str, Any]:
     """Writes the model into ``out`` (and ``out/mineru.json``); returns paths, sizes, seconds."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = write_tokenizer(out)
+    tokenizer = write_tokenizer(out, context)
     write_processor(out, tokenizer)
-    write_model(out, tokenizer)
+    write_model(out, tokenizer, context)
     config = {"models-dir": {"vlm": str(out), "pipeline": str(out)}, "config_version": "1.3.1"}
     (out / "mineru.json").write_text(json.dumps(config, indent=2))
     elapsed = time.perf_counter() - started
     sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
-    return {"dir": str(out), "bytes": sizes, "total_bytes": sum(sizes.values()),
-            "seconds": round(elapsed, 3)}
+    return {
+        "dir": str(out),
+        "bytes": sizes,
+        "total_bytes": sum(sizes.values()),
+        "seconds": round(elapsed, 3),
+    }
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) not in (1, 2) or not all(a.isdigit() for a in argv[1:]):
         print(__doc__.splitlines()[0], file=sys.stderr)
-        print("usage: tiny_qwen2vl.py OUT_DIR", file=sys.stderr)
+        print("usage: tiny_qwen2vl.py OUT_DIR [CONTEXT]", file=sys.stderr)
         return 2
-    print(json.dumps(write(Path(argv[0]))))
+    print(json.dumps(write(Path(argv[0]), *map(int, argv[1:]))))
     return 0
 
 

@@ -1,12 +1,17 @@
-"""What the worker runtime shares, on either MinerU line: one :class:`Runtime` per process.
+"""What the hooks of one patched worker share, on either MinerU line: its :class:`WorkerRuntime`.
 
-    runtime = assemble(WorkerSettings.from_env())   # install(): settings, rules, health, verifier
-    runtime.defer_store(settings, directory)         # where the task store will be
-    runtime.open_store()                             # serving starts: the file is opened
+    runtime = WorkerRuntime(WorkerSettings.from_env())  # settings, rules, health, verifier
+    app.state.mineru_health = runtime                    # how MinerU's own objects lead to it
+    runtime.defer_store(settings, directory)              # where the task store will be
+    runtime.open_store()                                  # serving starts: the file is opened
 
-Every part of the worker runtime reads the process's state from ``runtime``
-(the native health record, the verifier, the rules, the task store); nothing
-else in the package holds worker state. Tests assemble their own.
+``install`` builds one per app and hands it to what it installs: the gate (its
+constructor), the loop watcher, the judge, the line's hooks (arguments and
+closures). A hook MinerU calls with its own objects finds it on the app
+(:func:`runtime_of`). Nothing in the package holds one at module level, so
+tests build their own, two side by side if they like. What MinerU's classes
+share process-wide (the engine-call and client-cache wrappers, installed once)
+reads the runtime of the first app installed: a worker process serves one app.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ...classifier import Rules, load_rules
-from ...settings import WorkerSettings
-from ...verification import Verifier
-from ...worker import HealthEndpoint, WorkerHealth
+from ...metrics import ProcessRegistry
+from ..settings import WorkerSettings
 from . import store as task_store
+from .health import HealthEndpoint, WorkerHealth
+from .verification import Verifier
 
 #: EX_TEMPFAIL from sysexits.h: a temporary failure, worth a restart.
 EXIT_CODE = 75
@@ -48,21 +54,30 @@ def mineru_version() -> str:
     return version if isinstance(version, str) else "unknown"
 
 
-class Runtime:
-    """What :func:`assemble` built for this process, and what ``install`` added to it."""
+#: The attribute of ``app.state`` that holds the app's runtime.
+STATE_ATTR = "mineru_health"
+
+
+class WorkerRuntime:
+    """Everything one patched worker's hooks share: settings, rules, native health record,
+    verifier, task store, the apps, the watcher; built by ``install``, or by a test."""
 
     def __init__(self, settings: WorkerSettings | None = None, rules: Rules | None = None) -> None:
         settings = settings if settings is not None else WorkerSettings()
         self.settings = settings
-        # Read once by assemble(): a bad MINERU_HEALTH_RULES file stops the start-up.
-        # None (a runtime nobody assembled): the library's default rules.
-        self.rules = rules
+        # Read once, here: a bad MINERU_HEALTH_RULES file stops the start-up (ConfigError).
+        self.rules = rules if rules is not None else load_rules()
         self.health = WorkerHealth(
-            loop_hang_s=settings.loop_hang_s, stall_s=settings.stall_s,
-            task_hang_s=settings.task_hang_s, remote_wait_s=settings.remote_wait_s,
+            loop_hang_s=settings.loop_hang_s,
+            stall_s=settings.stall_s,
+            task_hang_s=settings.task_hang_s,
+            remote_wait_s=settings.remote_wait_s,
             error_budget=settings.error_budget,
-            error_budget_window_s=settings.error_budget_window_s)
+            error_budget_window_s=settings.error_budget_window_s,
+        )
         self.verifier = Verifier(timeout_s=settings.verify_s)
+        # Its own Prometheus registry: /metrics of its app reads it (metrics.mount_metrics).
+        self.metrics = ProcessRegistry()
         self.apps: list[Any] = []
         self.endpoint: HealthEndpoint | None = None
         self.advertised_port: int | None = None
@@ -75,7 +90,9 @@ class Runtime:
         # The task whose own failure was the first fatal one (its verdict's role
         # is "trigger"; the poison guard counts it), once known.
         self.trigger_task = ""
-        self.installed = False
+        # The line's judge of a failure escaping a local engine call off the event loop
+        # (4.0 sets it: :func:`~mineru_health.runtime.worker.engine_calls.local_engine_call`).
+        self.failure_judge: Callable[[BaseException], object] | None = None
 
     def defer_store(self, settings: WorkerSettings, directory: Path) -> None:
         """Where the task store will be. Importing MinerU's server module (which builds its
@@ -95,21 +112,7 @@ class Runtime:
             self.store.seal()
 
 
-def assemble(settings: WorkerSettings, rules: Rules | None = None) -> Runtime:
-    """Builds this process's runtime from ``settings`` and the rules (those of
-    ``MINERU_HEALTH_RULES`` unless given); raises ``ConfigError`` on a bad rules file.
-
-    Built in place: every module holds ``runtime`` from its import.
-    """
-    fresh = Runtime(settings, rules if rules is not None else load_rules())
-    vars(runtime).update(vars(fresh))
-    return runtime
-
-
-#: The process's runtime, filled by :func:`assemble` (``install``; tests).
-runtime = Runtime()
-
-
-def worker_health() -> WorkerHealth:
-    """The health record the worker runtime records into."""
-    return runtime.health
+def runtime_of(app: Any) -> WorkerRuntime | None:
+    """The runtime ``install`` put on ``app`` (FastAPI's ``app.state``), if any."""
+    runtime = getattr(getattr(app, "state", None), STATE_ATTR, None)
+    return runtime if isinstance(runtime, WorkerRuntime) else None
