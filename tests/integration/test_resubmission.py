@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -269,19 +270,26 @@ def test_kill_9_of_a_worker_mid_stream_loses_nothing(
     pid = router.worker_pid(urls[victim])
     assert pid is not None, urls
 
-    def victim_processing() -> bool:
-        # The task's own status, fresh from the worker (the router refreshes it on
-        # each request): a task the victim is parsing now is lost to the kill.
-        # (The load figures of the router's /health are one probe old.)
-        return any(
-            status.get("status") == "processing"
-            and (status.get("workers_tried") or [""])[-1] == victim
-            for status in map(client.status, list(client.task_ids))
-        )
+    def victim_just_started() -> bool:
+        # A task the victim began parsing under a second ago, by its own status fresh from
+        # the worker (the router refreshes it on each request): its parse takes at least
+        # two 1.5 s engine calls, so the kill still finds it running on a loaded machine.
+        # (Any task in processing could be in its last moments, done before the kill.)
+        for status in map(client.status, reversed(client.task_ids)):
+            started = status.get("started_at")
+            if (
+                status.get("status") == "processing"
+                and (status.get("workers_tried") or [""])[-1] == victim
+                and started
+                and datetime.now(timezone.utc) - datetime.fromisoformat(started)
+                < timedelta(seconds=1.0)
+            ):
+                return True
+        return False
 
     with _stream(client, pdf, file_parse_every=4) as stream:
         stream.wait_submitted(4)
-        assert wait_until(victim_processing, 30.0, 0.05), router.servers()
+        assert wait_until(victim_just_started, 30.0, 0.05), router.servers()
         os.kill(pid, signal.SIGKILL)
         outcomes = stream.outcomes()
 
