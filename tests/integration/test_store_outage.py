@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from conftest import Router, http_get, make_pdf, wait_until
 from mineru_health.demo.fleet import Client
-from store_outage import DOWN_S, EVERY_S, own_postgres, stop_and_start
+from store_outage import DOWN_S, EVERY_S, Spread, own_postgres, stop_and_start
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +78,74 @@ def test_a_database_down_refuses_with_503_and_loses_nothing_accepted(
             return all(rows.get(task_id) == "completed" for task_id in client.task_ids)
 
         assert wait_until(all_completed, 30.0, 0.5), rows
+
+
+def test_three_routers_with_their_database_down_refuse_with_503_and_take_over_no_one(
+    launch_router: Callable[..., Router], fake_vlm_url: str
+) -> None:
+    """The same outage under three routers on one PostgreSQL, each with its own local
+    worker and a lease of ``LEASE_S`` (the outage is many leases): the stream spread over
+    them in turn, none lost, and no router took over a live peer's tasks (leases.py: after
+    failed renewals a router takes over no one for one lease, while its peers renew)."""
+    pytest.importorskip("reportlab")
+    import psycopg
+
+    lease_s = 3.0
+    assert DOWN_S > 3 * lease_s
+    with own_postgres() as server:
+        url = server.new_database()
+        routers = [  # booting side by side
+            launch_router(
+                {
+                    "MINERU_ROUTER_HEALTH_PRESET": "fast",
+                    "MINERU_ROUTER_HEALTH_STORE_URL": url,
+                    "MINERU_ROUTER_HEALTH_ROUTER_ID": f"router-{n}",
+                    "MINERU_ROUTER_HEALTH_LEASE_S": str(lease_s),
+                },
+                local_gpus="0",
+            )
+            for n in range(3)
+        ]
+        for router in routers:
+            router.wait_in_rotation()
+        engine = f"{fake_vlm_url}/delay/1500/"
+        spread = Spread([Client(r.base, r.line, engine_url=engine) for r in routers])
+        pdf = make_pdf(text="mineru-health database outage page, three routers")
+
+        def health() -> dict[str, Any]:
+            bodies = {}
+            for n, router in enumerate(routers):
+                response = http_get(f"{router.base}/health")
+                assert response is not None and response.status_code == 200  # it still serves
+                bodies[f"router-{n}"] = response.json()
+            return bodies
+
+        run = stop_and_start(
+            routers[0],
+            spread,
+            lambda n: (f"outage-{n:03d}.pdf", pdf),
+            server,
+            health,
+            accepting=len(routers),
+        )
+        logs = [router.proc.log_tail(20000) for router in routers]
+        assert [code for code, _, _ in run.before].count(202) == 3, run.before
+        assert run.down and {code for code, _, _ in run.down} == {503}, (run.down, logs)
+        assert all(retry.isdigit() for _, retry, _ in run.down), run.down
+        assert all("cannot be reached" in body for *_, body in run.down), run.down
+        for body in run.health_while_down.values():
+            assert body.get("store", {}).get("reachable") is False, run.health_while_down
+        assert [code for code, _, _ in run.back[-3:]] == [202] * 3, run.back
+        assert run.lost == [], (run.lost, logs)
+        assert set(spread.router_of.values()) == {0, 1, 2}, spread.router_of
+
+        # No live router's tasks changed hands: each lease lapsed, each was taken anew.
+        logs = [router.proc.log_tail(200000) for router in routers]
+        for n, router in enumerate(routers):
+            assert "taken over from router" not in logs[n], logs[n][-3000:]
+            assert router.metric("mineru_router_takeovers_total") == 0, n
+            assert router.metric("mineru_router_task_resubmissions_total") == 0, n
+        with psycopg.connect(url) as conn:
+            rows = dict(conn.execute("SELECT key, owner FROM submissions").fetchall())
+        for task_id, n in spread.router_of.items():  # still its own router's
+            assert rows.get(task_id) == f"router-{n}", (task_id, n, rows.get(task_id))

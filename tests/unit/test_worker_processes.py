@@ -224,9 +224,13 @@ def test_a_killed_routers_scratch_is_swept_by_the_next(tmp_path: Path) -> None:
 
 # A worker leading its own session, as 3.x's router starts one, with two children that
 # clear their environment (no tag): one leaves its group but stays in the session, the
-# other starts a session of its own (setsid) and is orphaned.
+# other starts a session of its own (setsid) and is orphaned. It starts them once told
+# (a line on stdin): a real worker (MinerU) imports for seconds before it starts anything,
+# and the fleet adopts it meanwhile; one line of Python would race the adoption (a child
+# forked while the kernel moves its parent stays in the parent's old cgroup).
 STRAYS = r"""
 import json, os, subprocess, sys, time
+sys.stdin.readline()
 stay = subprocess.Popen(["/bin/sleep", "120"], env={}, process_group=0,
                         stdout=subprocess.DEVNULL)
 escape = subprocess.run([sys.executable, "-c", '''
@@ -246,12 +250,16 @@ def test_what_an_ending_cannot_see_is_said_not_counted(started: Started, cgroups
     worker = subprocess.Popen(
         [sys.executable, "-c", STRAYS],
         env={**os.environ, **launch.env},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
     started.procs.append(worker)
     if cgroups:  # in its cgroup before it starts anything (as the fleet adopts it)
         procs.adopt(launch, worker.pid)
+    assert worker.stdin is not None
+    worker.stdin.write(b"go\n")
+    worker.stdin.close()
     family = _family(worker)
     started.families.append(family)
     if not cgroups:

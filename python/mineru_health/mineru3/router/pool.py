@@ -173,9 +173,13 @@ class RetiredOutputs:
 def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool, now: float) -> None:
     """Writes the policy's ``status`` of a worker into its ``/health`` ``entry``."""
     entry["state"] = enum_name(status.phase)
-    # Read here, not from MinerU's ``healthy`` attribute: the event that writes that one
-    # may still be on its way, and one answer must not say two things.
+    # ``healthy`` and, in rotation, ``last_error`` (MinerU's meaning: the last probe's
+    # failure, None after a healthy one) read here, not from MinerU's attributes: the
+    # event that writes those may still be on its way, and one answer says one thing.
     entry["healthy"] = bool(status.in_rotation)
+    probe = status.last_probe
+    if status.in_rotation:
+        entry["last_error"] = None if probe is None or probe.healthy else probe_reason(probe)
     entry["in_rotation"] = bool(status.in_rotation)
     entry["restartable"] = bool(status.restartable)
     entry["consecutive_failures"] = int(status.consecutive_failures)
@@ -190,7 +194,6 @@ def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool, n
     entry["last_cause"] = status.last_cause or None
     entry["last_exit_code"] = status.last_exit_code
     entry["ejection_suppressed"] = bool(status.ejection_suppressed)
-    probe = status.last_probe
     entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
     entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
     if entry.get("last_error") is None and not status.in_rotation and status.last_error:
