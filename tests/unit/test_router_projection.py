@@ -176,16 +176,30 @@ def test_health_entry_gets_the_policy_fields() -> None:
     assert entry["restart_confirmed_at"] is None and entry["last_exit_code"] is None
 
 
-def test_health_entry_in_rotation_keeps_mineru_s_last_error() -> None:
-    entry: dict[str, Any] = {"server_id": "w", "last_error": None}
+def test_health_entry_in_rotation_says_its_last_probes_word() -> None:
+    # Read from the policy's state at the answer, not from MinerU's attributes (an event
+    # on its way writes those): a healthy last probe clears a stale error, a failed one
+    # (below the failure threshold, still in rotation) names itself.
+    entry: dict[str, Any] = {"server_id": "w", "last_error": "connect_error: from its boot"}
+    healthy = SimpleNamespace(healthy=True, loop_lag_s=0.0, engine_calls_in_flight=0)
+    in_rotation = {"phase": P.HEALTHY, "in_rotation": True, "next_restart_in_s": None}
     add_policy_fields(
         entry,
-        status(phase=P.HEALTHY, in_rotation=True, next_restart_in_s=None, last_error="stale"),
+        status(**in_rotation, last_error="stale", last_probe=healthy),
         restarting=False,
         now=0.0,
     )
     assert entry["state"] == "healthy" and entry["next_restart_at"] is None
-    assert entry["last_error"] is None
+    assert entry["healthy"] and entry["last_error"] is None
+    failed = SimpleNamespace(
+        healthy=False,
+        status=_native.ProbeStatus.TIMEOUT,
+        detail="no answer in 2 s",
+        loop_lag_s=None,
+        engine_calls_in_flight=None,
+    )
+    add_policy_fields(entry, status(**in_rotation, last_probe=failed), restarting=False, now=0.0)
+    assert entry["healthy"] and entry["last_error"] == "timeout: no answer in 2 s"
 
 
 def test_reasons_are_one_line_and_bounded() -> None:
