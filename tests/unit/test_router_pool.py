@@ -313,8 +313,15 @@ def test_install_is_idempotent_and_keeps_the_name() -> None:
 async def test_startup_routes_to_both_and_health_lists_policy_fields(env: SimpleNamespace) -> None:
     async with running_pool(env) as pool:
         # Out of its boot is not yet in rotation on a loaded machine (a first probe late).
+        # MinerU's server states (its load figures) follow from the poller's events, a
+        # moment after the policy's state: waited for too, as a client would see them.
+        ids = ("local-gpu-0", "local-gpu-1")
         await pool.recorder.wait_for(
-            lambda: all(s.in_rotation for s in pool.fleet.statuses()), "both in rotation"
+            lambda: (
+                all(s.in_rotation for s in pool.fleet.statuses())
+                and all(pool.get_server(i).max_concurrent_requests == 3 for i in ids)
+            ),
+            "both in rotation, their probes' load shown",
         )
         healthy, payload = pool.health_payload()
         assert healthy and payload["status"] == "healthy"
