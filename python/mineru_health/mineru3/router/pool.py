@@ -180,6 +180,8 @@ def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool, n
     probe = status.last_probe
     if status.in_rotation:
         entry["last_error"] = None if probe is None or probe.healthy else probe_reason(probe)
+    elif entry.get("last_error") is None and status.last_error:
+        entry["last_error"] = status.last_error  # what took it out, MinerU's said nothing yet
     entry["in_rotation"] = bool(status.in_rotation)
     entry["restartable"] = bool(status.restartable)
     entry["consecutive_failures"] = int(status.consecutive_failures)
@@ -196,8 +198,6 @@ def add_policy_fields(entry: dict[str, Any], status: Any, *, restarting: bool, n
     entry["ejection_suppressed"] = bool(status.ejection_suppressed)
     entry["loop_lag_s"] = probe.loop_lag_s if probe is not None else None
     entry["engine_calls_in_flight"] = probe.engine_calls_in_flight if probe is not None else None
-    if entry.get("last_error") is None and not status.in_rotation and status.last_error:
-        entry["last_error"] = status.last_error
 
 
 def _remove(temp_dir: Any) -> None:
