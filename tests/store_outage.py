@@ -23,7 +23,15 @@ from typing import Any
 
 from mineru_health.demo.fleet import Client, Outcome, Router
 
-__all__ = ["DOWN_S", "EVERY_S", "OutageRun", "Spread", "own_postgres", "stop_and_start"]
+__all__ = [
+    "DOWN_S",
+    "EVERY_S",
+    "OutageRun",
+    "Spread",
+    "assert_kept_by_each_router",
+    "own_postgres",
+    "stop_and_start",
+]
 
 #: Seconds between two submissions, and of submissions while the database is down.
 EVERY_S = 0.2
@@ -124,3 +132,33 @@ def stop_and_start(
     send(run.back, 2, lambda: False)
     run.outcomes = [client.wait(task_id, timeout_s=120.0) for task_id in client.task_ids]
     return run
+
+
+def assert_kept_by_each_router(
+    run: OutageRun, routers: list[Router], spread: Spread, refusal: str
+) -> list[str]:
+    """What both lines' three-router outage tests check of ``run``: refused while down (503,
+    Retry-After, ``refusal`` in each body, naming the database), each router's health saying
+    so, accepting again, nothing lost, every router used, the refusals counted, and no live
+    router's submissions taken over (each lease lapsed and was taken anew). Returns the
+    routers' logs."""
+    logs = [router.proc.log_tail(200000) for router in routers]
+    assert [code for code, _, _ in run.before].count(202) == 3, run.before
+    assert run.down and {code for code, _, _ in run.down} == {503}, (run.down, logs)
+    assert all(retry.isdigit() for _, retry, _ in run.down), run.down
+    assert all(refusal in body for *_, body in run.down), run.down
+    assert "127.0.0.1" in run.down[-1][2], run.down[-1]
+    for body in run.health_while_down.values():
+        assert body.get("store", {}).get("reachable") is False, run.health_while_down
+    assert {code for code, _, _ in run.back} <= {202, 503}, run.back
+    assert [code for code, _, _ in run.back[-3:]] == [202] * 3, run.back
+    assert run.lost == [], (run.lost, [log[-3000:] for log in logs])
+    assert set(spread.router_of.values()) == set(range(len(routers))), spread.router_of
+    refused = sum(1 for code, _, body in run.answers if "cannot be reached" in body)
+    total = sum(r.metric("mineru_router_store_unreachable_refusals_total") for r in routers)
+    assert total == refused, (total, refused)
+    for n, router in enumerate(routers):
+        assert "taken over from router" not in logs[n], logs[n][-3000:]
+        assert router.metric("mineru_router_takeovers_total") == 0, n
+        assert router.metric("mineru_router_task_resubmissions_total") == 0, n
+    return logs
