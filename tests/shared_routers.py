@@ -11,19 +11,22 @@ its audit ``audit.jsonl``) and keeps its state in ``root/state-{n}`` (what a tes
 to stand for a lost node). They start side by side; each is returned once it has both
 workers in rotation.
 
+    workers, routers = three_routers_on_two_workers3(processes, mineru_api_factory, site,
+                                                     python, url, tmp_path, lease_s=3.0)
     survivor = wait_for_one_takeover(routers, (1, 2), "router-0", 30.0)  # its index
     rows = owners(url, keys)       # key -> (owner, version, state), read in PostgreSQL
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from mineru_health.demo.fleet import Line, Router
+from mineru_health.demo.fleet import LINE3, Line, Router
 from mineru_health.demo.sandbox import HOST, Processes, free_port, wait_until
 
-__all__ = ["owners", "start_routers", "wait_for_one_takeover"]
+__all__ = ["owners", "start_routers", "three_routers_on_two_workers3", "wait_for_one_takeover"]
 
 
 def start_routers(
@@ -47,6 +50,38 @@ def start_routers(
     for router in routers:
         router.wait_in_rotation()
     return routers
+
+
+def three_routers_on_two_workers3(
+    procs: Processes,
+    mineru_api_factory: Callable[..., Any],
+    site: Path,
+    python: str,
+    url: str,
+    root: Path,
+    *,
+    lease_s: float,
+    worker_env: Callable[[int], Mapping[str, str] | None] = lambda n: None,
+) -> tuple[list[Any], list[Router]]:
+    """The 3.x several-router tests' fleet: two patched ``mineru-api`` workers (``worker_env(n)``
+    each) booting while three routers boot in front of them (``start_routers``, preset
+    "fast"); returned once every router has both in rotation."""
+    workers = [
+        mineru_api_factory(site, name=f"mineru-api-{n}", env=worker_env(n), wait_healthy=False)
+        for n in (0, 1)
+    ]
+    routers = start_routers(
+        procs,
+        LINE3,
+        python,
+        site,
+        [w.base_url for w in workers],
+        url,
+        root,
+        lease_s=lease_s,
+        env={"MINERU_ROUTER_HEALTH_PRESET": "fast"},
+    )
+    return workers, routers
 
 
 def _start(

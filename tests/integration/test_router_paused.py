@@ -30,7 +30,11 @@ import pytest
 from conftest import ManagedProcess, make_pdf, wait_until
 from mineru_health.demo.fleet import LINE3, Client, http
 from mineru_health.demo.sandbox import Processes
-from shared_routers import owners, start_routers, wait_for_one_takeover
+from shared_routers import (
+    owners,
+    three_routers_on_two_workers3,
+    wait_for_one_takeover,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,23 +56,15 @@ def test_a_paused_router_is_fenced_then_rejoins_and_no_job_is_lost_or_doubled(
     pytest.importorskip("psycopg", reason="psycopg is not installed")
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="mineru-health paused router page")
-    workers = [  # booting while the routers boot: each router waits for both in rotation
-        mineru_api_factory(patched_mineru_site, name=f"mineru-api-{n}", wait_healthy=False)
-        for n in (0, 1)
-    ]
     url = postgres.new_database()
-
-    routers = start_routers(  # side by side, each with both workers in rotation
+    _, routers = three_routers_on_two_workers3(  # each router with both in rotation
         processes,
-        LINE3,
-        mineru_python,
+        mineru_api_factory,
         patched_mineru_site,
-        [w.base_url for w in workers],
+        mineru_python,
         url,
         tmp_path,
-        count=ROUTERS,
         lease_s=LEASE_S,
-        env={"MINERU_ROUTER_HEALTH_PRESET": "fast"},
     )
     paused = routers[PAUSED]
     # Slow enough that router 0's jobs still run when it is continued.

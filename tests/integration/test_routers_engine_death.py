@@ -30,7 +30,7 @@ from conftest import ManagedProcess, Router, make_pdf, submit_task, wait_until
 from mineru_health.demo.faults import FAULT_PLAN_ENV, write_plan
 from mineru_health.demo.fleet import LINE3, Client, http
 from mineru_health.demo.sandbox import Processes
-from shared_routers import start_routers
+from shared_routers import three_routers_on_two_workers3
 
 pytestmark = pytest.mark.integration
 
@@ -81,25 +81,16 @@ def test_a_pool_workers_engine_death_is_one_restart_and_each_job_is_sent_again_b
             "MINERU_HEALTH_EXIT_GRACE_S": "2",
         }
 
-    workers = [  # booting while the routers boot
-        mineru_api_factory(
-            patched_mineru_site, name=f"mineru-api-{n}", env=worker_env(n), wait_healthy=False
-        )
-        for n in (0, 1)
-    ]
     url = postgres.new_database()
-
-    routers = start_routers(  # side by side, each with both workers in rotation
+    workers, routers = three_routers_on_two_workers3(  # each router with both in rotation
         processes,
-        LINE3,
-        mineru_python,
+        mineru_api_factory,
         patched_mineru_site,
-        [w.base_url for w in workers],
+        mineru_python,
         url,
         tmp_path,
-        count=ROUTERS,
         lease_s=LEASE_S,
-        env={"MINERU_ROUTER_HEALTH_PRESET": "fast"},
+        worker_env=worker_env,
     )
     engine = f"{fake_vlm_url}/delay/800/"
     clients = [Client(r.base, LINE3, engine_url=engine, poll_s=0.2) for r in routers]

@@ -30,7 +30,7 @@ import pytest
 from conftest import ManagedProcess, make_pdf, wait_until
 from mineru_health.demo.fleet import LINE3, Client, http
 from mineru_health.demo.sandbox import Processes
-from shared_routers import start_routers, wait_for_one_takeover
+from shared_routers import three_routers_on_two_workers3, wait_for_one_takeover
 
 pytestmark = pytest.mark.integration
 
@@ -50,23 +50,15 @@ def test_a_killed_routers_jobs_are_taken_over_by_a_survivor_and_none_is_lost(
     pytest.importorskip("psycopg", reason="psycopg is not installed")
     pytest.importorskip("reportlab")
     pdf = make_pdf(text="mineru-health several routers page")
-    workers = [  # booting while the routers boot: each router waits for both in rotation
-        mineru_api_factory(patched_mineru_site, name=f"mineru-api-{n}", wait_healthy=False)
-        for n in (0, 1)
-    ]
     url = postgres.new_database()
-
-    routers = start_routers(  # side by side, each with both workers in rotation
+    workers, routers = three_routers_on_two_workers3(  # each router with both in rotation
         processes,
-        LINE3,
-        mineru_python,
+        mineru_api_factory,
         patched_mineru_site,
-        [w.base_url for w in workers],
+        mineru_python,
         url,
         tmp_path,
-        count=ROUTERS,
         lease_s=LEASE_S,
-        env={"MINERU_ROUTER_HEALTH_PRESET": "fast"},
     )
     clients = [
         Client(r.base, LINE3, engine_url=f"{fake_vlm_url}/delay/1500/", poll_s=0.2) for r in routers
